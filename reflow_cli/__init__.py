@@ -1,0 +1,1 @@
+"""The ``reflow`` command line (Typer): thin commands over :mod:`jobs`."""

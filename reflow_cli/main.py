@@ -1,0 +1,201 @@
+"""``reflow``: launch, watch, rebalance and stop runs.
+
+Commands are thin: they parse, call :mod:`jobs`, and print. Errors are one line on stderr
+(exit code 2 for a user error); ``REFLOW_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from jobs import launch as launching
+from jobs.allocation import initial_layout, plan_ranks
+from jobs.control import ControlClient
+from jobs.errors import UserError
+from jobs.runs import find_run
+from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
+from reflow_cli.view import plan_view, status_view
+from runtime import protocol as p
+from runtime.layout import LayoutError, parse_ratio
+from runtime.recipe import RecipeError, load_recipe
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+out = Console()
+err = Console(stderr=True)
+
+USER_ERRORS = (UserError, RecipeError, LayoutError)
+
+
+def _exit_code(state: str) -> int:
+    return 0 if state in ("COMPLETED", "STOPPED") else 1
+
+
+@app.command()
+def launch(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
+    nodes: Annotated[Optional[int], typer.Option(help="override resources.nodes")] = None,  # noqa: UP045
+    local: Annotated[bool, typer.Option("--local", help="run on this machine")] = False,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="override a field, e.g. --set reflow.sigma=0.3"),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the plan, start nothing")
+    ] = False,
+    name: Annotated[Optional[str], typer.Option(help="run name (default: recipe name)")] = None,  # noqa: UP045
+    wait: Annotated[bool, typer.Option("--wait", help="stay attached until the run ends")] = False,
+) -> None:
+    """Start a run of RECIPE: on Slurm when a controller answers, else locally."""
+    overrides = list(set_ or [])
+    if nodes is not None:
+        overrides.append(f"resources.nodes={nodes}")
+    if name is not None:
+        overrides.append(f"name={name}")
+    cfg = load_recipe(recipe, overrides)
+    backend = "local" if local or not slurm_available() else "slurm"
+    if dry_run:
+        layout = initial_layout(cfg)
+        out.print(
+            f"[bold]{cfg.name}[/]: {cfg.resources.nodes} node(s) x {cfg.resources.gpus_per_node} "
+            f"ranks = {cfg.world_size} ranks, {layout.n_rollout_ranks} rollout "
+            f"(groups of {layout.rollout_group_size}) : {layout.n_trainer_ranks} trainer "
+            f"(groups of {layout.trainer_group_size}); mode {cfg.reflow.mode}; backend {backend}"
+        )
+        out.print(plan_view(plan_ranks(cfg)))
+        out.print("r = rollout, t = trainer, number = replica group")
+        out.print("\n[bold]sbatch parameters[/] (submitit, used on Slurm):")
+        for key, value in slurm_parameters(cfg, cfg.name).items():
+            out.print(f"  {key} = {value}")
+        if backend == "slurm":
+            out.print("\n[bold]sbatch script[/]:")
+            out.print(
+                render_sbatch(cfg, cfg.name, Path("<run>/submitit"), sys.executable),
+                markup=False,
+                highlight=False,
+            )
+        return
+    sub = launching.submit(cfg, backend, name)
+    out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")
+    out.print(f"  folder: {sub.paths.root}")
+    if backend == "local":
+        status = launching.wait_until(
+            sub.paths,
+            lambda s: s.get("state") != "STARTING",
+            cfg.control.register_timeout_s + 60,
+        )
+        if status.get("state") == "FAILED":
+            raise UserError(f"run {sub.paths.name} failed to start: {status.get('reason')}")
+        out.print(f"  {len(status.get('workers', []))} ranks up, state {status.get('state')}")
+    out.print(f"follow it with: reflow status {sub.paths.name} --watch")
+    if wait:
+        final = _watch(sub.paths)
+        raise typer.Exit(_exit_code(final.get("state", "FAILED")))
+
+
+def _watch(paths) -> dict:
+    status = launching.read_status(paths)
+    with Live(status_view(status), console=out, refresh_per_second=2) as live:
+        while status.get("state") not in launching.TERMINAL:
+            time.sleep(1.0)
+            status = launching.read_status(paths)
+            live.update(status_view(status))
+    return status
+
+
+@app.command()
+def status(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
+    watch: Annotated[bool, typer.Option("--watch", help="refresh live until the run ends")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Show a run's state, layout, ranks and buffer."""
+    paths = find_run(run)
+    if watch and not as_json:
+        _watch(paths)
+        return
+    s = launching.read_status(paths)
+    if as_json:
+        out.print_json(json.dumps(s)) if sys.stdout.isatty() else print(json.dumps(s))
+    else:
+        out.print(status_view(s))
+
+
+@app.command()
+def rebalance(
+    ratio: Annotated[str, typer.Option(help="rollout:trainer ranks, e.g. 24:8")],
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
+) -> None:
+    """Move whole replica groups between the rollout and trainer pools."""
+    rollout, trainer = parse_ratio(ratio)
+    paths = find_run(run)
+    reply = ControlClient(paths).command(p.RebalanceRequest(rollout=rollout, trainer=trainer))
+    if not reply.ok:
+        raise UserError(f"rebalance {ratio}: {reply.text}")
+    out.print(reply.text)
+
+
+@app.command()
+def stop(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
+    grace: Annotated[float, typer.Option(help="seconds before the job is killed")] = 60.0,
+) -> None:
+    """Stop a run gracefully (the job is killed if it does not end within --grace)."""
+    paths = find_run(run)
+    final = launching.stop(paths, grace)
+    out.print(f"run {paths.name}: {final.get('state')} {final.get('reason', '')}".rstrip())
+
+
+@app.command()
+def logs(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
+    rank: Annotated[int, typer.Option(help="which rank's log")] = 0,
+    tail: Annotated[int, typer.Option(help="last N lines (0 = all)")] = 100,
+) -> None:
+    """Print a rank's log."""
+    paths = find_run(run)
+    path = paths.rank_log(rank)
+    if not path.is_file():
+        raise UserError(f"{path}: no log for rank {rank}")
+    lines = path.read_text(errors="replace").splitlines()
+    print("\n".join(lines[-tail:] if tail else lines))
+
+
+def main() -> None:
+    if os.environ.get("REFLOW_DEBUG") == "1":
+        app()
+        return
+    try:
+        app(standalone_mode=False)
+    except USER_ERRORS as exc:
+        err.print(f"reflow: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        err.print(
+            f"reflow: internal error: {type(exc).__name__}: {exc} (REFLOW_DEBUG=1 shows more)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Rich renderings of a run's status and of a launch plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from jobs.allocation import RankPlan
+
+STATE_STYLE = {
+    "STARTING": "yellow",
+    "RUNNING": "green",
+    "STOPPING": "yellow",
+    "COMPLETED": "bold green",
+    "STOPPED": "cyan",
+    "FAILED": "bold red",
+}
+
+
+def status_view(s: dict[str, Any]) -> Group:
+    state = s.get("state", "?")
+    layout = s.get("layout") or {}
+    head = Text.assemble(
+        ("run ", "dim"),
+        (str(s.get("run", "?")), "bold"),
+        ("  state ", "dim"),
+        (state, STATE_STYLE.get(state, "")),
+        ("  step ", "dim"),
+        f"{s.get('step', 0)}/{s.get('total_steps', '?')}",
+        ("  policy v", "dim"),
+        str(s.get("policy_version", 0)),
+        ("  layout ", "dim"),
+        f"{layout.get('rollout_gpus', '?')} rollout : {layout.get('trainer_gpus', '?')} trainer",
+    )
+    parts: list[Any] = [head]
+    if layout.get("pending"):
+        parts.append(Text(f"rebalance to {layout['pending']} pending (next sync point)", "yellow"))
+    if layout.get("switching"):
+        parts.append(Text(f"switching to layout epoch {layout.get('epoch')}", "yellow"))
+    if s.get("reason"):
+        parts.append(Text(f"reason: {s['reason']}", "red" if state == "FAILED" else "dim"))
+    if s.get("stale"):
+        parts.append(Text("coordinator not answering: last saved status shown", "dim"))
+    table = Table(box=None, pad_edge=False)
+    for col in ("rank", "node", "pid", "role", "state", "heartbeat age"):
+        table.add_column(col, justify="right" if col in ("rank", "pid") else "left")
+    for w in s.get("workers", []):
+        age = w.get("heartbeat_age_s")
+        table.add_row(
+            str(w.get("rank")),
+            str(w.get("node")),
+            str(w.get("pid")),
+            str(w.get("role")),
+            str(w.get("state")),
+            f"{age:.1f} s" if isinstance(age, (int, float)) else "-",
+        )
+    parts.append(table)
+    buffer = s.get("buffer") or {}
+    if buffer:
+        parts.append(Text("buffer: " + ", ".join(f"{k}={v}" for k, v in buffer.items())))
+    control = s.get("control") or {}
+    if control.get("rejected"):
+        parts.append(Text(f"control plane: {control['rejected']} invalid messages dropped", "dim"))
+    return Group(*parts)
+
+
+def plan_view(plan: list[RankPlan]) -> Table:
+    table = Table(title="ranks at start", box=None, pad_edge=False)
+    table.add_column("node", justify="right")
+    table.add_column("ranks")
+    table.add_column("roles (replica group)")
+    nodes: dict[int, list[RankPlan]] = {}
+    for r in plan:
+        nodes.setdefault(r.node, []).append(r)
+    for node, ranks in nodes.items():
+        table.add_row(
+            str(node),
+            f"{ranks[0].rank}-{ranks[-1].rank}" if len(ranks) > 1 else str(ranks[0].rank),
+            " ".join(f"{r.rank}:{r.role.value[0]}{r.group}" for r in ranks),
+        )
+    return table

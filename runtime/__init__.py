@@ -1,0 +1,1 @@
+"""Everything that runs inside a rank: config, protocol, coordinator, hybrid worker."""

@@ -1,0 +1,171 @@
+"""The typed configuration tree of a run: one dataclass per recipe section.
+
+A recipe (YAML) is turned into a :class:`Config` by :mod:`runtime.recipe`, which checks
+every key, type and range using the metadata declared here, then the cross-field rules in
+:func:`runtime.recipe.check_feasible`. Field metadata keys:
+
+- ``choices``: the allowed values;
+- ``ge``/``gt``/``le``/``lt``: numeric bounds;
+- ``doc``: one line shown in the README's recipe reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, doc: str, **checks: Any) -> Any:
+    """A dataclass field with a default, a doc line and validation metadata."""
+    meta = {"doc": doc, **checks}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+MODES = ("sync", "one_step_off", "async", "reflow")
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("embedded:tiny-qwen3", "Hugging Face folder, or embedded:tiny-qwen3")
+    dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
+    max_seq_len: int = opt(512, "prompt + response token limit", ge=16)
+
+
+@dataclass
+class DataConfig:
+    train: str = opt("embedded:arith", "training prompts: a JSONL/JSON/Parquet file or embedded:*")
+    eval: str | None = opt(None, "held-out prompts (same formats); none = split from train")
+    format: str = opt("auto", "file format", choices=("auto", "jsonl", "json", "parquet"))
+    fields: dict[str, str] = opt({}, "mapping of record fields: prompt, answer, tests, ...")
+    shuffle: bool = opt(True, "shuffle prompts each epoch")
+
+
+@dataclass
+class WorkloadConfig:
+    kind: str = opt(
+        "arith", "agent loop", choices=("arith", "math", "code_agent", "tool_reasoning")
+    )
+    max_response_tokens: int = opt(256, "generation limit per turn", ge=1)
+    max_turns: int = opt(1, "turns per episode (agents)", ge=1)
+    reward_timeout_s: float = opt(10.0, "wall-clock limit of one reward computation", gt=0)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = opt("grpo", "advantage estimator", choices=("grpo",))
+    group_size: int = opt(8, "samples per prompt (n)", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", gt=0)
+    clip_low: float = opt(0.2, "PPO clip epsilon below 1", ge=0, lt=1)
+    clip_high: float = opt(0.28, "PPO clip epsilon above 1", ge=0)
+    tis_cap: float | None = opt(None, "truncated importance-sampling cap; none = off", gt=0)
+    kl_coef: float = opt(0.0, "KL penalty coefficient", ge=0)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(100, "training steps (optimizer updates) of the run", ge=1)
+    batch_size: int = opt(32, "samples per training batch (b)", ge=1)
+    lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
+    sync_every: int = opt(1, "steps between weight syncs to rollout", ge=1)
+    checkpoint_every: int = opt(0, "steps between checkpoints; 0 = only at stop", ge=0)
+    seed: int = opt(0, "global seed", ge=0)
+
+
+@dataclass
+class ReflowConfig:
+    mode: str = opt("reflow", "execution mode", choices=MODES)
+    B_max: int | None = opt(None, "max samples in flight at rollout; none = batch_size", ge=1)
+    sigma: float | None = opt(
+        None, "max replay fraction of a batch; none = 0.5 (reflow) or 0 (others)", ge=0, lt=1
+    )
+    tau: float = opt(0.5, "loss weight of replayed samples", gt=0, le=1)
+    delta: int = opt(1, "max policy-version age of a sample", ge=0)
+    sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
+    replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
+
+
+@dataclass
+class ResourcesConfig:
+    nodes: int = opt(1, "nodes of the allocation", ge=1)
+    gpus_per_node: int = opt(4, "ranks (GPUs) per node; on CPU, worker processes", ge=1)
+    trainer_gpus_per_replica: int = opt(1, "ranks of one trainer replica group", ge=1)
+    rollout_gpus_per_replica: int = opt(1, "ranks of one rollout replica (tensor parallel)", ge=1)
+    initial_ratio: str | None = opt(
+        None, "rollout:trainer ranks at start, e.g. 24:8; none = from rollout_fraction"
+    )
+    rollout_fraction: float = opt(
+        0.5, "share of ranks for rollout at start when initial_ratio is none", gt=0, lt=1
+    )
+    device: str = opt("auto", "accelerator", choices=("auto", "cpu", "cuda"))
+    torch_threads: int = opt(1, "torch intra-op threads per rank", ge=1)
+
+
+@dataclass
+class SchedulerConfig:
+    auto_rebalance: bool = opt(False, "let the allocator move replica groups")
+    cooldown_steps: int = opt(5, "min steps between two rebalances", ge=0)
+    min_concurrency: int = opt(1, "lower bound of a rollout worker's cap", ge=1)
+    max_concurrency: int = opt(256, "upper bound of a rollout worker's cap", ge=1)
+    target_kv_util: float = opt(0.8, "AIMD target KV-cache utilisation", gt=0, le=1)
+
+
+@dataclass
+class EngineConfig:
+    rollout: str = opt("vllm", "rollout engine (registry name)")
+    trainer: str = opt("torch", "trainer engine (registry name)")
+    kv_cache_memory_bytes: int | None = opt(None, "KV-cache size; none = engine default", ge=1)
+    max_num_seqs: int = opt(256, "engine's max running sequences", ge=1)
+    enforce_eager: bool = opt(True, "disable graph capture / compilation")
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = opt(None, "partition (-p)")
+    account: str | None = opt(None, "account (-A)")
+    qos: str | None = opt(None, "quality of service")
+    constraint: str | None = opt(None, "node features (-C)")
+    time_min: int = opt(60, "time limit in minutes", ge=1)
+    cpus_per_task: int = opt(8, "CPUs per rank", ge=1)
+    mem_gb: int | None = opt(None, "memory per node in GB; none = cluster default", ge=1)
+    exclusive: bool = opt(False, "exclusive nodes")
+    additional: dict[str, str] = opt({}, "extra sbatch parameters (name: value)")
+
+
+@dataclass
+class ControlConfig:
+    heartbeat_interval_s: float = opt(1.0, "worker heartbeat period", gt=0)
+    heartbeat_timeout_s: float = opt(15.0, "silence after which a rank is declared dead", gt=0)
+    register_timeout_s: float = opt(300.0, "time for all ranks to register", gt=0)
+    stop_grace_s: float = opt(30.0, "time ranks get to leave after a stop", gt=0)
+
+
+@dataclass
+class LoggingConfig:
+    runs_dir: str = opt("runs", "where run folders are created (env REFLOW_RUNS_DIR wins)")
+    level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    tensorboard: bool = opt(False, "write TensorBoard event files")
+
+
+@dataclass
+class Config:
+    """A whole run. Sections map one to one onto the recipe's top-level keys."""
+
+    name: str = opt("run", "run name (prefix of the run folder)")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reflow: ReflowConfig = field(default_factory=ReflowConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.gpus_per_node

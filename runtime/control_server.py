@@ -1,0 +1,135 @@
+"""The coordinator's ZeroMQ edge: a ROUTER socket with CURVE auth, run in a thread of rank 0.
+
+Like vLLM's ``EngineCoreProc`` around ``EngineCore``: this class owns the socket, the
+clock and the files; every decision is taken by :class:`runtime.coordinator.Coordinator`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+
+import zmq
+
+from runtime.auth import KeyPair, secure_server, start_authenticator
+from runtime.coordinator import Coordinator, Outgoing
+from runtime.protocol import encode
+from runtime.run_dir import RunPaths, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 << 20
+SNAPSHOT_PERIOD_S = 1.0
+
+
+class ControlServer:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        paths: RunPaths,
+        server_keys: KeyPair,
+        client_public: bytes,
+        *,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.paths = paths
+        self._server_keys = server_keys
+        self._client_public = client_public
+        self._bind_host = bind_host
+        self._advertise_host = advertise_host or bind_host
+        self._commands: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.address = ""
+
+    def start(self) -> str:
+        """Bind, publish ``control.json`` and serve in a background thread."""
+        self._ctx = zmq.Context()
+        self._auth = start_authenticator(self._ctx, self._client_public)
+        sock = self._ctx.socket(zmq.ROUTER)
+        secure_server(sock, self._server_keys)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a rank that reconnects keeps its identity
+        sock.setsockopt(zmq.LINGER, 1000)
+        port = sock.bind_to_random_port(f"tcp://{self._bind_host}")
+        self._sock = sock
+        self.address = f"tcp://{self._advertise_host}:{port}"
+        write_json_atomic(
+            self.paths.control,
+            {
+                "address": self.address,
+                "server_public": self._server_keys.public.decode(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "run": self.paths.name,
+            },
+        )
+        self._thread = threading.Thread(target=self._serve, name="reflow-control", daemon=True)
+        self._thread.start()
+        log.info("coordinator listening on %s", self.address)
+        return self.address
+
+    def request_stop(self, reason: str) -> None:
+        """Thread-safe (signal handlers call it)."""
+        self._commands.put(reason)
+
+    def join(self, timeout: float | None = None) -> bool:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _send(self, out: list[Outgoing]) -> None:
+        for identity, msg in out:
+            try:
+                self._sock.send_multipart([identity, *encode(msg)], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # peer gone or its queue full: the heartbeat path copes
+                log.debug("dropping %s to %r: %s", msg.TYPE, identity, exc)
+
+    def _serve(self) -> None:
+        coord = self.coordinator
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        last_snapshot, last_state = 0.0, None
+        try:
+            while True:
+                while not self._commands.empty():
+                    self._send(coord.request_stop(self._commands.get()))
+                for _ in range(100):  # drain a burst, but keep ticking under load
+                    if not poller.poll(0 if _ else 50):
+                        break
+                    frames = self._sock.recv_multipart(copy=True)
+                    if len(frames) < 2:
+                        coord.reject("malformed", "empty")
+                        continue
+                    try:
+                        out = coord.on_frames(frames[0], frames[1:])
+                    except Exception:  # a bug must not take rank 0 down; count and go on
+                        log.exception("handler failed")
+                        coord.reject("handler_error")
+                        continue
+                    self._send(out)
+                self._send(coord.tick())
+                now = time.monotonic()
+                if coord.state != last_state or now - last_snapshot > SNAPSHOT_PERIOD_S:
+                    if coord.state != last_state:
+                        log.info("run state %s %s", coord.state, coord.reason)
+                    self._snapshot()
+                    last_snapshot, last_state = now, coord.state
+                if coord.finished:
+                    break
+        finally:
+            self._snapshot()
+            self._sock.close(linger=500)
+            self._auth.stop()
+            self._ctx.term()
+
+    def _snapshot(self) -> None:
+        try:
+            write_json_atomic(self.paths.status, self.coordinator.status())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.paths.status, exc)

@@ -1,0 +1,411 @@
+"""The rank-0 coordinator's logic: run state machine, registration, heartbeats, layout.
+
+Pure and synchronous, like vLLM's ``EngineCore``: it never touches a socket or the real
+clock. :class:`runtime.control_server.ControlServer` feeds it frames and sends what it
+returns; unit tests and the simulator drive it directly with a fake clock.
+
+Run states::
+
+    STARTING -> RUNNING -> COMPLETED        (train.steps reached)
+        |          |-----> STOPPING -> STOPPED   (reflow stop, SIGTERM, SIGUSR2)
+        '----------'-----> FAILED            (lost rank, registration timeout)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import protocol as p
+from runtime.config import Config
+from runtime.layout import Layout, LayoutError, parse_ratio
+
+Outgoing = tuple[bytes, p.Message]
+TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
+GONE = ("dead", "exited")
+
+
+@dataclass
+class WorkerInfo:
+    rank: int
+    node: str
+    pid: int
+    identity: bytes
+    role: str
+    state: str = "starting"
+    layout_epoch: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class SwitchRecord:
+    epoch: int
+    ratio: str
+    requested_at: float
+    applied_at: float | None = None
+    done_at: float | None = None
+    waiting_for: set[int] = field(default_factory=set)
+    durations: dict[int, float] = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        run: str,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.clock = clock
+        self.wall = wall
+        res = cfg.resources
+        assert res.initial_ratio is not None, "config not validated"
+        rollout, trainer = parse_ratio(res.initial_ratio)
+        self.layout = Layout.from_ratio(
+            rollout,
+            trainer,
+            world_size=cfg.world_size,
+            gpus_per_node=res.gpus_per_node,
+            trainer_group_size=res.trainer_gpus_per_replica,
+            rollout_group_size=res.rollout_gpus_per_replica,
+        )
+        self.layout_epoch = 0
+        self.pending_layout: Layout | None = None
+        self.switches: list[SwitchRecord] = []
+        self.state = "STARTING"
+        self.reason = ""
+        self.step = 0
+        self.policy_version = 0
+        self.training_started = False
+        self.last_metrics: dict[str, float] = {}
+        self.workers: dict[int, WorkerInfo] = {}
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self.started_at = clock()
+        self.ended_at: float | None = None
+        self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
+            p.Hello: self._on_hello,
+            p.Ready: self._on_ready,
+            p.Heartbeat: self._on_heartbeat,
+            p.RoleSwitchDone: self._on_switch_done,
+            p.StepDone: self._on_step_done,
+            p.Bye: self._on_bye,
+            p.StatusRequest: self._on_status_request,
+            p.RebalanceRequest: self._on_rebalance,
+            p.StopRequest: self._on_stop_request,
+        }
+
+    # --- input -------------------------------------------------------------------------
+
+    def on_frames(self, identity: bytes, frames: list[bytes]) -> list[Outgoing]:
+        """Decode and handle one message; invalid input is counted and dropped."""
+        try:
+            msg = p.decode(frames)
+        except p.ProtocolError as exc:
+            self.reject("malformed", str(exc))
+            return []
+        return self.handle(identity, msg)
+
+    def handle(self, identity: bytes, msg: p.Message) -> list[Outgoing]:
+        handler = self._handlers.get(type(msg))
+        if handler is None:  # a valid message that only the coordinator sends
+            self.reject("unexpected", msg.TYPE)
+            return []
+        out = handler(identity, msg)
+        return out
+
+    def reject(self, category: str, detail: str = "") -> None:
+        self.rejected[category] += 1
+
+    def _known(self, identity: bytes, rank: int) -> WorkerInfo | None:
+        """The registered worker behind a message, or None (counted) if it is not."""
+        w = self.workers.get(rank)
+        if w is None or w.identity != identity:
+            self.reject("unknown_sender")
+            return None
+        self.accepted += 1
+        w.last_seen = self.clock()
+        return w
+
+    # --- worker messages ---------------------------------------------------------------
+
+    def _on_hello(self, identity: bytes, msg: p.Hello) -> list[Outgoing]:
+        if msg.world_size != self.cfg.world_size:
+            self.reject("wrong_world")
+            return []
+        old = self.workers.get(msg.rank)
+        if old is not None and old.identity != identity and old.state not in GONE:
+            self.reject("duplicate_rank")
+            return []
+        if self.state in TERMINAL or self.state == "STOPPING":
+            self.accepted += 1
+            return [(identity, p.Stop(reason=f"run is {self.state}"))]
+        self.accepted += 1
+        role = self.layout.role_of(msg.rank).value
+        self.workers[msg.rank] = WorkerInfo(
+            rank=msg.rank,
+            node=msg.node,
+            pid=msg.pid,
+            identity=identity,
+            role=role,
+            layout_epoch=self.layout_epoch,
+            last_seen=self.clock(),
+        )
+        welcome = p.Welcome(
+            rank=msg.rank,
+            role=role,
+            layout_epoch=self.layout_epoch,
+            heartbeat_interval_s=self.cfg.control.heartbeat_interval_s,
+        )
+        return [(identity, welcome)]
+
+    def _on_ready(self, identity: bytes, msg: p.Ready) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None:
+            return []
+        w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, "idle"
+        if self.state == "STARTING" and self._all_ready():
+            self.state = "RUNNING"
+        return []
+
+    def _all_ready(self) -> bool:
+        return len(self.workers) == self.cfg.world_size and all(
+            w.state not in ("starting", *GONE) for w in self.workers.values()
+        )
+
+    def _on_heartbeat(self, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None:
+            return []
+        if w.state not in ("starting", "switching"):
+            w.state, w.role, w.layout_epoch = msg.state, msg.role, msg.layout_epoch
+        return [(identity, p.HeartbeatAck(step=self.step, policy_version=self.policy_version))]
+
+    def _on_switch_done(self, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None:
+            return []
+        w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, "idle"
+        current = self.switches[-1] if self.switches else None
+        if current is not None and current.epoch == msg.layout_epoch:
+            current.waiting_for.discard(msg.rank)
+            current.durations[msg.rank] = msg.duration_s
+            if not current.waiting_for and current.done_at is None:
+                current.done_at = self.clock()
+        return []
+
+    def _on_step_done(self, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None or self.state != "RUNNING":
+            return []
+        if msg.step <= self.step:  # a replayed or duplicate report: nothing new
+            return []
+        self.training_started = True
+        self.step, self.policy_version = msg.step, msg.policy_version
+        self.last_metrics = dict(msg.metrics)
+        if self.step >= self.cfg.train.steps:
+            return self._finish("COMPLETED", f"reached step {self.step}")
+        if self.step % self.cfg.train.sync_every == 0:
+            return self._maybe_apply_layout()
+        return []
+
+    def _on_bye(self, identity: bytes, msg: p.Bye) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None:
+            return []
+        w.state = "exited"
+        if self.state in ("STARTING", "RUNNING"):
+            return self._finish("FAILED", f"rank {msg.rank} left: {msg.reason}")
+        self._check_ended()
+        return []
+
+    # --- client requests ---------------------------------------------------------------
+
+    def _on_status_request(self, identity: bytes, msg: p.StatusRequest) -> list[Outgoing]:
+        self.accepted += 1
+        return [(identity, p.StatusReply(status=self.status()))]
+
+    def _on_rebalance(self, identity: bytes, msg: p.RebalanceRequest) -> list[Outgoing]:
+        self.accepted += 1
+        if self.state != "RUNNING":
+            return [(identity, p.Reply(ok=False, text=f"run is {self.state}, not RUNNING"))]
+        try:
+            target = self.layout.with_ratio(msg.rollout, msg.trainer)
+        except LayoutError as exc:
+            return [(identity, p.Reply(ok=False, text=str(exc)))]
+        self.pending_layout = target
+        self.switches.append(
+            SwitchRecord(epoch=self.layout_epoch + 1, ratio=target.ratio, requested_at=self.clock())
+        )
+        text = f"rebalance to {target.ratio} accepted; applied at the next sync point"
+        return [(identity, p.Reply(ok=True, text=text)), *self._maybe_apply_layout()]
+
+    def _on_stop_request(self, identity: bytes, msg: p.StopRequest) -> list[Outgoing]:
+        self.accepted += 1
+        if self.state in TERMINAL:
+            return [(identity, p.Reply(ok=True, text=f"run already {self.state}"))]
+        out = self.request_stop(msg.reason or "stop requested")
+        return [(identity, p.Reply(ok=True, text="stopping")), *out]
+
+    def request_stop(self, reason: str) -> list[Outgoing]:
+        """Graceful stop (CLI, SIGTERM, SIGUSR2): every rank is told to leave."""
+        if self.state in TERMINAL or self.state == "STOPPING":
+            return []
+        self.state, self.reason = "STOPPING", reason
+        return self._broadcast(p.Stop(reason=reason))
+
+    # --- layout ------------------------------------------------------------------------
+
+    def _switch_in_progress(self) -> bool:
+        return (
+            bool(self.switches)
+            and self.switches[-1].applied_at is not None
+            and (self.switches[-1].done_at is None)
+        )
+
+    def _maybe_apply_layout(self) -> list[Outgoing]:
+        """Apply a pending layout at a synchronization point.
+
+        Until training has started every moment is a sync point; afterwards the trainer's
+        step reports at multiples of ``sync_every`` are.
+        """
+        if self.pending_layout is None or self._switch_in_progress():
+            return []
+        target, self.pending_layout = self.pending_layout, None
+        record = self.switches[-1]
+        if target == self.layout:
+            record.applied_at = record.done_at = self.clock()
+            record.epoch = self.layout_epoch
+            return []
+        self.layout_epoch += 1
+        self.layout = target
+        record.epoch, record.applied_at = self.layout_epoch, self.clock()
+        alive = [w for w in self.workers.values() if w.state not in GONE]
+        record.waiting_for = {w.rank for w in alive}
+        for w in alive:
+            if w.role != target.role_of(w.rank).value:
+                w.state = "switching"
+        roles = [r.value for r in target.roles()]
+        return self._broadcast(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
+
+    # --- time --------------------------------------------------------------------------
+
+    def tick(self) -> list[Outgoing]:
+        now = self.clock()
+        out: list[Outgoing] = []
+        timeout = self.cfg.control.heartbeat_timeout_s
+        for w in self.workers.values():
+            if w.state not in GONE and now - w.last_seen > timeout:
+                w.state = "dead"
+                if self.state in ("STARTING", "RUNNING"):
+                    out += self._finish(
+                        "FAILED",
+                        f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
+                        f"for {now - w.last_seen:.1f} s",
+                    )
+        if self.state == "STARTING" and now - self.started_at > self.cfg.control.register_timeout_s:
+            ready = sum(w.state not in ("starting", *GONE) for w in self.workers.values())
+            out += self._finish(
+                "FAILED",
+                f"only {ready} of {self.cfg.world_size} ranks became ready within "
+                f"{self.cfg.control.register_timeout_s:.0f} s",
+            )
+        if self.state == "RUNNING" and not self.training_started:
+            out += self._maybe_apply_layout()
+        if self.state == "STOPPING" and self._all_gone():
+            self.state, self.ended_at = "STOPPED", now
+        self._check_ended()
+        return out
+
+    def _finish(self, state: str, reason: str) -> list[Outgoing]:
+        if self.state in TERMINAL:
+            return []
+        self.state, self.reason = state, reason
+        self.ended_at = self.clock()
+        return self._broadcast(p.Stop(reason=reason))
+
+    def _all_gone(self) -> bool:
+        return all(w.state in GONE for w in self.workers.values())
+
+    def _check_ended(self) -> None:
+        if self.state == "STOPPING" and self._all_gone():
+            self.state, self.ended_at = "STOPPED", self.clock()
+
+    @property
+    def finished(self) -> bool:
+        """Terminal, and every rank has left (or the grace period is over)."""
+        if self.state not in TERMINAL:
+            return False
+        assert self.ended_at is not None
+        grace_over = self.clock() - self.ended_at > self.cfg.control.stop_grace_s
+        return self._all_gone() or grace_over
+
+    def _broadcast(self, msg: p.Message) -> list[Outgoing]:
+        return [(w.identity, msg) for w in self.workers.values() if w.state not in GONE]
+
+    # --- reporting ---------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        pending = self.pending_layout.ratio if self.pending_layout is not None else None
+        workers = []
+        for rank in sorted(self.workers):
+            w = self.workers[rank]
+            workers.append(
+                {
+                    "rank": w.rank,
+                    "node": w.node,
+                    "pid": w.pid,
+                    "role": w.role,
+                    "state": w.state,
+                    "layout_epoch": w.layout_epoch,
+                    "heartbeat_age_s": round(now - w.last_seen, 3),
+                }
+            )
+        switches = [
+            {
+                "epoch": s.epoch,
+                "ratio": s.ratio,
+                "applied": s.applied_at is not None,
+                "duration_s": (
+                    round(s.done_at - s.applied_at, 3)
+                    if s.done_at is not None and s.applied_at is not None
+                    else None
+                ),
+                "max_rank_switch_s": max(s.durations.values(), default=None),
+            }
+            for s in self.switches[-10:]
+        ]
+        return {
+            "run": self.run,
+            "state": self.state,
+            "reason": self.reason,
+            "mode": self.cfg.reflow.mode,
+            "step": self.step,
+            "total_steps": self.cfg.train.steps,
+            "policy_version": self.policy_version,
+            "uptime_s": round(now - self.started_at, 3),
+            "layout": {
+                "rollout_gpus": self.layout.n_rollout_ranks,
+                "trainer_gpus": self.layout.n_trainer_ranks,
+                "epoch": self.layout_epoch,
+                "pending": pending,
+                "switching": self._switch_in_progress(),
+            },
+            "workers": workers,
+            "buffer": {},
+            "metrics": dict(self.last_metrics),
+            "switches": switches,
+            "control": {
+                "accepted": self.accepted,
+                "rejected": sum(self.rejected.values()),
+                "rejected_by_reason": dict(self.rejected),
+            },
+            "updated_at": self.wall(),
+        }

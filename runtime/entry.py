@@ -1,0 +1,109 @@
+"""The one entry point every rank runs (submitit calls :func:`rank_main`).
+
+Rank 0 also hosts the coordinator (a thread) before becoming a hybrid worker like the
+others. The function returns normally for COMPLETED/STOPPED and raises for FAILED, so the
+process exit code is the run's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.auth import CLIENT, SERVER, load_keypair
+from runtime.config import Config
+from runtime.coordinator import Coordinator
+from runtime.recipe import load_recipe
+from runtime.roles import build_sides
+from runtime.run_dir import RunPaths
+from runtime.worker import HybridWorker, WorkerError, node_name
+
+log = logging.getLogger("reflow")
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    node: str
+
+
+def rank_info() -> RankInfo:
+    """Rank and world from submitit's job environment (local or Slurm), else REFLOW_* vars."""
+    if "REFLOW_RANK" in os.environ:
+        return RankInfo(
+            int(os.environ["REFLOW_RANK"]), int(os.environ["REFLOW_WORLD_SIZE"]), node_name()
+        )
+    import submitit
+
+    env = submitit.JobEnvironment()
+    return RankInfo(env.global_rank, env.num_tasks, node_name())
+
+
+def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
+    paths.logs.mkdir(exist_ok=True)
+    handler = logging.FileHandler(paths.rank_log(rank))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler, logging.StreamHandler(sys.stderr)]
+    root.setLevel(level)
+
+
+def rank_main(run_root: str) -> str:
+    paths = RunPaths(Path(run_root))
+    info = rank_info()
+    cfg: Config = load_recipe(paths.config)
+    _setup_logging(paths, info.rank, cfg.logging.level)
+    log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    if info.world_size != cfg.world_size:
+        raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")
+    server = None
+    if info.rank == 0:
+        from runtime.control_server import ControlServer
+
+        coordinator = Coordinator(cfg, run=paths.name)
+        bind = os.environ.get("REFLOW_BIND_HOST", "127.0.0.1")
+        advertise = os.environ.get("REFLOW_ADVERTISE_HOST")
+        server = ControlServer(
+            coordinator,
+            paths,
+            load_keypair(paths.keys, SERVER),
+            load_keypair(paths.keys, CLIENT).public,
+            bind_host=bind,
+            advertise_host=advertise,
+        )
+        server.start()
+    worker = HybridWorker(
+        rank=info.rank,
+        world_size=info.world_size,
+        paths=paths,
+        cfg=cfg,
+        sides=build_sides(cfg, info.rank),
+        node=info.node,
+        on_stop_signal=server.request_stop if server is not None else None,
+    )
+    worker.install_signal_handlers()
+    try:
+        reason = worker.run()
+    except WorkerError as exc:
+        log.error("%s", exc)
+        if server is not None:
+            server.request_stop(str(exc))
+            server.join(cfg.control.stop_grace_s + 5)
+        raise RunFailed(str(exc)) from None
+    if server is not None:
+        server.join(cfg.control.stop_grace_s + 5)
+        state, why = server.coordinator.state, server.coordinator.reason
+        log.info("run ended %s: %s", state, why)
+        if state == "FAILED":
+            raise RunFailed(why)
+    return reason

@@ -1,0 +1,170 @@
+"""Which rank plays which role: replica groups and the rollout:trainer split.
+
+Ranks ``0 .. T-1`` form the trainer pool and ``T .. W-1`` the rollout pool, each cut into
+contiguous replica groups (``trainer_gpus_per_replica`` resp. ``rollout_gpus_per_replica``
+ranks). Moving the boundary ``T`` by whole groups is a rebalance; keeping both pools
+contiguous means a rebalance moves only the ranks between the old and new boundary, and a
+rollout replica never straddles a node (its size divides ``gpus_per_node`` and every
+boundary is a multiple of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    ROLLOUT = "rollout"
+    TRAINER = "trainer"
+
+
+class LayoutError(ValueError):
+    """A split that the replica-group sizes or the world size do not allow."""
+
+
+def parse_ratio(text: str) -> tuple[int, int]:
+    """``"24:8"`` -> ``(24, 8)`` (rollout ranks, trainer ranks)."""
+    parts = str(text).split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise LayoutError(f"{text!r} is not of the form ROLLOUT:TRAINER, e.g. 24:8")
+    return int(parts[0]), int(parts[1])
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    gpus_per_node: int
+    trainer_group_size: int
+    rollout_group_size: int
+    n_trainer_ranks: int
+
+    @classmethod
+    def from_ratio(
+        cls,
+        rollout: int,
+        trainer: int,
+        *,
+        world_size: int,
+        gpus_per_node: int,
+        trainer_group_size: int,
+        rollout_group_size: int,
+    ) -> Layout:
+        check_split(
+            rollout,
+            trainer,
+            world_size=world_size,
+            trainer_group_size=trainer_group_size,
+            rollout_group_size=rollout_group_size,
+        )
+        return cls(world_size, gpus_per_node, trainer_group_size, rollout_group_size, trainer)
+
+    def with_ratio(self, rollout: int, trainer: int) -> Layout:
+        return Layout.from_ratio(
+            rollout,
+            trainer,
+            world_size=self.world_size,
+            gpus_per_node=self.gpus_per_node,
+            trainer_group_size=self.trainer_group_size,
+            rollout_group_size=self.rollout_group_size,
+        )
+
+    @property
+    def n_rollout_ranks(self) -> int:
+        return self.world_size - self.n_trainer_ranks
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.n_rollout_ranks}:{self.n_trainer_ranks}"
+
+    def role_of(self, rank: int) -> Role:
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside 0..{self.world_size - 1}")
+        return Role.TRAINER if rank < self.n_trainer_ranks else Role.ROLLOUT
+
+    def roles(self) -> list[Role]:
+        return [self.role_of(r) for r in range(self.world_size)]
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def groups(self, role: Role) -> list[tuple[int, ...]]:
+        """Replica groups of one role, each a tuple of consecutive ranks."""
+        if role is Role.TRAINER:
+            start, stop, size = 0, self.n_trainer_ranks, self.trainer_group_size
+        else:
+            start, stop, size = self.n_trainer_ranks, self.world_size, self.rollout_group_size
+        return [tuple(range(s, s + size)) for s in range(start, stop, size)]
+
+    def group_index(self, rank: int) -> int:
+        role = self.role_of(rank)
+        for i, group in enumerate(self.groups(role)):
+            if rank in group:
+                return i
+        raise LayoutError(f"rank {rank} is in no group")  # unreachable for a valid layout
+
+    def moved_ranks(self, other: Layout) -> list[int]:
+        """Ranks whose role differs between two layouts of the same world."""
+        return [r for r in range(self.world_size) if self.role_of(r) != other.role_of(r)]
+
+
+def check_split(
+    rollout: int,
+    trainer: int,
+    *,
+    world_size: int,
+    trainer_group_size: int,
+    rollout_group_size: int,
+) -> None:
+    """Raise :class:`LayoutError` with a one-line reason when ``rollout:trainer`` is infeasible."""
+    if rollout + trainer != world_size:
+        raise LayoutError(f"{rollout}:{trainer} adds up to {rollout + trainer}, not {world_size}")
+    if trainer < trainer_group_size:
+        raise LayoutError(
+            f"{rollout}:{trainer} leaves fewer than one trainer replica "
+            f"({trainer_group_size} ranks)"
+        )
+    if rollout < rollout_group_size:
+        raise LayoutError(
+            f"{rollout}:{trainer} leaves fewer than one rollout replica "
+            f"({rollout_group_size} ranks)"
+        )
+    if trainer % trainer_group_size:
+        raise LayoutError(
+            f"{rollout}:{trainer}: trainer ranks must be a multiple of {trainer_group_size}"
+        )
+    if rollout % rollout_group_size or trainer % rollout_group_size:
+        raise LayoutError(
+            f"{rollout}:{trainer}: both sides must be multiples of the rollout replica "
+            f"size {rollout_group_size} so replicas stay within a node"
+        )
+
+
+def default_split(
+    world_size: int,
+    trainer_group_size: int,
+    rollout_group_size: int,
+    rollout_fraction: float = 0.5,
+) -> tuple[int, int]:
+    """The feasible split whose rollout share is closest to ``rollout_fraction``."""
+    best: tuple[int, int] | None = None
+    for trainer in range(world_size + 1):
+        try:
+            check_split(
+                world_size - trainer,
+                trainer,
+                world_size=world_size,
+                trainer_group_size=trainer_group_size,
+                rollout_group_size=rollout_group_size,
+            )
+        except LayoutError:
+            continue
+        target = rollout_fraction * world_size
+        if best is None or abs(world_size - trainer - target) < abs(best[0] - target):
+            best = (world_size - trainer, trainer)
+    if best is None:
+        raise LayoutError(
+            f"no split of {world_size} ranks into trainer groups of {trainer_group_size} "
+            f"and rollout groups of {rollout_group_size}"
+        )
+    return best

@@ -1,0 +1,308 @@
+"""The control-plane protocol: typed messages, their msgpack encoding and validation.
+
+A message travels as ZeroMQ frames ``[header, *blobs]``. The header is a msgpack map
+``{"v": PROTOCOL_VERSION, "type": <name>, **fields}``; raw byte payloads (token ids,
+log-probs, weights) travel as extra frames, never inside msgpack and never pickled.
+
+:func:`decode` trusts nothing: a wrong version, unknown type, missing or extra field,
+wrong field type or out-of-range value raises :class:`ProtocolError`, which the receiver
+counts and drops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAMES = 64
+MAX_HEADER_BYTES = 1 << 20
+
+RUN_STATES = ("STARTING", "RUNNING", "STOPPING", "COMPLETED", "STOPPED", "FAILED")
+WORKER_STATES = ("starting", "idle", "switching", "busy", "stopping", "dead", "exited")
+ROLES = ("rollout", "trainer")
+
+
+class ProtocolError(ValueError):
+    """A frame sequence that is not a valid message of this protocol."""
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[str] = ""
+    blobs: tuple[bytes, ...] = field(default=(), kw_only=True, repr=False)
+
+    def check(self) -> None:
+        """Message-specific value checks beyond types; raise ProtocolError."""
+
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+def message(cls: type[Message]) -> type[Message]:
+    """Register a message class under its ``TYPE``."""
+    if not cls.TYPE or cls.TYPE in _REGISTRY:
+        raise TypeError(f"bad or duplicate message type {cls.TYPE!r}")
+    _REGISTRY[cls.TYPE] = cls
+    return cls
+
+
+def message_types() -> dict[str, type[Message]]:
+    return dict(_REGISTRY)
+
+
+def _require(cond: bool, text: str) -> None:
+    if not cond:
+        raise ProtocolError(text)
+
+
+# --- worker -> coordinator -------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class Hello(Message):
+    """First message of a rank: who it is. Answered by :class:`Welcome`."""
+
+    TYPE: ClassVar[str] = "hello"
+    rank: int
+    world_size: int
+    node: str
+    pid: int
+
+    def check(self) -> None:
+        _require(0 <= self.rank < self.world_size, "rank outside world")
+        _require(self.pid > 0, "bad pid")
+
+
+@message
+@dataclass(frozen=True)
+class Ready(Message):
+    """The rank has started its role and is ready for work."""
+
+    TYPE: ClassVar[str] = "ready"
+    rank: int
+    role: str
+    layout_epoch: int
+
+    def check(self) -> None:
+        _require(self.role in ROLES, "unknown role")
+
+
+@message
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    rank: int
+    role: str
+    state: str
+    layout_epoch: int
+
+    def check(self) -> None:
+        _require(self.role in ROLES, "unknown role")
+        _require(self.state in WORKER_STATES, "unknown worker state")
+
+
+@message
+@dataclass(frozen=True)
+class RoleSwitchDone(Message):
+    TYPE: ClassVar[str] = "role_switch_done"
+    rank: int
+    role: str
+    layout_epoch: int
+    duration_s: float
+
+    def check(self) -> None:
+        _require(self.role in ROLES, "unknown role")
+        _require(self.duration_s >= 0, "negative duration")
+
+
+@message
+@dataclass(frozen=True)
+class StepDone(Message):
+    """A trainer replica finished an optimisation step (sent by its first rank)."""
+
+    TYPE: ClassVar[str] = "step_done"
+    rank: int
+    step: int
+    policy_version: int
+    metrics: dict[str, float]
+
+    def check(self) -> None:
+        _require(self.step >= 1 and self.policy_version >= 0, "bad step or version")
+
+
+@message
+@dataclass(frozen=True)
+class Bye(Message):
+    """The rank is leaving (after a stop, or on its own with a reason)."""
+
+    TYPE: ClassVar[str] = "bye"
+    rank: int
+    reason: str
+
+
+# --- coordinator -> worker -------------------------------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class HeartbeatAck(Message):
+    """Answer to a heartbeat: tells a rank the coordinator is alive, and where the run is."""
+
+    TYPE: ClassVar[str] = "heartbeat_ack"
+    step: int
+    policy_version: int
+
+
+@message
+@dataclass(frozen=True)
+class Welcome(Message):
+    TYPE: ClassVar[str] = "welcome"
+    rank: int
+    role: str
+    layout_epoch: int
+    heartbeat_interval_s: float
+
+    def check(self) -> None:
+        _require(self.role in ROLES, "unknown role")
+        _require(self.heartbeat_interval_s > 0, "bad heartbeat interval")
+
+
+@message
+@dataclass(frozen=True)
+class RoleSwitch(Message):
+    """Broadcast: the new role of every rank, in rank order, for ``layout_epoch``."""
+
+    TYPE: ClassVar[str] = "role_switch"
+    layout_epoch: int
+    roles: list[str]
+
+    def check(self) -> None:
+        _require(all(r in ROLES for r in self.roles), "unknown role")
+
+
+@message
+@dataclass(frozen=True)
+class Stop(Message):
+    TYPE: ClassVar[str] = "stop"
+    reason: str
+
+
+# --- clients (reflow status / rebalance / stop) ----------------------------------------
+
+
+@message
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    TYPE: ClassVar[str] = "status_request"
+
+
+@message
+@dataclass(frozen=True)
+class StatusReply(Message):
+    TYPE: ClassVar[str] = "status_reply"
+    status: dict[str, Any]
+
+
+@message
+@dataclass(frozen=True)
+class RebalanceRequest(Message):
+    TYPE: ClassVar[str] = "rebalance_request"
+    rollout: int
+    trainer: int
+
+    def check(self) -> None:
+        _require(self.rollout >= 0 and self.trainer >= 0, "negative ranks")
+
+
+@message
+@dataclass(frozen=True)
+class StopRequest(Message):
+    TYPE: ClassVar[str] = "stop_request"
+    reason: str
+
+
+@message
+@dataclass(frozen=True)
+class Reply(Message):
+    """Answer to a client request that changes something: accepted or not, and why."""
+
+    TYPE: ClassVar[str] = "reply"
+    ok: bool
+    text: str
+
+
+# --- encoding --------------------------------------------------------------------------
+
+
+def encode(msg: Message) -> list[bytes]:
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": msg.TYPE}
+    for f in dataclasses.fields(msg):
+        if f.name != "blobs":
+            header[f.name] = getattr(msg, f.name)
+    return [msgpack.packb(header, use_bin_type=True), *msg.blobs]
+
+
+def decode(frames: list[bytes]) -> Message:
+    _require(1 <= len(frames) <= MAX_FRAMES, f"{len(frames)} frames")
+    head = frames[0]
+    _require(len(head) <= MAX_HEADER_BYTES, "header too large")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not msgpack: {type(exc).__name__}") from None
+    _require(isinstance(header, dict), "header is not a map")
+    _require(header.get("v") == PROTOCOL_VERSION, f"protocol version {header.get('v')!r}")
+    cls = _REGISTRY.get(header.get("type"))  # type: ignore[arg-type]
+    _require(cls is not None, f"unknown message type {header.get('type')!r}")
+    assert cls is not None
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)} - {"blobs"}
+    given = set(header) - {"v", "type"}
+    _require(given == names, f"{cls.TYPE}: fields {sorted(given)} != {sorted(names)}")
+    kwargs = {}
+    for name in names:
+        value = header[name]
+        _require(_conforms(hints[name], value), f"{cls.TYPE}.{name}: wrong type")
+        kwargs[name] = float(value) if hints[name] is float else value
+    msg = cls(**kwargs, blobs=tuple(frames[1:]))
+    msg.check()
+    return msg
+
+
+def _conforms(tp: Any, value: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(a, value) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**62
+    if tp is float:
+        return (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if tp is str:
+        return isinstance(value, str) and len(value) <= 65536
+    if tp is bytes:
+        return isinstance(value, bytes)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_conforms(item, v) for v in value)
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            _conforms(kt, k) and _conforms(vt, v) for k, v in value.items()
+        )
+    return False

@@ -1,0 +1,89 @@
+"""The run folder: where a run keeps its config, keys, logs, metrics and state.
+
+::
+
+    runs/<name>-<YYYYmmdd-HHMMSS>/
+        config.yaml        resolved config (what actually ran)
+        keys/              CURVE key pairs, mode 0600 (folder 0700)
+        control.json       coordinator address + server public key, written by rank 0
+        status.json        the coordinator's last status snapshot (kept after the run)
+        metrics.jsonl      one line per training step
+        logs/rank<K>.log   per-rank logs
+        submitit/          submitit's own job files
+        checkpoints/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / "submitit"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def job(self) -> Path:
+        """What the launcher knows of the job: executor, job id."""
+        return self.root / "job.json"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+    """Write JSON so that readers never see a half-written file (temp + rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())

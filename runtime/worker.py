@@ -1,0 +1,224 @@
+"""Every rank is a :class:`HybridWorker`: it registers with rank 0, plays the role it is
+given, heartbeats, and switches roles when the coordinator broadcasts a new layout.
+
+The worker's ZeroMQ socket is a DEALER with the run's CURVE client key. Messages from the
+coordinator are validated like any other input; invalid ones are logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from types import FrameType
+
+import zmq
+
+from runtime import protocol as p
+from runtime.auth import CLIENT, load_keypair, secure_client
+from runtime.config import Config
+from runtime.roles import RoleSide
+from runtime.run_dir import RunPaths, read_json
+
+log = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """The rank cannot take part in the run (no coordinator, rejected, lost contact)."""
+
+
+def wait_for_control(paths: RunPaths, timeout_s: float) -> dict:
+    """Rank 0 publishes control.json once it listens; other ranks wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return read_json(paths.control)
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise WorkerError(
+                    f"{paths.control}: rank 0 did not publish its address within {timeout_s:.0f} s"
+                ) from None
+            time.sleep(0.1)
+
+
+class HybridWorker:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        paths: RunPaths,
+        cfg: Config,
+        sides: dict[str, RoleSide],
+        node: str | None = None,
+        on_stop_signal=None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.paths = paths
+        self.cfg = cfg
+        self.sides = sides
+        self.node = node or socket.gethostname()
+        self.role: str | None = None
+        self.layout_epoch = 0
+        self.stop_reason: str | None = None
+        self._signal_reason: str | None = None
+        self._on_stop_signal = on_stop_signal
+        self.heartbeat_interval = cfg.control.heartbeat_interval_s
+        self.last_ack = time.monotonic()
+        self.switch_durations: list[float] = []
+        self.unsent = 0
+
+    # --- signals -----------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal_reason = f"rank {self.rank} got {signal.Signals(signum).name}"
+        if self._on_stop_signal is not None:
+            self._on_stop_signal(self._signal_reason)
+
+    # --- main loop ---------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Serve until told to stop; returns the coordinator's stop reason."""
+        control = wait_for_control(self.paths, self.cfg.control.register_timeout_s)
+        keys = load_keypair(self.paths.keys, CLIENT)
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"rank-{self.rank}-{os.getpid()}".encode())
+        sock.setsockopt(zmq.LINGER, 2000)
+        secure_client(sock, keys, control["server_public"].encode())
+        sock.connect(control["address"])
+        self._sock = sock
+        try:
+            self._register()
+            self._serve()
+        finally:
+            if self.role is not None:
+                self.sides[self.role].deactivate()
+            sock.close()
+            ctx.term()
+        return self.stop_reason or ""
+
+    def _send(self, msg: p.Message) -> bool:
+        # Never block: with no live connection to rank 0 (not up yet, gone, or the CURVE
+        # handshake refused) a DEALER send would wait forever. The heartbeat and HELLO
+        # loops retry, and silence is what the coordinator's timeout is for.
+        try:
+            self._sock.send_multipart(p.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.unsent += 1
+            return False
+
+    def _recv(self, timeout_ms: int) -> p.Message | None:
+        if not self._sock.poll(timeout_ms):
+            return None
+        frames = self._sock.recv_multipart()
+        try:
+            return p.decode(frames)
+        except p.ProtocolError as exc:
+            log.warning("dropping an invalid message from the coordinator: %s", exc)
+            return None
+
+    def _register(self) -> None:
+        timeout = self.cfg.control.register_timeout_s
+        deadline = time.monotonic() + timeout
+        hello = p.Hello(rank=self.rank, world_size=self.world_size, node=self.node, pid=os.getpid())
+        next_hello = 0.0
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise WorkerError(f"rank {self.rank}: no answer from rank 0 within {timeout:.0f} s")
+            if self._signal_reason is not None:
+                raise WorkerError(f"{self._signal_reason} before registering")
+            if now >= next_hello:  # repeat: a HELLO sent before rank 0 listened is not lost
+                self._send(hello)
+                next_hello = now + 2.0
+            msg = self._recv(100)
+            if isinstance(msg, p.Welcome) and msg.rank == self.rank:
+                self.heartbeat_interval = msg.heartbeat_interval_s
+                self.layout_epoch = msg.layout_epoch
+                self._enter(msg.role)
+                self._send(p.Ready(rank=self.rank, role=msg.role, layout_epoch=self.layout_epoch))
+                self.last_ack = time.monotonic()
+                log.info("rank %d registered as %s", self.rank, msg.role)
+                return
+            if isinstance(msg, p.Stop):
+                raise WorkerError(f"rank {self.rank}: refused by rank 0: {msg.reason}")
+
+    def _enter(self, role: str) -> None:
+        if self.role == role:
+            return
+        if self.role is not None:
+            self.sides[self.role].deactivate()
+        self.sides[role].activate()
+        self.role = role
+
+    def _serve(self) -> None:
+        assert self.role is not None
+        next_beat = 0.0
+        asked_stop = False
+        lost_after = self.cfg.control.heartbeat_timeout_s
+        while self.stop_reason is None:
+            now = time.monotonic()
+            if self._signal_reason is not None and not asked_stop:
+                # Ask rank 0 to stop the whole run; we leave when it says so.
+                self._send(p.StopRequest(reason=self._signal_reason))
+                asked_stop = True
+            if now >= next_beat:
+                self._send(
+                    p.Heartbeat(
+                        rank=self.rank,
+                        role=self.role,
+                        state=self.sides[self.role].state,
+                        layout_epoch=self.layout_epoch,
+                    )
+                )
+                next_beat = now + self.heartbeat_interval
+            if now - self.last_ack > lost_after:
+                raise WorkerError(
+                    f"rank {self.rank}: lost contact with rank 0 (no answer for {lost_after:.0f} s)"
+                )
+            self.sides[self.role].step()
+            msg = self._recv(50)
+            if msg is not None:
+                self._handle(msg)
+        self._send(p.Bye(rank=self.rank, reason=self.stop_reason))
+
+    def _handle(self, msg: p.Message) -> None:
+        if isinstance(msg, p.HeartbeatAck):
+            self.last_ack = time.monotonic()
+        elif isinstance(msg, p.RoleSwitch):
+            self.last_ack = time.monotonic()
+            if len(msg.roles) != self.world_size or msg.layout_epoch <= self.layout_epoch:
+                log.warning("ignoring role switch %s", msg)
+                return
+            start = time.perf_counter()
+            new_role = msg.roles[self.rank]
+            old_role = self.role
+            self._enter(new_role)
+            self.layout_epoch = msg.layout_epoch
+            took = time.perf_counter() - start
+            self.switch_durations.append(took)
+            log.info("epoch %d: %s -> %s in %.3f s", msg.layout_epoch, old_role, new_role, took)
+            assert self.role is not None
+            self._send(
+                p.RoleSwitchDone(
+                    rank=self.rank, role=self.role, layout_epoch=self.layout_epoch, duration_s=took
+                )
+            )
+        elif isinstance(msg, p.Stop):
+            log.info("rank %d stopping: %s", self.rank, msg.reason)
+            self.stop_reason = msg.reason
+        else:
+            log.warning("ignoring unexpected %s", msg.TYPE)
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

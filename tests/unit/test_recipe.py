@@ -1,0 +1,126 @@
+"""Recipe validation: every bad recipe gets one exact line naming file, field and rule."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runtime.config import Config
+from runtime.recipe import RecipeError, build_config, dump_config, load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    return path
+
+
+BAD = [
+    (
+        "resources: {gpus_per_node: 8, rollout_gpus_per_replica: 3}",
+        "resources.rollout_gpus_per_replica: 3 does not divide gpus_per_node=8",
+    ),
+    (
+        "reflow: {sigmma: 0.3}",
+        "reflow.sigmma: unknown key (allowed here: B_max, delta, mode, replay_filter, "
+        "sampler, sigma, tau)",
+    ),
+    ("train: {steps: ten}", "train.steps: expected an integer, got 'ten'"),
+    ("train: {steps: 1.5}", "train.steps: expected an integer, got 1.5"),
+    ("reflow: {sigma: 1.5}", "reflow.sigma: 1.5 is out of range (allowed: 0 <= sigma < 1)"),
+    ("reflow: {tau: 0}", "reflow.tau: 0.0 is out of range (allowed: 0 < tau <= 1)"),
+    (
+        "reflow: {mode: turbo}",
+        "reflow.mode: 'turbo' is not one of: sync, one_step_off, async, reflow",
+    ),
+    (
+        "reflow: {mode: async, sigma: 0.5}",
+        "reflow.sigma: 0.5 needs mode=reflow (replay is off in mode=async)",
+    ),
+    ("scheduler: {auto_rebalance: 1}", "scheduler.auto_rebalance: expected true or false, got 1"),
+    (
+        "resources: {gpus_per_node: 4, initial_ratio: '3:2'}",
+        "resources.initial_ratio: 3:2 adds up to 5, not 4",
+    ),
+    (
+        "resources: {gpus_per_node: 8, trainer_gpus_per_replica: 8, initial_ratio: '8:0'}",
+        "resources.initial_ratio: 8:0 leaves fewer than one trainer replica (8 ranks)",
+    ),
+    (
+        "train: {sync_every: 2, checkpoint_every: 5}",
+        "train.checkpoint_every: 5 is not a multiple of sync_every=2 (checkpoints are taken "
+        "at sync points)",
+    ),
+    (
+        "model: {max_seq_len: 256}\nworkload: {max_response_tokens: 256}",
+        "workload.max_response_tokens: 256 leaves no room for the prompt within "
+        "model.max_seq_len=256",
+    ),
+    ("train: [1, 2]", "train: expected a mapping of keys, got [1, 2]"),
+    ("modle: {path: x}", "modle: unknown key (allowed here: algorithm, control, data, engine, "
+     "logging, model, name, reflow, resources, scheduler, slurm, train, workload)"),
+    ("train: {lr: .nan}", "train.lr: expected a finite number, got nan"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_recipe_gets_one_exact_line(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"{path}: {message}"
+    assert "\n" not in str(info.value)
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    path = write(tmp_path, "train: {steps: [1,\n")
+    with pytest.raises(RecipeError, match=r"x\.yaml: not valid YAML \(line \d+\)"):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match="nope.yaml: no such recipe file"):
+        load_recipe(tmp_path / "nope.yaml")
+    with pytest.raises(RecipeError, match="top level must be a mapping"):
+        load_recipe(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_overrides_use_the_same_validation(tmp_path):
+    path = write(tmp_path, "reflow: {sigma: 0.5}")
+    cfg = load_recipe(path, ["reflow.sigma=0.3", "train.steps=7"])
+    assert cfg.reflow.sigma == 0.3 and cfg.train.steps == 7
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["reflow.sigma=2"])
+    assert str(info.value) == (
+        f"{path} (--set reflow.sigma=2): reflow.sigma: 2.0 is out of range "
+        "(allowed: 0 <= sigma < 1)"
+    )
+    with pytest.raises(RecipeError, match="--set reflow.sigma: expected KEY=VALUE"):
+        load_recipe(path, ["reflow.sigma"])
+
+
+def test_mode_dependent_defaults():
+    assert build_config({}).reflow.sigma == 0.5
+    assert build_config({"reflow": {"mode": "sync"}}).reflow.sigma == 0.0
+    cfg = build_config({"train": {"batch_size": 48}})
+    assert cfg.reflow.B_max == 48
+    assert cfg.resources.initial_ratio == "2:2"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
+def test_shipped_recipes_load_and_round_trip(tmp_path, recipe):
+    cfg = load_recipe(recipe)
+    assert isinstance(cfg, Config)
+    out = tmp_path / "resolved.yaml"
+    dump_config(cfg, out)
+    assert load_recipe(out) == cfg
+    assert yaml.safe_load(out.read_text())["reflow"]["B_max"] == cfg.reflow.B_max
+
+
+@pytest.mark.parametrize("name", ["apps_coding", "dapo_math", "retool"])
+def test_cluster_recipes_use_the_paper_settings(name):
+    cfg = load_recipe(REPO / "recipes" / f"{name}.yaml")
+    assert cfg.reflow.B_max == cfg.train.batch_size
+    assert cfg.reflow.sigma == cfg.reflow.tau == 0.5
+    assert cfg.reflow.delta == 1
+    assert "Qwen3" in cfg.model.path
