@@ -244,7 +244,8 @@ class Coordinator:
             SwitchRecord(epoch=self.layout_epoch + 1, ratio=target.ratio, requested_at=self.clock())
         )
         text = f"rebalance to {target.ratio} accepted; applied at the next sync point"
-        return [(identity, p.Reply(ok=True, text=text)), *self._maybe_apply_layout()]
+        now = [] if self.training_started else self._maybe_apply_layout()
+        return [(identity, p.Reply(ok=True, text=text)), *now]
 
     def _on_stop_request(self, identity: bytes, msg: p.StopRequest) -> list[Outgoing]:
         self.accepted += 1

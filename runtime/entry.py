@@ -16,8 +16,8 @@ from pathlib import Path
 from runtime.auth import CLIENT, SERVER, load_keypair
 from runtime.config import Config
 from runtime.coordinator import Coordinator
+from runtime.engines import build_sides
 from runtime.recipe import load_recipe
-from runtime.roles import build_sides
 from runtime.run_dir import RunPaths
 from runtime.worker import HybridWorker, WorkerError, node_name
 
@@ -87,7 +87,7 @@ def rank_main(run_root: str) -> str:
         world_size=info.world_size,
         paths=paths,
         cfg=cfg,
-        sides=build_sides(cfg, info.rank),
+        make_sides=lambda: build_sides(cfg, info.rank),
         node=info.node,
         on_stop_signal=server.request_stop if server is not None else None,
     )

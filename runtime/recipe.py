@@ -239,6 +239,14 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.workload.max_response_tokens} leaves no room for the prompt within "
             f"model.max_seq_len={cfg.model.max_seq_len}",
         )
+    from runtime.engines import ROLLOUT_ENGINES, TRAINER_ENGINES
+
+    for key, registry in (("rollout", ROLLOUT_ENGINES), ("trainer", TRAINER_ENGINES)):
+        name = getattr(cfg.engine, key)
+        if name not in registry:
+            raise _FieldError(
+                f"engine.{key}", f"{name!r} is not one of: {', '.join(sorted(registry))}"
+            )
     if cfg.scheduler.min_concurrency > cfg.scheduler.max_concurrency:
         raise _FieldError(
             "scheduler.min_concurrency",

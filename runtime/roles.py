@@ -5,18 +5,14 @@ wakes a side (engine wake-up, weights onto the device), ``deactivate`` puts it t
 (KV cache freed, weights and optimizer offloaded). ``step`` does a bounded slice of work
 and returns quickly so the worker can keep heartbeating and hear commands.
 
-The sides registered here are the control-plane placeholders: they hold no engine and
-report ``idle``. The engines are registered under the names the recipe's ``engine``
-section selects.
+Sides are looked up by the names in the recipe's ``engine`` section through
+:mod:`runtime.engines`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Protocol
-
-from runtime.config import Config
 
 
 class RoleSide(Protocol):
@@ -57,15 +53,9 @@ class PlaceholderSide:
         return "idle"
 
 
-SideFactory = Callable[[Config, int], RoleSide]
-
-ROLLOUT_SIDES: dict[str, SideFactory] = {
-    "placeholder": lambda cfg, rank: PlaceholderSide("rollout")
-}
-TRAINER_SIDES: dict[str, SideFactory] = {
-    "placeholder": lambda cfg, rank: PlaceholderSide("trainer")
-}
+def placeholder_rollout(cfg: object, rank: int) -> PlaceholderSide:
+    return PlaceholderSide("rollout")
 
 
-def build_sides(cfg: Config, rank: int, kind: str = "placeholder") -> dict[str, RoleSide]:
-    return {"rollout": ROLLOUT_SIDES[kind](cfg, rank), "trainer": TRAINER_SIDES[kind](cfg, rank)}
+def placeholder_trainer(cfg: object, rank: int) -> PlaceholderSide:
+    return PlaceholderSide("trainer")

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import zmq
@@ -51,7 +52,7 @@ class HybridWorker:
         world_size: int,
         paths: RunPaths,
         cfg: Config,
-        sides: dict[str, RoleSide],
+        make_sides: Callable[[], dict[str, RoleSide]],
         node: str | None = None,
         on_stop_signal=None,
     ) -> None:
@@ -59,7 +60,8 @@ class HybridWorker:
         self.world_size = world_size
         self.paths = paths
         self.cfg = cfg
-        self.sides = sides
+        self._make_sides = make_sides
+        self.sides: dict[str, RoleSide] = {}
         self.node = node or socket.gethostname()
         self.role: str | None = None
         self.layout_epoch = 0
@@ -142,6 +144,14 @@ class HybridWorker:
                 next_hello = now + 2.0
             msg = self._recv(100)
             if isinstance(msg, p.Welcome) and msg.rank == self.rank:
+                # Engines are built only once rank 0 knows us, so a rank whose engine cannot
+                # start says why (Bye) instead of silently missing the registration.
+                try:
+                    self.sides = self._make_sides()
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    self._send(p.Bye(rank=self.rank, reason=reason))
+                    raise WorkerError(f"rank {self.rank}: {reason}") from exc
                 self.heartbeat_interval = msg.heartbeat_interval_s
                 self.layout_epoch = msg.layout_epoch
                 self._enter(msg.role)

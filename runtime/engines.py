@@ -1,0 +1,41 @@
+"""Registry of the engines behind the two roles, by the names recipes use.
+
+Values are ``module:attribute`` strings imported on first use, so validating a recipe (or
+``--dry-run``) never imports heavy engine code. Each factory is called as
+``factory(cfg, rank)`` and returns a :class:`runtime.roles.RoleSide`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from runtime.config import Config
+from runtime.roles import RoleSide
+
+ROLLOUT_ENGINES: dict[str, str] = {
+    "placeholder": "runtime.roles:placeholder_rollout",
+    "vllm": "runtime.rollout_vllm:VLLMRolloutSide",
+}
+TRAINER_ENGINES: dict[str, str] = {
+    "placeholder": "runtime.roles:placeholder_trainer",
+    "torch": "runtime.trainer_torch:TorchTrainerSide",
+}
+
+
+class EngineUnavailable(RuntimeError):
+    """A registered engine whose code or dependencies are not importable here."""
+
+
+def _load(kind: str, name: str, target: str):
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise EngineUnavailable(f"engine.{kind}: {name!r} cannot be loaded ({exc})") from None
+
+
+def build_sides(cfg: Config, rank: int) -> dict[str, RoleSide]:
+    e = cfg.engine
+    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank)
+    trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(cfg, rank)
+    return {"rollout": rollout, "trainer": trainer}

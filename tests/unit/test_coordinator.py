@@ -1,0 +1,183 @@
+"""The coordinator's state machine, driven with a fake clock and no sockets."""
+
+import pytest
+
+from runtime import protocol as p
+from runtime.coordinator import Coordinator
+from runtime.recipe import build_config
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def ident(rank: int) -> bytes:
+    return f"rank-{rank}".encode()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def make(clock, **sections) -> Coordinator:
+    raw = {"resources": {"gpus_per_node": 4, "initial_ratio": "2:2"}, "train": {"steps": 5}}
+    raw.update(sections)
+    return Coordinator(build_config(raw), run="t", clock=clock, wall=clock)
+
+
+def register_all(c: Coordinator) -> None:
+    for r in range(4):
+        out = c.handle(ident(r), p.Hello(rank=r, world_size=4, node="n", pid=100 + r))
+        ((to, welcome),) = out
+        assert to == ident(r) and isinstance(welcome, p.Welcome)
+        c.handle(ident(r), p.Ready(rank=r, role=welcome.role, layout_epoch=0))
+
+
+def test_registration_makes_the_run_running(clock):
+    c = make(clock)
+    assert c.state == "STARTING"
+    c.handle(ident(0), p.Hello(rank=0, world_size=4, node="n", pid=1))
+    assert c.state == "STARTING"
+    register_all(c)
+    assert c.state == "RUNNING"
+    roles = [w["role"] for w in c.status()["workers"]]
+    assert roles == ["trainer", "trainer", "rollout", "rollout"]
+
+
+def test_garbage_and_impostors_are_counted_not_obeyed(clock):
+    c = make(clock)
+    register_all(c)
+    assert c.on_frames(b"x", [b"\xc1\xc1"]) == []
+    assert c.handle(b"intruder", p.Bye(rank=1, reason="evil")) == []
+    assert (
+        c.handle(
+            ident(1), p.Welcome(rank=1, role="rollout", layout_epoch=0, heartbeat_interval_s=1.0)
+        )
+        == []
+    )
+    assert c.handle(b"dup", p.Hello(rank=2, world_size=4, node="x", pid=9)) == []
+    assert c.handle(b"w", p.Hello(rank=2, world_size=8, node="x", pid=9)) == []
+    assert c.state == "RUNNING"
+    assert dict(c.rejected) == {
+        "malformed": 1,
+        "unknown_sender": 1,
+        "unexpected": 1,
+        "duplicate_rank": 1,
+        "wrong_world": 1,
+    }
+    assert c.workers[1].state == "idle"
+
+
+def test_heartbeats_keep_ranks_alive_and_silence_fails_the_run(clock):
+    c = make(clock)
+    register_all(c)
+    for _ in range(20):
+        clock.t += 1.0
+        for r in range(4):
+            ((_, ack),) = c.handle(
+                ident(r),
+                p.Heartbeat(
+                    rank=r, role="rollout" if r > 1 else "trainer", state="idle", layout_epoch=0
+                ),
+            )
+            assert isinstance(ack, p.HeartbeatAck)
+        assert c.tick() == []
+    assert c.state == "RUNNING"
+    clock.t += 16.0  # heartbeat_timeout_s defaults to 15
+    out = c.tick()
+    assert c.state == "FAILED"
+    assert "rank 0 (trainer, pid 100 on n) sent no heartbeat for 16.0 s" in c.reason
+    assert {type(m) for _, m in out} == {p.Stop}
+
+
+def test_registration_timeout(clock):
+    c = make(clock, control={"register_timeout_s": 30})
+    c.handle(ident(0), p.Hello(rank=0, world_size=4, node="n", pid=1))
+    c.handle(ident(0), p.Ready(rank=0, role="trainer", layout_epoch=0))
+    clock.t += 10
+    c.handle(ident(0), p.Heartbeat(rank=0, role="trainer", state="idle", layout_epoch=0))
+    clock.t += 25
+    c.handle(ident(0), p.Heartbeat(rank=0, role="trainer", state="idle", layout_epoch=0))
+    c.tick()
+    assert c.state == "FAILED"
+    assert c.reason == "only 1 of 4 ranks became ready within 30 s"
+
+
+def test_rebalance_is_validated_applied_and_acknowledged(clock):
+    c = make(clock)
+    register_all(c)
+    ((_, reply),) = c.handle(b"cli", p.RebalanceRequest(rollout=3, trainer=2))
+    assert not reply.ok and "adds up to 5" in reply.text
+    out = c.handle(b"cli", p.RebalanceRequest(rollout=3, trainer=1))
+    assert out[0][1] == p.Reply(
+        ok=True, text="rebalance to 3:1 accepted; applied at the next sync point"
+    )
+    broadcasts = [m for _, m in out[1:]]
+    assert broadcasts == [p.RoleSwitch(layout_epoch=1, roles=["trainer"] + ["rollout"] * 3)] * 4
+    s = c.status()
+    assert s["layout"] == {
+        "rollout_gpus": 3,
+        "trainer_gpus": 1,
+        "epoch": 1,
+        "pending": None,
+        "switching": True,
+    }
+    assert s["workers"][1]["state"] == "switching"
+    clock.t += 0.5
+    for r in range(4):
+        role = "trainer" if r == 0 else "rollout"
+        c.handle(ident(r), p.RoleSwitchDone(rank=r, role=role, layout_epoch=1, duration_s=0.1))
+    s = c.status()
+    assert not s["layout"]["switching"]
+    assert [w["role"] for w in s["workers"]] == ["trainer", "rollout", "rollout", "rollout"]
+    assert s["switches"][-1]["duration_s"] == 0.5
+
+
+def test_rebalance_waits_for_a_sync_point_once_training(clock):
+    c = make(clock, train={"steps": 10, "sync_every": 2})
+    register_all(c)
+    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, metrics={}))
+    out = c.handle(b"cli", p.RebalanceRequest(rollout=1, trainer=3))
+    assert [type(m) for _, m in out] == [p.Reply]  # step 1 is not a sync point
+    assert c.tick() == [] and c.status()["layout"]["pending"] == "1:3"
+    out = c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, metrics={}))
+    assert {type(m) for _, m in out} == {p.RoleSwitch}
+    assert c.layout.ratio == "1:3"
+
+
+def test_stop_goes_through_stopping_to_stopped(clock):
+    c = make(clock)
+    register_all(c)
+    out = c.handle(b"cli", p.StopRequest(reason="reflow stop"))
+    assert out[0][1] == p.Reply(ok=True, text="stopping")
+    assert [m for _, m in out[1:]] == [p.Stop(reason="reflow stop")] * 4
+    assert c.state == "STOPPING" and not c.finished
+    for r in range(4):
+        c.handle(ident(r), p.Bye(rank=r, reason="reflow stop"))
+    assert c.state == "STOPPED" and c.finished
+
+
+def test_reaching_the_step_target_completes(clock):
+    c = make(clock)
+    register_all(c)
+    for step in range(1, 6):
+        out = c.handle(
+            ident(0), p.StepDone(rank=0, step=step, policy_version=step, metrics={"loss": 1.0})
+        )
+    assert c.state == "COMPLETED" and c.reason == "reached step 5"
+    assert {type(m) for _, m in out} == {p.Stop}
+    assert not c.finished  # ranks still have to leave
+    clock.t += 31  # stop_grace_s
+    assert c.finished
+
+
+def test_an_unexpected_departure_fails_the_run(clock):
+    c = make(clock)
+    register_all(c)
+    c.handle(ident(2), p.Bye(rank=2, reason="crashed"))
+    assert c.state == "FAILED" and c.reason == "rank 2 left: crashed"

@@ -1,0 +1,109 @@
+import contextlib
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime import protocol as p
+
+EXAMPLES = [
+    p.Hello(rank=1, world_size=4, node="n1", pid=123),
+    p.Ready(rank=1, role="trainer", layout_epoch=0),
+    p.Heartbeat(rank=2, role="rollout", state="idle", layout_epoch=3),
+    p.HeartbeatAck(step=4, policy_version=4),
+    p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
+    p.StepDone(rank=0, step=3, policy_version=3, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)),
+    p.Bye(rank=3, reason="done"),
+    p.Welcome(rank=1, role="rollout", layout_epoch=0, heartbeat_interval_s=1.0),
+    p.RoleSwitch(layout_epoch=2, roles=["trainer", "rollout"]),
+    p.Stop(reason="x"),
+    p.StatusRequest(),
+    p.StatusReply(status={"state": "RUNNING", "workers": [{"rank": 0}]}),
+    p.RebalanceRequest(rollout=3, trainer=1),
+    p.StopRequest(reason="reflow stop"),
+    p.Reply(ok=True, text="fine"),
+]
+
+
+def test_every_registered_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(p.message_types().values())
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: m.TYPE)
+def test_round_trip(msg):
+    back = p.decode(p.encode(msg))
+    assert back == msg and back.blobs == msg.blobs
+
+
+def header(**fields):
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        ([], "0 frames"),
+        ([b"\xc1garbage"], "not msgpack"),
+        ([header(a=1)], "protocol version"),
+        ([msgpack.packb([1, 2])], "not a map"),
+        ([header(v=99, type="hello")], "protocol version 99"),
+        ([header(v=1, type="nope")], "unknown message type"),
+        ([header(v=1, type="hello", rank=1, world_size=4, node="n")], "fields"),
+        ([header(v=1, type="hello", rank=1, world_size=4, node="n", pid=1, x=2)], "fields"),
+        ([header(v=1, type="hello", rank="1", world_size=4, node="n", pid=1)], "wrong type"),
+        ([header(v=1, type="hello", rank=True, world_size=4, node="n", pid=1)], "wrong type"),
+        ([header(v=1, type="hello", rank=7, world_size=4, node="n", pid=1)], "rank outside"),
+        (
+            [header(v=1, type="heartbeat", rank=0, role="chef", state="idle", layout_epoch=0)],
+            "unknown role",
+        ),
+        (
+            [
+                header(
+                    v=1,
+                    type="role_switch_done",
+                    rank=0,
+                    role="rollout",
+                    layout_epoch=0,
+                    duration_s=float("nan"),
+                )
+            ],
+            "wrong type",
+        ),
+        ([header(v=1, type="status_request")] + [b""] * 70, "frames"),
+    ],
+)
+def test_invalid_frames_are_rejected(frames, reason):
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode(frames)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=256), min_size=0, max_size=4))
+def test_random_bytes_never_raise_anything_but_protocol_error(frames):
+    with contextlib.suppress(p.ProtocolError):  # anything else escapes and fails the test
+        p.decode(frames)
+
+
+json_like = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(p.message_types())), st.dictionaries(st.text(max_size=12), json_like))
+def test_random_fields_for_a_real_type_never_crash(kind, fields):
+    try:
+        msg = p.decode([header(**{**fields, "v": 1, "type": kind})])
+    except p.ProtocolError:
+        return
+    assert kind == msg.TYPE  # only possible when the random fields happened to be valid
