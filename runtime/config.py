@@ -59,7 +59,9 @@ class AlgorithmConfig:
     temperature: float = opt(1.0, "sampling temperature", gt=0)
     clip_low: float = opt(0.2, "PPO clip epsilon below 1", ge=0, lt=1)
     clip_high: float = opt(0.28, "PPO clip epsilon above 1", ge=0)
-    tis_cap: float | None = opt(None, "truncated importance-sampling cap; none = off", gt=0)
+    tis_cap: float | None = opt(
+        None, "cap on the ratio for negative advantages (dual clip); none = off", gt=1
+    )
     kl_coef: float = opt(0.0, "KL penalty coefficient", ge=0)
 
 

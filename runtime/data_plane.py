@@ -1,0 +1,130 @@
+"""The replay data cycle as one object: dispatcher + replay buffer + policy version.
+
+The coordinator holds one :class:`DataPlane` and maps protocol messages onto it; the unit
+tests and the simulator drive it directly. Pure logic with an injected clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from runtime.config import Config
+from runtime.dispatcher import Dispatcher
+from runtime.replay_buffer import Batch, ReplayBuffer
+from runtime.sample import Request, Trajectory
+from runtime.samplers import make_replay_filter, make_sampler
+
+
+class DataPlane:
+    def __init__(
+        self,
+        cfg: Config,
+        prompts: Iterator[dict[str, Any]],
+        clock: Callable[[], float],
+    ) -> None:
+        rf, train = cfg.reflow, cfg.train
+        assert rf.sigma is not None and rf.B_max is not None, "config not validated"
+        self.clock = clock
+        self.replay_enabled = rf.mode == "reflow" and rf.sigma > 0
+        self.buffer = ReplayBuffer(
+            batch_size=train.batch_size,
+            sigma=rf.sigma if self.replay_enabled else 0.0,
+            delta=rf.delta,
+            group_size=cfg.algorithm.group_size,
+            sampler=make_sampler(rf.sampler),
+            replay_filter=make_replay_filter(rf.replay_filter) if self.replay_enabled else None,
+            seed=train.seed,
+        )
+        self.dispatcher = Dispatcher(
+            prompts=prompts,
+            group_size=cfg.algorithm.group_size,
+            B_max=rf.B_max,
+            delta=rf.delta,
+            batch_size=train.batch_size,
+            clock=clock,
+        )
+        self.policy_version = 0
+        self.rejected: Counter[str] = Counter()
+        self.delivered_ids: set[int] = set()
+        self.trainer_idle_s = 0.0
+        self._waiting_since: float | None = None
+        self.batches: dict[int, Batch] = {}
+
+    # --- rollout side ------------------------------------------------------------------
+
+    def request_work(self, worker: int, slots: int) -> list[Request]:
+        buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
+        return self.dispatcher.take(worker, slots, buffered=buffered, version=self.policy_version)
+
+    def deliver(self, t: Trajectory) -> bool:
+        """A finished trajectory from a rollout worker; False (counted) if unexpected."""
+        req = self.dispatcher.finished(t.sample_id)
+        if req is None:
+            self.rejected["duplicate" if t.sample_id in self.delivered_ids else "unknown"] += 1
+            return False
+        if (req.group_id, req.prompt_id) != (t.group_id, t.prompt_id):
+            self.rejected["mismatched_ids"] += 1
+            self.dispatcher.outstanding[t.sample_id] = (req, t.worker)  # still owed
+            return False
+        t.dispatched_at = req.dispatched_at
+        self.delivered_ids.add(t.sample_id)
+        self.buffer.add(t)
+        return True
+
+    def worker_gone(self, worker: int) -> int:
+        return len(self.dispatcher.requeue_worker(worker))
+
+    # --- trainer side ------------------------------------------------------------------
+
+    def next_batch(self) -> Batch | None:
+        """A batch for the trainer, or None (the wait counts as trainer idle time)."""
+        batch = self.buffer.sample_batch(self.policy_version)
+        now = self.clock()
+        if batch is None:
+            if self._waiting_since is None:
+                self._waiting_since = now
+            return None
+        if self._waiting_since is not None:
+            self.trainer_idle_s += now - self._waiting_since
+            self._waiting_since = None
+        self.batches[batch.batch_id] = batch
+        return batch
+
+    def finish_step(self, batch_id: int, new_version: int) -> Batch:
+        batch = self.batches.pop(batch_id)
+        self.buffer.complete_batch(batch_id)
+        self.policy_version = max(self.policy_version, new_version)
+        self.dispatcher.observe_step(batch.n_unused)
+        self.buffer.evict_stale(self.policy_version)
+        return batch
+
+    # --- reporting ---------------------------------------------------------------------
+
+    def ledger(self) -> dict[str, int]:
+        b = self.buffer
+        d = self.dispatcher
+        held = sum(1 for _ in b.samples())
+        evicted = sum(b.evicted.values())
+        retired = b.transitions["consumed->retired"]
+        return {
+            "dispatched": d.transitions["pending->running"] - d.transitions["running->pending"],
+            "delivered": len(self.delivered_ids),
+            "outstanding": len(d.outstanding),
+            "held_in_buffer": held,
+            "evicted": evicted,
+            "retired": retired,
+            "consumed": sum(v for k, v in b.transitions.items() if k.endswith("->consumed")),
+            "replayed": b.transitions["consumed->replayed"],
+            "lost": len(self.delivered_ids) - held - evicted - retired,
+            "duplicated": self.rejected["duplicate"],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        s = self.buffer.stats()
+        s.update(self.dispatcher.stats())
+        s["policy_version"] = self.policy_version
+        s["trainer_idle_s"] = round(self.trainer_idle_s, 3)
+        s["rejected"] = dict(self.rejected)
+        return s

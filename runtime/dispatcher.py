@@ -1,0 +1,118 @@
+"""Sample-level request dispatch with a bound on work in flight and staleness-aware admission.
+
+Prompts become ``group_size`` requests each (one GRPO group) in a FIFO pending queue.
+Rollout workers ask for work; a request is handed out only if
+
+- fewer than ``B_max`` samples are outstanding (running or held) at rollout workers, and
+- its trajectory can still be consumed within ``delta`` policy versions: with ``ahead``
+  samples in front of it (unused in the buffer, waiting for their group, outstanding) and
+  an observed consumption of ``rate`` fresh samples per step, admission needs
+  ``ahead + 1 <= rate * (delta + 1)`` (StaleFlow-style consistency; otherwise the work
+  would be generated only to be evicted).
+
+Pure logic: the coordinator passes in the current buffer occupancy and version.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from runtime.sample import Request
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        prompts: Iterator[dict[str, Any]],
+        group_size: int,
+        B_max: int,
+        delta: int,
+        batch_size: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._prompts = prompts
+        self.group_size = group_size
+        self.B_max = B_max
+        self.delta = delta
+        self.clock = clock
+        self.pending: deque[Request] = deque()
+        self.outstanding: dict[int, tuple[Request, int]] = {}  # sample_id -> (request, worker)
+        self.fresh_per_step = float(batch_size)  # EWMA of unused samples consumed per step
+        self._next_sample = 0
+        self._next_group = 0
+        self._next_prompt = 0
+        self.transitions: Counter[str] = Counter()
+        self.blocked: Counter[str] = Counter()  # why requests were not handed out
+        self.exhausted = False
+
+    def _refill(self) -> bool:
+        try:
+            prompt = next(self._prompts)
+        except StopIteration:
+            self.exhausted = True
+            return False
+        gid, pid = self._next_group, self._next_prompt
+        self._next_group += 1
+        self._next_prompt += 1
+        for _ in range(self.group_size):
+            self.pending.append(Request(self._next_sample, gid, pid, prompt))
+            self._next_sample += 1
+        return True
+
+    def admissible(self, ahead: int) -> bool:
+        return ahead + 1 <= self.fresh_per_step * (self.delta + 1)
+
+    def take(self, worker: int, slots: int, *, buffered: int, version: int) -> list[Request]:
+        """Up to ``slots`` requests for ``worker``; ``buffered`` = unused + waiting samples."""
+        out: list[Request] = []
+        while len(out) < slots:
+            if len(self.outstanding) >= self.B_max:
+                self.blocked["B_max"] += 1
+                break
+            if not self.admissible(buffered + len(self.outstanding)):
+                self.blocked["staleness"] += 1
+                break
+            if not self.pending and not self._refill():
+                self.blocked["no_prompts"] += 1
+                break
+            req = self.pending.popleft()
+            req = Request(
+                req.sample_id, req.group_id, req.prompt_id, req.prompt, self.clock(), version
+            )
+            self.outstanding[req.sample_id] = (req, worker)
+            self.transitions["pending->running"] += 1
+            out.append(req)
+        return out
+
+    def finished(self, sample_id: int) -> Request | None:
+        """A trajectory came back; None if it was not outstanding (duplicate or unknown)."""
+        entry = self.outstanding.pop(sample_id, None)
+        if entry is None:
+            return None
+        self.transitions["running->finished"] += 1
+        return entry[0]
+
+    def requeue_worker(self, worker: int) -> list[Request]:
+        """A worker is gone or left the rollout pool: its requests go back to the front."""
+        back = [req for req, w in self.outstanding.values() if w == worker]
+        for req in reversed(back):
+            del self.outstanding[req.sample_id]
+            self.pending.appendleft(req)
+            self.transitions["running->pending"] += 1
+        return back
+
+    def observe_step(self, n_unused: int) -> None:
+        self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)
+
+    def stats(self) -> dict:
+        return {
+            "pending": len(self.pending),
+            "running": len(self.outstanding),
+            "dispatched": self.transitions["pending->running"],
+            "delivered": self.transitions["running->finished"],
+            "requeued": self.transitions["running->pending"],
+            "blocked": dict(self.blocked),
+        }

@@ -1,0 +1,234 @@
+"""Property tests of the replay data cycle over random event sequences."""
+
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.data_plane import DataPlane
+from runtime.recipe import build_config
+from runtime.replay_buffer import ReplayBuffer
+from runtime.sample import Trajectory
+from runtime.samplers import MediumRewardSampler, PluginError, make_sampler
+
+
+def traj(req, version, worker=1, reward=None, spans=1, rng=None):
+    rng = rng or random.Random(req.sample_id)
+    n = rng.randint(1, 20)
+    cut = n // 2
+    versions = [(version, 0, n)] if spans == 1 else [(version - 1, 0, cut), (version, cut, n)]
+    return Trajectory(
+        sample_id=req.sample_id,
+        group_id=req.group_id,
+        prompt_id=req.prompt_id,
+        versions=versions,
+        token_ids=list(range(n)),
+        logprobs=[-1.0] * n,
+        reward=float(rng.random() < 0.5) if reward is None else reward,
+        n_valid=n,
+        worker=worker,
+    )
+
+
+def prompts():
+    for i in itertools.count():
+        yield {"text": f"p{i}"}
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    b=st.integers(1, 24),
+    n=st.integers(1, 6),
+    sigma=st.sampled_from([0.0, 0.25, 0.5, 0.75]),
+    tau=st.sampled_from([0.5, 1.0]),
+    delta=st.integers(0, 3),
+    bmax_factor=st.sampled_from([0.5, 1.0, 2.0]),
+    events=st.integers(50, 400),
+)
+def test_random_event_sequences_keep_every_invariant(
+    seed, b, n, sigma, tau, delta, bmax_factor, events
+):
+    run_events(seed, b, n, sigma, tau, delta, bmax_factor, events)
+
+
+def test_the_event_driver_really_trains_and_replays():
+    batches, dp = run_events(1, 8, 2, 0.5, 0.5, 1, 1.0, 2000)
+    assert len(batches) > 20
+    assert sum(batch.n_replay for batch in batches) > 0
+    assert dp.buffer.transitions["consumed->replayed"] > 0
+    assert dp.ledger()["evicted"] > 0
+
+
+def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
+    rng = random.Random(seed)
+    mode = "reflow" if sigma > 0 else "async"
+    cfg = build_config(
+        {
+            "train": {"batch_size": b, "steps": 10**6},
+            "algorithm": {"group_size": n},
+            "reflow": {
+                "mode": mode,
+                "sigma": sigma,
+                "tau": tau,
+                "delta": delta,
+                "B_max": max(1, int(b * bmax_factor)),
+            },
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    running = {}  # sample_id -> (request, worker, version when started)
+    batches = []
+    in_training = None
+    for _ in range(events):
+        clock.t += rng.random()
+        e = rng.random()
+        if e < 0.35:
+            worker = rng.randint(1, 3)
+            for req in dp.request_work(worker, rng.randint(1, 8)):
+                running[req.sample_id] = (req, worker, dp.policy_version)
+        elif e < 0.7 and running:
+            sid = rng.choice(sorted(running))
+            req, worker, started = running.pop(sid)
+            # A partial rollout: started before a weight sync, finished after it.
+            spans = 2 if started < dp.policy_version and rng.random() < 0.5 else 1
+            version = started + 1 if spans == 2 else started
+            assert dp.deliver(traj(req, version, worker, spans=spans, rng=rng))
+            if rng.random() < 0.05:  # a duplicate delivery is rejected, not double-counted
+                assert not dp.deliver(traj(req, version, worker, rng=rng))
+        elif e < 0.85 and in_training is None:
+            batch = dp.next_batch()
+            if batch is not None:
+                batches.append(batch)
+                in_training = batch
+                ids = [t.sample_id for t in batch.samples]
+                assert len(ids) == len(set(ids)) == b
+                assert batch.n_unused >= math.ceil(b * (1 - sigma) - 1e-9)
+                assert batch.n_replay <= b * sigma + 1e-9
+                assert batch.max_age <= delta
+                assert all(
+                    t.is_replay == (i >= batch.n_unused) for i, t in enumerate(batch.samples)
+                )
+        elif e < 0.95 and in_training is not None:
+            dp.finish_step(in_training.batch_id, dp.policy_version + 1)
+            in_training = None
+        elif running and rng.random() < 0.5:  # a rollout worker dies: its work is requeued
+            worker = rng.randint(1, 3)
+            lost = [s for s, (_, w, _) in running.items() if w == worker]
+            assert dp.worker_gone(worker) == len(lost)
+            for s in lost:
+                del running[s]
+        assert len(dp.dispatcher.outstanding) <= cfg.reflow.B_max
+        assert len(dp.dispatcher.outstanding) == len(running)
+    ledger = dp.ledger()
+    assert ledger["lost"] == 0
+    assert ledger["delivered"] == len(dp.delivered_ids)
+    assert ledger["delivered"] == ledger["held_in_buffer"] + ledger["evicted"] + ledger["retired"]
+    assert ledger["dispatched"] == ledger["delivered"] + ledger["outstanding"]
+    transitions = dp.buffer.transitions
+    into_pool = transitions["finished->available"] + transitions["consumed->replayed"]
+    out_of_pool = (
+        transitions["available->consumed"]
+        + transitions["replayed->consumed"]
+        + transitions["available->evicted"]
+        + transitions["replayed->evicted"]
+    )
+    assert into_pool - out_of_pool == len(dp.buffer.unused) + len(dp.buffer.replay)
+    if sigma == 0:
+        assert all(batch.n_replay == 0 for batch in batches)
+    return batches, dp
+
+
+def test_batch_waits_until_the_unused_minimum_is_met():
+    buf = ReplayBuffer(batch_size=4, sigma=0.5, delta=1, group_size=1)
+
+    class R:
+        def __init__(self, i):
+            self.sample_id, self.group_id, self.prompt_id = i, i, i
+
+    for i in range(3):
+        buf.add(traj(R(i), 0))
+    assert buf.sample_batch(0) is None  # 3 unused, no replay: cannot make 4
+    buf.add(traj(R(3), 0))
+    first = buf.sample_batch(0)
+    assert first is not None and (first.n_unused, first.n_replay) == (4, 0)
+    buf.replay_filter = type("Keep", (), {"keep": lambda self, t: True})()
+    buf.complete_batch(first.batch_id)
+    assert len(buf.replay) == 4
+    buf.add(traj(R(4), 1))
+    assert buf.sample_batch(1) is None  # 1 unused < ceil(4 * 0.5)
+    buf.add(traj(R(5), 1))
+    second = buf.sample_batch(1)
+    assert (second.n_unused, second.n_replay) == (2, 2)
+    assert buf.sample_batch(3) is None
+    assert buf.evicted == {"stale_replay": 2}  # version 0 samples are 3 versions old
+
+
+def test_groups_become_available_together_with_normalised_advantages():
+    buf = ReplayBuffer(batch_size=2, sigma=0.0, delta=1, group_size=4)
+
+    class R:
+        def __init__(self, i):
+            self.sample_id, self.group_id, self.prompt_id = i, 7, 7
+
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    for i, r in enumerate(rewards[:3]):
+        buf.add(traj(R(i), 0, reward=r))
+        assert not buf.unused
+    buf.add(traj(R(3), 0, reward=rewards[3]))
+    advs = [buf.unused[i].advantage for i in range(4)]
+    assert advs == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    with pytest.raises(ValueError, match="delivered twice"):
+        buf.add(traj(R(3), 0))
+
+
+def test_medium_reward_sampler_rejects_uniform_groups():
+    buf = ReplayBuffer(
+        batch_size=2, sigma=0.0, delta=1, group_size=2, sampler=MediumRewardSampler()
+    )
+
+    class R:
+        def __init__(self, i, g):
+            self.sample_id, self.group_id, self.prompt_id = i, g, g
+
+    buf.add(traj(R(0, 0), 0, reward=1.0))
+    buf.add(traj(R(1, 0), 0, reward=1.0))
+    buf.add(traj(R(2, 1), 0, reward=1.0))
+    buf.add(traj(R(3, 1), 0, reward=0.0))
+    assert sorted(buf.unused) == [2, 3]
+    assert buf.evicted == {"sampler_rejected": 2}
+
+
+def test_samplers_by_name_and_dotted_path():
+    assert type(make_sampler("random")).__name__ == "RandomSampler"
+    assert type(make_sampler("runtime.samplers:MediumRewardSampler")) is MediumRewardSampler
+    assert type(make_sampler("runtime.samplers.MediumRewardSampler")) is MediumRewardSampler
+    with pytest.raises(PluginError, match="cannot be imported"):
+        make_sampler("nope.module:Thing")
+    with pytest.raises(PluginError, match="lacks method"):
+        make_sampler("runtime.samplers:AcceptAll")
+
+
+def test_staleness_admission_stops_work_that_would_be_evicted():
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4},
+            "algorithm": {"group_size": 1},
+            "reflow": {"delta": 0, "B_max": 100, "mode": "async"},
+        }
+    )
+    dp = DataPlane(cfg, prompts(), Clock())
+    got = dp.request_work(1, 100)
+    assert len(got) == 4  # fresh_per_step=4, delta=0: at most 4 can be consumed in time
+    assert dp.dispatcher.blocked["staleness"] == 1
