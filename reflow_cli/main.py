@@ -98,7 +98,29 @@ def launch(
     out.print(f"follow it with: reflow status {sub.paths.name} --watch")
     if wait:
         final = _watch(sub.paths)
+        out.print()
+        _print_summary(sub.paths)
         raise typer.Exit(_exit_code(final.get("state", "FAILED")))
+
+
+def _print_summary(paths) -> None:
+    deadline = time.monotonic() + 30  # rank 0 writes it as its last act
+    while not paths.summary.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not paths.summary.is_file():
+        return
+    s = json.loads(paths.summary.read_text())
+    samples = s.get("samples", {})
+    out.print(
+        f"[bold]{s['state']}[/] after {s['steps']} steps in {s['wall_s']:.1f} s ({s['mode']}): "
+        f"trainer {s['trainer_tokens_per_s']:.0f} tokens/s, trainer idle "
+        f"{100 * s['trainer_idle_ratio']:.1f}%"
+    )
+    out.print(
+        "samples: "
+        + ", ".join(f"{k} {v}" for k, v in samples.items())
+        + f"   (details: {paths.summary})"
+    )
 
 
 def _watch(paths) -> dict:

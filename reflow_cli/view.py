@@ -60,7 +60,19 @@ def status_view(s: dict[str, Any]) -> Group:
     parts.append(table)
     buffer = s.get("buffer") or {}
     if buffer:
-        parts.append(Text("buffer: " + ", ".join(f"{k}={v}" for k, v in buffer.items())))
+        evicted = buffer.get("evicted") or {}
+        ev = ", ".join(f"{k} {v}" for k, v in evicted.items()) or "none"
+        parts.append(
+            Text(
+                f"buffer: unused {buffer.get('unused', 0)}  replay {buffer.get('replay', 0)}  "
+                f"waiting for group {buffer.get('waiting_for_group', 0)}  "
+                f"in batch {buffer.get('in_batch', 0)}  consumed {buffer.get('consumed', 0)}  "
+                f"replay fraction (recent) {buffer.get('replay_fraction_recent', 0):.2f}\n"
+                f"rollout: pending {buffer.get('pending', 0)}  running "
+                f"{buffer.get('running', 0)}  delivered {buffer.get('delivered', 0)}  "
+                f"evicted: {ev}  trainer idle {buffer.get('trainer_idle_s', 0):.1f} s"
+            )
+        )
     control = s.get("control") or {}
     if control.get("rejected"):
         parts.append(Text(f"control plane: {control['rejected']} invalid messages dropped", "dim"))

@@ -35,7 +35,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train: str = opt("embedded:arith", "training prompts: a JSONL/JSON/Parquet file or embedded:*")
+    train: str = opt(
+        "embedded:synthetic", "training prompts: a JSONL/JSON/Parquet file or embedded:NAME"
+    )
     eval: str | None = opt(None, "held-out prompts (same formats); none = split from train")
     format: str = opt("auto", "file format", choices=("auto", "jsonl", "json", "parquet"))
     fields: dict[str, str] = opt({}, "mapping of record fields: prompt, answer, tests, ...")

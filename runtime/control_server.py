@@ -6,6 +6,7 @@ clock and the files; every decision is taken by :class:`runtime.coordinator.Coor
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -114,6 +115,7 @@ class ControlServer:
                         continue
                     self._send(out)
                 self._send(coord.tick())
+                self._flush_metrics()
                 now = time.monotonic()
                 if coord.state != last_state or now - last_snapshot > SNAPSHOT_PERIOD_S:
                     if coord.state != last_state:
@@ -123,10 +125,19 @@ class ControlServer:
                 if coord.finished:
                     break
         finally:
+            self._flush_metrics()
             self._snapshot()
+            write_json_atomic(self.paths.summary, self.coordinator.summary())
             self._sock.close(linger=500)
             self._auth.stop()
             self._ctx.term()
+
+    def _flush_metrics(self) -> None:
+        lines, self.coordinator.metrics_log = self.coordinator.metrics_log, []
+        if lines:
+            with self.paths.metrics.open("a") as fh:
+                for line in lines:
+                    fh.write(json.dumps(line) + "\n")
 
     def _snapshot(self) -> None:
         try:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import protocol as p
+from runtime import wire
 from runtime.config import Config
+from runtime.data_plane import DataPlane
 from runtime.layout import Layout, LayoutError, parse_ratio
 
 Outgoing = tuple[bytes, p.Message]
@@ -57,6 +59,7 @@ class Coordinator:
         cfg: Config,
         *,
         run: str,
+        prompts: Iterator[dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -89,12 +92,21 @@ class Coordinator:
         self.rejected: Counter[str] = Counter()
         self.started_at = clock()
         self.ended_at: float | None = None
+        self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
+        self.batch_in_flight: int | None = None
+        self.batch_sent_at = 0.0
+        self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
+        self._all_metrics: list[dict[str, Any]] = []
+        self._idle_at_first_step = 0.0
         self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
             p.Hello: self._on_hello,
             p.Ready: self._on_ready,
             p.Heartbeat: self._on_heartbeat,
             p.RoleSwitchDone: self._on_switch_done,
             p.StepDone: self._on_step_done,
+            p.WorkRequest: self._on_work_request,
+            p.SampleDone: self._on_sample_done,
+            p.BatchRequest: self._on_batch_request,
             p.Bye: self._on_bye,
             p.StatusRequest: self._on_status_request,
             p.RebalanceRequest: self._on_rebalance,
@@ -207,6 +219,31 @@ class Coordinator:
         if msg.step <= self.step:  # a replayed or duplicate report: nothing new
             return []
         self.training_started = True
+        now = self.clock()
+        line: dict[str, Any] = {"step": msg.step, "policy_version": msg.policy_version}
+        if msg.batch_id >= 0:
+            if msg.batch_id != self.batch_in_flight:
+                self.reject("unknown_batch")
+                return []
+            batch = self.data.finish_step(msg.batch_id, msg.policy_version)
+            self.batch_in_flight = None
+            line.update(
+                batch_unused=batch.n_unused,
+                batch_replay=batch.n_replay,
+                max_sample_age=batch.max_age,
+                reward_mean=sum(t.reward for t in batch.samples) / len(batch.samples),
+                tokens=sum(t.n_valid for t in batch.samples),
+            )
+        line.update(
+            wall_s=round(now - self.started_at, 4),
+            trainer_idle_s=round(self.data.trainer_idle_s, 4),
+            layout=self.layout.ratio,
+            **{k: v for k, v in msg.metrics.items() if k not in line},
+        )
+        if not self._all_metrics:
+            self._idle_at_first_step = self.data.trainer_idle_s
+        self.metrics_log.append(line)
+        self._all_metrics.append(line)
         self.step, self.policy_version = msg.step, msg.policy_version
         self.last_metrics = dict(msg.metrics)
         if self.step >= self.cfg.train.steps:
@@ -214,6 +251,43 @@ class Coordinator:
         if self.step % self.cfg.train.sync_every == 0:
             return self._maybe_apply_layout()
         return []
+
+    def _on_work_request(self, identity: bytes, msg: p.WorkRequest) -> list[Outgoing]:
+        w = self._known(identity, msg.rank)
+        if w is None:
+            return []
+        requests = []
+        if self.state == "RUNNING" and self.layout.role_of(msg.rank).value == "rollout":
+            for r in self.data.request_work(msg.rank, msg.slots):
+                requests.append(
+                    {
+                        "sample_id": r.sample_id,
+                        "group_id": r.group_id,
+                        "prompt_id": r.prompt_id,
+                        "prompt": r.prompt,
+                    }
+                )
+        return [(identity, p.Work(policy_version=self.policy_version, requests=requests))]
+
+    def _on_sample_done(self, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
+        if self._known(identity, msg.rank) is None:
+            return []
+        self.data.deliver(wire.trajectory(msg))
+        return []
+
+    def _on_batch_request(self, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
+        if self._known(identity, msg.rank) is None:
+            return []
+        if self.state != "RUNNING" or self.layout.role_of(msg.rank).value != "trainer":
+            return [(identity, p.BatchWait(reason=f"run is {self.state}"))]
+        if self._switch_in_progress() or self.batch_in_flight is not None:
+            return [(identity, p.BatchWait(reason="sync point in progress"))]
+        batch = self.data.next_batch()
+        if batch is None:
+            return [(identity, p.BatchWait(reason="waiting for samples"))]
+        self.batch_in_flight = batch.batch_id
+        self.batch_sent_at = self.clock()
+        return [(identity, wire.batch_message(batch))]
 
     def _on_bye(self, identity: bytes, msg: p.Bye) -> list[Outgoing]:
         w = self._known(identity, msg.rank)
@@ -292,6 +366,9 @@ class Coordinator:
         for w in alive:
             if w.role != target.role_of(w.rank).value:
                 w.state = "switching"
+                # A rank leaving the rollout pool drops its in-flight generations; their
+                # requests go back to the front of the queue, so no sample is lost.
+                self.data.worker_gone(w.rank)
         roles = [r.value for r in target.roles()]
         return self._broadcast(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
@@ -352,6 +429,41 @@ class Coordinator:
 
     # --- reporting ---------------------------------------------------------------------
 
+    def summary(self) -> dict[str, Any]:
+        """End-of-run figures (``summary.json``)."""
+        end = self.ended_at if self.ended_at is not None else self.clock()
+        wall = max(end - self.started_at, 1e-9)
+        ledger = self.data.ledger()
+        tokens = sum(line.get("tokens", 0) for line in self._all_metrics)
+        first = self._all_metrics[0]["wall_s"] if self._all_metrics else 0.0
+        return {
+            "run": self.run,
+            "state": self.state,
+            "reason": self.reason,
+            "mode": self.cfg.reflow.mode,
+            "steps": self.step,
+            "wall_s": round(wall, 3),
+            "trainer_tokens_per_s": round(tokens / wall, 2),
+            # Idle is counted from the first step on: before it the pools are warming up.
+            "trainer_idle_ratio": round(
+                max(0.0, self.data.trainer_idle_s - self._idle_at_first_step)
+                / max(wall - first, 1e-9),
+                4,
+            ),
+            "samples": {
+                k: ledger[k]
+                for k in (
+                    "dispatched",
+                    "delivered",
+                    "consumed",
+                    "replayed",
+                    "evicted",
+                    "lost",
+                    "duplicated",
+                )
+            },
+        }
+
     def status(self) -> dict[str, Any]:
         now = self.clock()
         pending = self.pending_layout.ratio if self.pending_layout is not None else None
@@ -400,7 +512,7 @@ class Coordinator:
                 "switching": self._switch_in_progress(),
             },
             "workers": workers,
-            "buffer": {},
+            "buffer": {**self.data.stats(), "ledger": self.data.ledger()},
             "metrics": dict(self.last_metrics),
             "switches": switches,
             "control": {

@@ -48,6 +48,7 @@ class DataPlane:
         self.policy_version = 0
         self.rejected: Counter[str] = Counter()
         self.delivered_ids: set[int] = set()
+        self.delivered_by_worker: Counter[int] = Counter()
         self.trainer_idle_s = 0.0
         self._waiting_since: float | None = None
         self.batches: dict[int, Batch] = {}
@@ -70,6 +71,7 @@ class DataPlane:
             return False
         t.dispatched_at = req.dispatched_at
         self.delivered_ids.add(t.sample_id)
+        self.delivered_by_worker[t.worker] += 1
         self.buffer.add(t)
         return True
 
@@ -127,4 +129,5 @@ class DataPlane:
         s["policy_version"] = self.policy_version
         s["trainer_idle_s"] = round(self.trainer_idle_s, 3)
         s["rejected"] = dict(self.rejected)
+        s["delivered_by_rank"] = {str(k): v for k, v in sorted(self.delivered_by_worker.items())}
         return s

@@ -14,10 +14,12 @@ from runtime.roles import RoleSide
 
 ROLLOUT_ENGINES: dict[str, str] = {
     "placeholder": "runtime.roles:placeholder_rollout",
+    "synthetic": "runtime.synthetic:synthetic_rollout",
     "vllm": "runtime.rollout_vllm:VLLMRolloutSide",
 }
 TRAINER_ENGINES: dict[str, str] = {
     "placeholder": "runtime.roles:placeholder_trainer",
+    "synthetic": "runtime.synthetic:synthetic_trainer",
     "torch": "runtime.trainer_torch:TorchTrainerSide",
 }
 
@@ -39,3 +41,16 @@ def build_sides(cfg: Config, rank: int) -> dict[str, RoleSide]:
     rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank)
     trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(cfg, rank)
     return {"rollout": rollout, "trainer": trainer}
+
+
+PROMPT_SOURCES: dict[str, str] = {
+    "embedded:synthetic": "runtime.synthetic:synthetic_prompts",
+}
+
+
+def build_prompts(cfg: Config):
+    """The prompt stream of ``data.train`` (an embedded source or, later, a file loader)."""
+    name = cfg.data.train
+    if name not in PROMPT_SOURCES:
+        raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
+    return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)

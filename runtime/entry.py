@@ -16,9 +16,9 @@ from pathlib import Path
 from runtime.auth import CLIENT, SERVER, load_keypair
 from runtime.config import Config
 from runtime.coordinator import Coordinator
-from runtime.engines import build_sides
+from runtime.engines import build_prompts, build_sides
 from runtime.recipe import load_recipe
-from runtime.run_dir import RunPaths
+from runtime.run_dir import RunPaths, write_json_atomic
 from runtime.worker import HybridWorker, WorkerError, node_name
 
 log = logging.getLogger("reflow")
@@ -70,7 +70,24 @@ def rank_main(run_root: str) -> str:
     if info.rank == 0:
         from runtime.control_server import ControlServer
 
-        coordinator = Coordinator(cfg, run=paths.name)
+        try:
+            coordinator = Coordinator(cfg, run=paths.name, prompts=build_prompts(cfg))
+        except Exception as exc:
+            # Tell the other ranks (they wait for control.json) and `reflow status`.
+            reason = f"rank 0 could not start: {type(exc).__name__}: {exc}"
+            log.error("%s", reason)
+            write_json_atomic(paths.control, {"failed": reason})
+            write_json_atomic(
+                paths.status,
+                {
+                    "run": paths.name,
+                    "state": "FAILED",
+                    "reason": reason,
+                    "workers": [],
+                    "layout": {},
+                },
+            )
+            raise RunFailed(reason) from None
         bind = os.environ.get("REFLOW_BIND_HOST", "127.0.0.1")
         advertise = os.environ.get("REFLOW_ADVERTISE_HOST")
         server = ControlServer(

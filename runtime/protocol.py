@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import msgpack
 
 PROTOCOL_VERSION = 1
-MAX_FRAMES = 64
+MAX_FRAMES = 2 * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
 
 RUN_STATES = ("STARTING", "RUNNING", "STOPPING", "COMPLETED", "STOPPED", "FAILED")
@@ -126,16 +126,70 @@ class RoleSwitchDone(Message):
 @message
 @dataclass(frozen=True)
 class StepDone(Message):
-    """A trainer replica finished an optimisation step (sent by its first rank)."""
+    """A trainer replica finished an optimisation step on batch ``batch_id`` (-1: none)."""
 
     TYPE: ClassVar[str] = "step_done"
     rank: int
     step: int
     policy_version: int
+    batch_id: int
     metrics: dict[str, float]
 
     def check(self) -> None:
         _require(self.step >= 1 and self.policy_version >= 0, "bad step or version")
+
+
+@message
+@dataclass(frozen=True)
+class WorkRequest(Message):
+    """A rollout rank has ``slots`` free generation slots."""
+
+    TYPE: ClassVar[str] = "work_request"
+    rank: int
+    slots: int
+
+    def check(self) -> None:
+        _require(0 <= self.slots <= 65536, "bad slot count")
+
+
+@message
+@dataclass(frozen=True)
+class SampleDone(Message):
+    """One finished trajectory. Blobs: token ids (int32 LE), behaviour log-probs (float32 LE).
+
+    ``versions`` holds ``[policy_version, first_token, end_token]`` per span."""
+
+    TYPE: ClassVar[str] = "sample_done"
+    rank: int
+    sample_id: int
+    group_id: int
+    prompt_id: int
+    versions: list[list[int]]
+    reward: float
+    n_valid: int
+    started_at: float
+    finished_at: float
+    extra: dict[str, Any]
+
+    def check(self) -> None:
+        _require(len(self.blobs) == 2, "needs token and log-prob frames")
+        tokens, logprobs = self.blobs
+        _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
+        n = len(tokens) // 4
+        _require(0 <= self.n_valid <= n, "n_valid exceeds the tokens")
+        _require(bool(self.versions), "no version spans")
+        end = 0
+        for span in self.versions:
+            _require(len(span) == 3 and span[1] == end and span[2] >= span[1], "bad spans")
+            end = span[2]
+        _require(end == n, "spans do not cover the tokens")
+
+
+@message
+@dataclass(frozen=True)
+class BatchRequest(Message):
+    TYPE: ClassVar[str] = "batch_request"
+    rank: int
 
 
 @message
@@ -186,6 +240,50 @@ class RoleSwitch(Message):
 
     def check(self) -> None:
         _require(all(r in ROLES for r in self.roles), "unknown role")
+
+
+@message
+@dataclass(frozen=True)
+class Work(Message):
+    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt}]``."""
+
+    TYPE: ClassVar[str] = "work"
+    policy_version: int
+    requests: list[dict[str, Any]]
+
+    def check(self) -> None:
+        for r in self.requests:
+            _require(
+                isinstance(r.get("sample_id"), int)
+                and isinstance(r.get("group_id"), int)
+                and isinstance(r.get("prompt_id"), int)
+                and isinstance(r.get("prompt"), dict),
+                "bad request entry",
+            )
+
+
+@message
+@dataclass(frozen=True)
+class Batch(Message):
+    """A training batch. ``samples`` holds metadata; blobs are two frames per sample
+    (token ids int32, behaviour log-probs float32), in order."""
+
+    TYPE: ClassVar[str] = "batch"
+    batch_id: int
+    policy_version: int
+    samples: list[dict[str, Any]]
+
+    def check(self) -> None:
+        _require(len(self.blobs) == 2 * len(self.samples), "frames do not match samples")
+
+
+@message
+@dataclass(frozen=True)
+class BatchWait(Message):
+    """No batch now (the batch rule is not met yet); ask again shortly."""
+
+    TYPE: ClassVar[str] = "batch_wait"
+    reason: str
 
 
 @message

@@ -239,7 +239,14 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.workload.max_response_tokens} leaves no room for the prompt within "
             f"model.max_seq_len={cfg.model.max_seq_len}",
         )
-    from runtime.engines import ROLLOUT_ENGINES, TRAINER_ENGINES
+    from runtime.engines import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
+
+    if cfg.data.train.startswith("embedded:") and cfg.data.train not in PROMPT_SOURCES:
+        raise _FieldError(
+            "data.train",
+            f"{cfg.data.train!r} is not one of: {', '.join(sorted(PROMPT_SOURCES))} "
+            "(or a file path)",
+        )
 
     for key, registry in (("rollout", ROLLOUT_ENGINES), ("trainer", TRAINER_ENGINES)):
         name = getattr(cfg.engine, key)

@@ -12,11 +12,24 @@ Sides are looked up by the names in the recipe's ``engine`` section through
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+from runtime.protocol import Message
+
+Send = Callable[[Message], object]
 
 
 class RoleSide(Protocol):
     name: str
+
+    def attach(self, send: Send, rank: int) -> None:
+        """Called once: how to send to the coordinator, and this side's rank."""
+        ...
+
+    def on_message(self, msg: Message) -> None:
+        """A coordinator message for the active side (work, batches, acks)."""
+        ...
 
     def activate(self) -> None: ...
 
@@ -36,6 +49,12 @@ class PlaceholderSide:
         self.active = False
         self.activations = 0
         self.activated_at: float | None = None
+
+    def attach(self, send: Send, rank: int) -> None:
+        self.rank = rank
+
+    def on_message(self, msg: Message) -> None:
+        pass
 
     def activate(self) -> None:
         self.active = True

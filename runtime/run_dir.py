@@ -8,6 +8,7 @@
         control.json       coordinator address + server public key, written by rank 0
         status.json        the coordinator's last status snapshot (kept after the run)
         metrics.jsonl      one line per training step
+        summary.json       end-of-run figures
         logs/rank<K>.log   per-rank logs
         submitit/          submitit's own job files
         checkpoints/
@@ -50,6 +51,10 @@ class RunPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
 
     @property
     def logs(self) -> Path:

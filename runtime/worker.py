@@ -35,7 +35,10 @@ def wait_for_control(paths: RunPaths, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return read_json(paths.control)
+            control = read_json(paths.control)
+            if "failed" in control:
+                raise WorkerError(control["failed"])
+            return control
         except (FileNotFoundError, ValueError):
             if time.monotonic() > deadline:
                 raise WorkerError(
@@ -148,6 +151,8 @@ class HybridWorker:
                 # start says why (Bye) instead of silently missing the registration.
                 try:
                     self.sides = self._make_sides()
+                    for side in self.sides.values():
+                        side.attach(self._send, self.rank)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     self._send(p.Bye(rank=self.rank, reason=reason))
@@ -196,7 +201,7 @@ class HybridWorker:
                     f"rank {self.rank}: lost contact with rank 0 (no answer for {lost_after:.0f} s)"
                 )
             self.sides[self.role].step()
-            msg = self._recv(50)
+            msg = self._recv(5 if self.sides[self.role].state == "busy" else 50)
             if msg is not None:
                 self._handle(msg)
         self._send(p.Bye(rank=self.rank, reason=self.stop_reason))
@@ -204,6 +209,11 @@ class HybridWorker:
     def _handle(self, msg: p.Message) -> None:
         if isinstance(msg, p.HeartbeatAck):
             self.last_ack = time.monotonic()
+            assert self.role is not None
+            self.sides[self.role].on_message(msg)
+        elif isinstance(msg, (p.Work, p.Batch, p.BatchWait)):
+            assert self.role is not None
+            self.sides[self.role].on_message(msg)
         elif isinstance(msg, p.RoleSwitch):
             self.last_ack = time.monotonic()
             if len(msg.roles) != self.world_size or msg.layout_epoch <= self.layout_epoch:

@@ -141,11 +141,11 @@ def test_rebalance_is_validated_applied_and_acknowledged(clock):
 def test_rebalance_waits_for_a_sync_point_once_training(clock):
     c = make(clock, train={"steps": 10, "sync_every": 2})
     register_all(c)
-    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, metrics={}))
+    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
     out = c.handle(b"cli", p.RebalanceRequest(rollout=1, trainer=3))
     assert [type(m) for _, m in out] == [p.Reply]  # step 1 is not a sync point
     assert c.tick() == [] and c.status()["layout"]["pending"] == "1:3"
-    out = c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, metrics={}))
+    out = c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
     assert {type(m) for _, m in out} == {p.RoleSwitch}
     assert c.layout.ratio == "1:3"
 
@@ -167,7 +167,8 @@ def test_reaching_the_step_target_completes(clock):
     register_all(c)
     for step in range(1, 6):
         out = c.handle(
-            ident(0), p.StepDone(rank=0, step=step, policy_version=step, metrics={"loss": 1.0})
+            ident(0),
+            p.StepDone(rank=0, step=step, policy_version=step, batch_id=-1, metrics={"loss": 1.0}),
         )
     assert c.state == "COMPLETED" and c.reason == "reached step 5"
     assert {type(m) for _, m in out} == {p.Stop}

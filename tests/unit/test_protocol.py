@@ -13,8 +13,30 @@ EXAMPLES = [
     p.Heartbeat(rank=2, role="rollout", state="idle", layout_epoch=3),
     p.HeartbeatAck(step=4, policy_version=4),
     p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
-    p.StepDone(rank=0, step=3, policy_version=3, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)),
+    p.StepDone(
+        rank=0, step=3, policy_version=3, batch_id=-1, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)
+    ),
     p.Bye(rank=3, reason="done"),
+    p.WorkRequest(rank=2, slots=4),
+    p.SampleDone(
+        rank=2,
+        sample_id=5,
+        group_id=1,
+        prompt_id=1,
+        versions=[[0, 0, 1], [1, 1, 2]],
+        reward=1.0,
+        n_valid=2,
+        started_at=0.0,
+        finished_at=1.0,
+        extra={"k": "v"},
+        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
+    ),
+    p.BatchRequest(rank=0),
+    p.Work(
+        policy_version=0, requests=[{"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}}]
+    ),
+    p.Batch(batch_id=0, policy_version=0, samples=[{"sample_id": 1}], blobs=(b"", b"")),
+    p.BatchWait(reason="waiting"),
     p.Welcome(rank=1, role="rollout", layout_epoch=0, heartbeat_interval_s=1.0),
     p.RoleSwitch(layout_epoch=2, roles=["trainer", "rollout"]),
     p.Stop(reason="x"),
@@ -71,12 +93,47 @@ def header(**fields):
             ],
             "wrong type",
         ),
-        ([header(v=1, type="status_request")] + [b""] * 70, "frames"),
+        ([header(v=1, type="status_request")] + [b""] * 20000, "frames"),
     ],
 )
 def test_invalid_frames_are_rejected(frames, reason):
     with pytest.raises(p.ProtocolError, match=reason):
         p.decode(frames)
+
+
+def sample_done(**over):
+    fields = dict(
+        v=1,
+        type="sample_done",
+        rank=2,
+        sample_id=5,
+        group_id=1,
+        prompt_id=1,
+        versions=[[0, 0, 2]],
+        reward=1.0,
+        n_valid=2,
+        started_at=0.0,
+        finished_at=1.0,
+        extra={},
+    )
+    fields.update(over)
+    return header(**fields)
+
+
+@pytest.mark.parametrize(
+    ("over", "blobs", "reason"),
+    [
+        ({}, [b"\0" * 8], "needs token and log-prob frames"),
+        ({}, [b"\0" * 8, b"\0" * 4], "frame sizes differ"),
+        ({"n_valid": 3}, [b"\0" * 8, b"\0" * 8], "n_valid exceeds"),
+        ({"versions": [[0, 0, 1]]}, [b"\0" * 8, b"\0" * 8], "do not cover"),
+        ({"versions": [[0, 0, 1], [1, 0, 2]]}, [b"\0" * 8, b"\0" * 8], "bad spans"),
+        ({"versions": []}, [b"\0" * 8, b"\0" * 8], "no version spans"),
+    ],
+)
+def test_invalid_trajectories_are_rejected(over, blobs, reason):
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([sample_done(**over), *blobs])
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,252 @@
+"""Synthetic engines: the data plane end to end without a language model.
+
+``SyntheticRollout`` stands in for an LLM engine: each request "generates" a long-tailed
+number of tokens (log-normal, p99/p50 about 6) at a fixed per-token time, with random
+token ids and log-probs, and a 0/1 reward from a per-prompt success rate. It tracks policy
+versions like a real engine does across a weight sync: a generation that spans a version
+change records two spans (partial rollout).
+
+``SyntheticTrainer`` asks rank 0's buffer for batches and takes a real optimiser step of a
+tiny torch policy with the ReFlow loss (replay weights from the batch), then reports the
+step. It learns nothing useful (the tokens are random); it exists to run the data cycle,
+idle accounting and metrics with real processes and sockets, in seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import protocol as p
+from runtime import wire
+from runtime.config import Config
+from runtime.roles import Send
+from runtime.sample import Trajectory
+
+VOCAB = 64
+
+
+def synthetic_prompts(seed: int) -> Iterator[dict[str, Any]]:
+    rng = random.Random(seed)
+    for i in itertools.count():
+        yield {"id": i, "success_rate": round(rng.random(), 3)}
+
+
+@dataclass
+class _Generation:
+    request: dict[str, Any]
+    n_tokens: int
+    started: float
+    done_at: float
+    spans: list[list[int]] = field(default_factory=list)  # [version, first, end]
+
+
+class SyntheticRollout:
+    name = "rollout"
+
+    def __init__(self, cfg: Config, rank: int, token_time_s: float = 0.0004) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.slots = min(cfg.scheduler.max_concurrency, 16)
+        self.token_time_s = token_time_s
+        self.rng = random.Random(cfg.train.seed * 1000 + rank)
+        self.active = False
+        self.running: dict[int, _Generation] = {}
+        self.version = 0
+        self._asked = False
+        self._retry_at = 0.0
+        self._send: Send = lambda m: None
+        self.delivered = 0
+
+    def attach(self, send: Send, rank: int) -> None:
+        self._send, self.rank = send, rank
+
+    def activate(self) -> None:
+        self.active = True
+
+    def deactivate(self) -> None:
+        # Leaving the rollout pool: in-flight work is dropped; the coordinator requeues it.
+        self.active = False
+        self.running.clear()
+        self._asked = False
+
+    @property
+    def state(self) -> str:
+        return "busy" if self.running else "idle"
+
+    def _length(self) -> int:
+        cap = self.cfg.workload.max_response_tokens
+        return max(1, min(cap, int(self.rng.lognormvariate(math.log(cap / 8), 0.8))))
+
+    def _set_version(self, version: int, now: float) -> None:
+        if version <= self.version:
+            return
+        for g in self.running.values():
+            done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
+            last = g.spans[-1]
+            if done > last[1]:  # close the span at the tokens generated so far
+                last[2] = done
+                g.spans.append([version, done, done])
+            else:
+                last[0] = version
+        self.version = version
+
+    def on_message(self, msg: p.Message) -> None:
+        now = time.monotonic()
+        if isinstance(msg, (p.Work, p.HeartbeatAck)):
+            self._set_version(msg.policy_version, now)
+        if isinstance(msg, p.Work):
+            self._asked = False
+            if not msg.requests:  # nothing admissible now: do not spin on the coordinator
+                self._retry_at = now + 0.05
+            for req in msg.requests:
+                n = self._length()
+                self.running[req["sample_id"]] = _Generation(
+                    req, n, now, now + n * self.token_time_s, [[self.version, 0, 0]]
+                )
+
+    def step(self) -> None:
+        if not self.active:
+            return
+        now = time.monotonic()
+        for sid in [s for s, g in self.running.items() if g.done_at <= now]:
+            g = self.running.pop(sid)
+            g.spans[-1][2] = g.n_tokens
+            req = g.request
+            rate = float(req["prompt"].get("success_rate", 0.5))
+            t = Trajectory(
+                sample_id=sid,
+                group_id=req["group_id"],
+                prompt_id=req["prompt_id"],
+                versions=[(s[0], s[1], s[2]) for s in g.spans],
+                token_ids=[self.rng.randrange(VOCAB) for _ in range(g.n_tokens)],
+                logprobs=[-math.log(VOCAB)] * g.n_tokens,
+                reward=float(self.rng.random() < rate),
+                n_valid=g.n_tokens,
+                worker=self.rank,
+                started_at=g.started,
+                finished_at=now,
+            )
+            self._send(wire.sample_done(t, self.rank))
+            self.delivered += 1
+        free = self.slots - len(self.running)
+        if free > 0 and not self._asked and now >= self._retry_at:
+            self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
+
+
+class SyntheticTrainer:
+    name = "trainer"
+
+    def __init__(self, cfg: Config, rank: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.active = False
+        self.step_no = 0
+        self.version = 0
+        self._asked = False
+        self._retry_at = 0.0
+        self._send: Send = lambda m: None
+        self._model = None
+
+    def attach(self, send: Send, rank: int) -> None:
+        self._send, self.rank = send, rank
+
+    def activate(self) -> None:
+        self.active = True
+
+    def deactivate(self) -> None:
+        self.active = False
+
+    @property
+    def state(self) -> str:
+        return "busy" if self._asked else "idle"
+
+    @property
+    def leader(self) -> bool:
+        # The trainer pool always starts at rank 0 (runtime.layout); the synthetic trainer
+        # has one replica, so only rank 0 asks for batches.
+        return self.rank == 0
+
+    def on_message(self, msg: p.Message) -> None:
+        if isinstance(msg, p.HeartbeatAck):
+            self.step_no = max(self.step_no, msg.step)
+            self.version = max(self.version, msg.policy_version)
+        elif isinstance(msg, p.BatchWait):
+            self._asked = False
+            self._retry_at = time.monotonic() + 0.02
+        elif isinstance(msg, p.Batch):
+            self._train(msg)
+            self._asked = False
+
+    def step(self) -> None:
+        if self.active and self.leader and not self._asked and time.monotonic() >= self._retry_at:
+            self._asked = bool(self._send(p.BatchRequest(rank=self.rank)))
+
+    def _train(self, msg: p.Batch) -> None:
+        import torch
+
+        from runtime.loss import policy_loss, replay_weights
+
+        start = time.perf_counter()
+        if self._model is None:
+            torch.manual_seed(self.cfg.train.seed)
+            self._model = torch.nn.Sequential(
+                torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB)
+            )
+            self._opt = torch.optim.AdamW(self._model.parameters(), lr=self.cfg.train.lr)
+        samples = wire.batch_samples(msg)
+        width = max(len(s["token_ids"]) for s in samples)
+        tokens = torch.zeros(len(samples), width + 1, dtype=torch.long)
+        behavior = torch.zeros(len(samples), width)
+        mask = torch.zeros(len(samples), width)
+        for i, s in enumerate(samples):
+            n = len(s["token_ids"])
+            tokens[i, 1 : n + 1] = torch.tensor(s["token_ids"])
+            behavior[i, :n] = torch.tensor(s["logprobs"])
+            mask[i, : s["n_valid"]] = 1
+        logits = self._model(tokens[:, :-1])
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
+        is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
+        weights = replay_weights(is_replay, mask.sum(1), self.cfg.reflow.tau)
+        loss, stats = policy_loss(
+            logp,
+            behavior,
+            adv,
+            mask,
+            weights,
+            clip_low=self.cfg.algorithm.clip_low,
+            clip_high=self.cfg.algorithm.clip_high,
+            tis_cap=self.cfg.algorithm.tis_cap,
+        )
+        self._opt.zero_grad()
+        loss.backward()
+        self._opt.step()
+        self.step_no += 1
+        self.version = max(self.version, msg.policy_version) + 1
+        self._send(
+            p.StepDone(
+                rank=self.rank,
+                step=self.step_no,
+                policy_version=self.version,
+                batch_id=msg.batch_id,
+                metrics={
+                    "loss": stats.loss,
+                    "clip_fraction": stats.clip_fraction,
+                    "step_time_s": time.perf_counter() - start,
+                },
+            )
+        )
+
+
+def synthetic_rollout(cfg: Config, rank: int) -> SyntheticRollout:
+    return SyntheticRollout(cfg, rank)
+
+
+def synthetic_trainer(cfg: Config, rank: int) -> SyntheticTrainer:
+    return SyntheticTrainer(cfg, rank)
