@@ -70,6 +70,10 @@ class DataPlane:
             self.dispatcher.outstanding[t.sample_id] = (req, t.worker)  # still owed
             return False
         t.dispatched_at = req.dispatched_at
+        # Each extra version span is one pause across a weight sync (partial rollout).
+        holds = len(t.versions) - 1
+        self.dispatcher.transitions["running->held"] += holds
+        self.dispatcher.transitions["held->running"] += holds
         self.delivered_ids.add(t.sample_id)
         self.delivered_by_worker[t.worker] += 1
         self.buffer.add(t)

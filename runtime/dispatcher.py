@@ -114,5 +114,6 @@ class Dispatcher:
             "dispatched": self.transitions["pending->running"],
             "delivered": self.transitions["running->finished"],
             "requeued": self.transitions["running->pending"],
+            "held_across_sync": self.transitions["running->held"],
             "blocked": dict(self.blocked),
         }

@@ -68,6 +68,8 @@ def test_the_event_driver_really_trains_and_replays():
     assert sum(batch.n_replay for batch in batches) > 0
     assert dp.buffer.transitions["consumed->replayed"] > 0
     assert dp.ledger()["evicted"] > 0
+    held = dp.dispatcher.transitions
+    assert held["running->held"] == held["held->running"] > 0  # partial rollouts happened
 
 
 def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
