@@ -44,7 +44,7 @@ class ControlServer:
         self._client_public = client_public
         self._bind_host = bind_host
         self._advertise_host = advertise_host or bind_host
-        self._commands: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.address = ""
 
@@ -76,8 +76,12 @@ class ControlServer:
         return self.address
 
     def request_stop(self, reason: str) -> None:
-        """Thread-safe (signal handlers call it)."""
-        self._commands.put(reason)
+        """Graceful stop. Thread-safe (signal handlers call it)."""
+        self._commands.put(("stop", reason))
+
+    def fail(self, reason: str) -> None:
+        """Rank 0's own worker cannot go on: the run fails with this reason. Thread-safe."""
+        self._commands.put(("fail", reason))
 
     def join(self, timeout: float | None = None) -> bool:
         assert self._thread is not None
@@ -99,7 +103,11 @@ class ControlServer:
         try:
             while True:
                 while not self._commands.empty():
-                    self._send(coord.request_stop(self._commands.get()))
+                    kind, reason = self._commands.get()
+                    if kind == "fail":
+                        self._send(coord.fail(reason))
+                    else:
+                        self._send(coord.request_stop(reason))
                 for _ in range(100):  # drain a burst, but keep ticking under load
                     if not poller.poll(0 if _ else 50):
                         break

@@ -335,6 +335,9 @@ class Coordinator:
         self.state, self.reason = "STOPPING", reason
         return self._broadcast(p.Stop(reason=reason))
 
+    def fail(self, reason: str) -> list[Outgoing]:
+        return self._finish("FAILED", reason)
+
     # --- layout ------------------------------------------------------------------------
 
     def _switch_in_progress(self) -> bool:

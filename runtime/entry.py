@@ -114,7 +114,7 @@ def rank_main(run_root: str) -> str:
     except WorkerError as exc:
         log.error("%s", exc)
         if server is not None:
-            server.request_stop(str(exc))
+            server.fail(str(exc))
             server.join(cfg.control.stop_grace_s + 5)
         raise RunFailed(str(exc)) from None
     if server is not None:

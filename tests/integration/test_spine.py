@@ -1,6 +1,8 @@
 """The spine end to end: real `reflow` CLI processes, 4 local ranks, ZeroMQ, role switches."""
 
 import json
+import re
+import signal
 import os
 import pickle
 import time
@@ -149,3 +151,32 @@ def test_user_errors_are_one_line_with_exit_2(runs_dir, args, message):
     assert done.stderr.strip().startswith(message)
     assert len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr
+
+
+def test_sigterm_on_any_rank_stops_the_whole_run(tmp_path, runs_dir):
+    recipe = tmp_path / "spine.yaml"
+    recipe.write_text(RECIPE)
+    reflow("launch", str(recipe), "--local", "--name", "sig", check=True)
+    run_dir = next(runs_dir.iterdir())
+    s = status_json(run_dir.name)
+    pids = [w["pid"] for w in s["workers"]]
+    os.kill(pids[2], signal.SIGTERM)
+    final = wait_for(run_dir.name, lambda s: s["state"] in ("STOPPED", "FAILED"))
+    assert final["state"] == "STOPPED" and final["reason"] == "rank 2 got SIGTERM"
+    deadline = time.monotonic() + 30
+    while any(pid_alive(x) for x in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(pid_alive(x) for x in pids)
+
+
+def test_a_rank_whose_engine_cannot_load_fails_the_run_with_its_reason(tmp_path, runs_dir):
+    recipe = tmp_path / "bad_engine.yaml"
+    recipe.write_text(RECIPE.replace("rollout: placeholder", "rollout: vllm"))
+    done = reflow("launch", str(recipe), "--local")
+    assert done.returncode == 2
+    # Every rank holds both sides, so whichever rank fails first names the reason.
+    assert re.search(
+        r"failed to start: rank \d( left)?: EngineUnavailable: engine\.rollout: .vllm. cannot "
+        r"be loaded",
+        done.stderr,
+    ), done.stderr
