@@ -1,10 +1,10 @@
 """The spine end to end: real `reflow` CLI processes, 4 local ranks, ZeroMQ, role switches."""
 
 import json
-import re
-import signal
 import os
 import pickle
+import re
+import signal
 import time
 from pathlib import Path
 
