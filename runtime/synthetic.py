@@ -37,6 +37,28 @@ def synthetic_prompts(seed: int) -> Iterator[dict[str, Any]]:
         yield {"id": i, "success_rate": round(rng.random(), 3)}
 
 
+class _SyntheticSide:
+    """What both synthetic sides share: a link to rank 0 and an on/off switch."""
+
+    def __init__(self, cfg: Config, rank: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.active = False
+        self.version = 0
+        self._asked = False  # a request to rank 0 is unanswered
+        self._retry_at = 0.0
+        self._send: Send = lambda m: None
+
+    def attach(self, send: Send, rank: int) -> None:
+        self._send, self.rank = send, rank
+
+    def activate(self) -> None:
+        self.active = True
+
+    def deactivate(self) -> None:
+        self.active = False
+
+
 @dataclass
 class _Generation:
     request: dict[str, Any]
@@ -46,28 +68,16 @@ class _Generation:
     spans: list[list[int]] = field(default_factory=list)  # [version, first, end]
 
 
-class SyntheticRollout:
+class SyntheticRollout(_SyntheticSide):
     name = "rollout"
 
     def __init__(self, cfg: Config, rank: int, token_time_s: float = 0.0004) -> None:
-        self.cfg = cfg
-        self.rank = rank
+        super().__init__(cfg, rank)
         self.slots = min(cfg.scheduler.max_concurrency, 16)
         self.token_time_s = token_time_s
         self.rng = random.Random(cfg.train.seed * 1000 + rank)
-        self.active = False
         self.running: dict[int, _Generation] = {}
-        self.version = 0
-        self._asked = False
-        self._retry_at = 0.0
-        self._send: Send = lambda m: None
         self.delivered = 0
-
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
-
-    def activate(self) -> None:
-        self.active = True
 
     def deactivate(self) -> None:
         # Leaving the rollout pool: in-flight work is dropped; the coordinator requeues it.
@@ -139,28 +149,13 @@ class SyntheticRollout:
             self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
 
 
-class SyntheticTrainer:
+class SyntheticTrainer(_SyntheticSide):
     name = "trainer"
 
     def __init__(self, cfg: Config, rank: int) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.active = False
+        super().__init__(cfg, rank)
         self.step_no = 0
-        self.version = 0
-        self._asked = False
-        self._retry_at = 0.0
-        self._send: Send = lambda m: None
         self._model = None
-
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
-
-    def activate(self) -> None:
-        self.active = True
-
-    def deactivate(self) -> None:
-        self.active = False
 
     @property
     def state(self) -> str:

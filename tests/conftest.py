@@ -3,9 +3,11 @@ integration (plus their own slurm/gpu marks)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,18 @@ def reflow(*args: str, timeout: float = 120, check: bool = False) -> subprocess.
             f"reflow {' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
         )
     return done
+
+
+def status_json(run: str) -> dict:
+    return json.loads(reflow("status", run, "--json", check=True).stdout)
+
+
+def wait_for_status(run: str, predicate, timeout: float = 120) -> dict:
+    """Poll ``reflow status --json`` until ``predicate`` holds (generous: VMs are slow)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = status_json(run)
+        if predicate(s):
+            return s
+        assert time.monotonic() < deadline, f"timed out; last status {s}"
+        time.sleep(0.25)

@@ -2,9 +2,9 @@
 
 import json
 import math
-import time
 
 from tests.conftest import reflow
+from tests.conftest import wait_for_status as wait_for
 
 RECIPE = """
 name: flow
@@ -17,20 +17,6 @@ resources: {nodes: 1, gpus_per_node: 4, initial_ratio: "2:2", device: cpu}
 engine: {rollout: synthetic, trainer: synthetic}
 control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 20}
 """
-
-
-def status(run):
-    return json.loads(reflow("status", run, "--json", check=True).stdout)
-
-
-def wait_for(run, predicate, timeout=120):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = status(run)
-        if predicate(s):
-            return s
-        assert time.monotonic() < deadline, f"timed out: {s['state']} step {s['step']}"
-        time.sleep(0.2)
 
 
 def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import reflow
+from tests.conftest import reflow, status_json
+from tests.conftest import wait_for_status as wait_for
 
 RECIPE = """
 name: spine
@@ -30,21 +31,6 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def status_json(run: str) -> dict:
-    done = reflow("status", run, "--json", check=True)
-    return json.loads(done.stdout)
-
-
-def wait_for(run: str, predicate, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = status_json(run)
-        if predicate(s):
-            return s
-        assert time.monotonic() < deadline, f"timed out; last status {s}"
-        time.sleep(0.3)
 
 
 def test_launch_rebalance_stop(tmp_path, runs_dir):
