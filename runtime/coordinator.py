@@ -98,6 +98,7 @@ class Coordinator:
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self._all_metrics: list[dict[str, Any]] = []
         self._idle_at_first_step = 0.0
+        self.evals: dict[str, float] = {}
         self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
             p.Hello: self._on_hello,
             p.Ready: self._on_ready,
@@ -107,6 +108,7 @@ class Coordinator:
             p.WorkRequest: self._on_work_request,
             p.SampleDone: self._on_sample_done,
             p.BatchRequest: self._on_batch_request,
+            p.SampleFailed: self._on_sample_failed,
             p.Bye: self._on_bye,
             p.StatusRequest: self._on_status_request,
             p.RebalanceRequest: self._on_rebalance,
@@ -246,6 +248,7 @@ class Coordinator:
         self._all_metrics.append(line)
         self.step, self.policy_version = msg.step, msg.policy_version
         self.last_metrics = dict(msg.metrics)
+        self.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval_")})
         if self.step >= self.cfg.train.steps:
             return self._finish("COMPLETED", f"reached step {self.step}")
         if self.step % self.cfg.train.sync_every == 0:
@@ -273,6 +276,11 @@ class Coordinator:
         if self._known(identity, msg.rank) is None:
             return []
         self.data.deliver(wire.trajectory(msg))
+        return []
+
+    def _on_sample_failed(self, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
+        if self._known(identity, msg.rank) is not None:
+            self.data.failed(msg.sample_id, msg.rank)
         return []
 
     def _on_batch_request(self, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
@@ -380,8 +388,14 @@ class Coordinator:
     def tick(self) -> list[Outgoing]:
         now = self.clock()
         out: list[Outgoing] = []
-        timeout = self.cfg.control.heartbeat_timeout_s
         for w in self.workers.values():
+            # A rank starting its engines (model build, engine start) is silent for a
+            # while; it gets the registration budget, not the heartbeat timeout.
+            timeout = (
+                self.cfg.control.register_timeout_s
+                if w.state == "starting"
+                else self.cfg.control.heartbeat_timeout_s
+            )
             if w.state not in GONE and now - w.last_seen > timeout:
                 w.state = "dead"
                 if self.state in ("STARTING", "RUNNING"):
@@ -453,6 +467,8 @@ class Coordinator:
                 / max(wall - first, 1e-9),
                 4,
             ),
+            "eval_reward_start": self.evals.get("eval_reward_start"),
+            "eval_reward_end": self.evals.get("eval_reward_end"),
             "samples": {
                 k: ledger[k]
                 for k in (

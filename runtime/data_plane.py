@@ -79,6 +79,11 @@ class DataPlane:
         self.buffer.add(t)
         return True
 
+    def failed(self, sample_id: int, worker: int) -> bool:
+        ok = self.dispatcher.requeue(sample_id, worker)
+        self.rejected["failed_generation" if ok else "unknown_failure"] += 1
+        return ok
+
     def worker_gone(self, worker: int) -> int:
         return len(self.dispatcher.requeue_worker(worker))
 

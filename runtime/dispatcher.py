@@ -104,6 +104,16 @@ class Dispatcher:
             self.transitions["running->pending"] += 1
         return back
 
+    def requeue(self, sample_id: int, worker: int) -> bool:
+        """One request failed on ``worker``: back to the front of the queue."""
+        entry = self.outstanding.get(sample_id)
+        if entry is None or entry[1] != worker:
+            return False
+        del self.outstanding[sample_id]
+        self.pending.appendleft(entry[0])
+        self.transitions["running->pending"] += 1
+        return True
+
     def observe_step(self, n_unused: int) -> None:
         self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)
 

@@ -2,7 +2,7 @@
 
 Values are ``module:attribute`` strings imported on first use, so validating a recipe (or
 ``--dry-run``) never imports heavy engine code. Each factory is called as
-``factory(cfg, rank)`` and returns a :class:`runtime.roles.RoleSide`.
+``factory(cfg, rank, paths)`` and returns a :class:`runtime.roles.RoleSide`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import importlib
 
 from runtime.config import Config
 from runtime.roles import RoleSide
+from runtime.run_dir import RunPaths
 
 ROLLOUT_ENGINES: dict[str, str] = {
     "placeholder": "runtime.roles:placeholder_rollout",
@@ -36,15 +37,20 @@ def _load(kind: str, name: str, target: str):
         raise EngineUnavailable(f"engine.{kind}: {name!r} cannot be loaded ({exc})") from None
 
 
-def build_sides(cfg: Config, rank: int) -> dict[str, RoleSide]:
+def build_sides(cfg: Config, rank: int, paths: RunPaths) -> dict[str, RoleSide]:
     e = cfg.engine
-    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank)
-    trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(cfg, rank)
+    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank, paths)
+    try:
+        trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(cfg, rank, paths)
+    except BaseException:
+        rollout.close()  # an engine left running would keep the rank's process alive
+        raise
     return {"rollout": rollout, "trainer": trainer}
 
 
 PROMPT_SOURCES: dict[str, str] = {
     "embedded:synthetic": "runtime.synthetic:synthetic_prompts",
+    "embedded:arith": "runtime.tasks.arith:arith_prompts",
 }
 
 

@@ -64,6 +64,12 @@ def rank_main(run_root: str) -> str:
     cfg: Config = load_recipe(paths.config)
     _setup_logging(paths, info.rank, cfg.logging.level)
     log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    if cfg.resources.device != "cuda":
+        # Several engines share few cores: pin each rank's vLLM threads to its own core and
+        # keep torch to the recipe's thread count, or they all slow to a crawl.
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[info.rank % len(cores)]))
+        os.environ.setdefault("OMP_NUM_THREADS", str(cfg.resources.torch_threads))
     if info.world_size != cfg.world_size:
         raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")
     server = None
@@ -104,7 +110,7 @@ def rank_main(run_root: str) -> str:
         world_size=info.world_size,
         paths=paths,
         cfg=cfg,
-        make_sides=lambda: build_sides(cfg, info.rank),
+        make_sides=lambda: build_sides(cfg, info.rank, paths),
         node=info.node,
         on_stop_signal=server.request_stop if server is not None else None,
     )

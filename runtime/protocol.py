@@ -187,6 +187,17 @@ class SampleDone(Message):
 
 @message
 @dataclass(frozen=True)
+class SampleFailed(Message):
+    """Generation or scoring of a sample failed on a rollout rank; rank 0 requeues it."""
+
+    TYPE: ClassVar[str] = "sample_failed"
+    rank: int
+    sample_id: int
+    reason: str
+
+
+@message
+@dataclass(frozen=True)
 class BatchRequest(Message):
     TYPE: ClassVar[str] = "batch_request"
     rank: int

@@ -132,6 +132,12 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         if isinstance(value, bool) or not isinstance(value, int):
             raise _FieldError(path, f"expected an integer, got {value!r}")
     elif tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads 3e-5 (no dot) as a string; accept what float() accepts.
+            try:
+                value = float(value)
+            except ValueError:
+                raise _FieldError(path, f"expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _FieldError(path, f"expected a number, got {value!r}")
         value = float(value)

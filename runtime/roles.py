@@ -37,6 +37,10 @@ class RoleSide(Protocol):
 
     def step(self) -> None: ...
 
+    def close(self) -> None:
+        """Release engines and their processes (the rank is exiting)."""
+        ...
+
     @property
     def state(self) -> str: ...
 
@@ -67,14 +71,17 @@ class PlaceholderSide:
     def step(self) -> None:
         time.sleep(0)  # nothing to do; the worker's poll timeout paces the loop
 
+    def close(self) -> None:
+        pass
+
     @property
     def state(self) -> str:
         return "idle"
 
 
-def placeholder_rollout(cfg: object, rank: int) -> PlaceholderSide:
+def placeholder_rollout(cfg: object, rank: int, paths: object) -> PlaceholderSide:
     return PlaceholderSide("rollout")
 
 
-def placeholder_trainer(cfg: object, rank: int) -> PlaceholderSide:
+def placeholder_trainer(cfg: object, rank: int, paths: object) -> PlaceholderSide:
     return PlaceholderSide("trainer")

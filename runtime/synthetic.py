@@ -58,6 +58,9 @@ class _SyntheticSide:
     def deactivate(self) -> None:
         self.active = False
 
+    def close(self) -> None:
+        self.active = False
+
 
 @dataclass
 class _Generation:
@@ -239,9 +242,9 @@ class SyntheticTrainer(_SyntheticSide):
         )
 
 
-def synthetic_rollout(cfg: Config, rank: int) -> SyntheticRollout:
+def synthetic_rollout(cfg: Config, rank: int, paths: object) -> SyntheticRollout:
     return SyntheticRollout(cfg, rank)
 
 
-def synthetic_trainer(cfg: Config, rank: int) -> SyntheticTrainer:
+def synthetic_trainer(cfg: Config, rank: int, paths: object) -> SyntheticTrainer:
     return SyntheticTrainer(cfg, rank)

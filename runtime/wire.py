@@ -70,6 +70,7 @@ def batch_message(batch: Batch) -> p.Batch:
     for t in batch.samples:
         meta = {k: getattr(t, k) for k in META}
         meta["versions"] = [list(v) for v in t.versions]
+        meta["extra"] = t.extra
         samples.append(meta)
         blobs += [pack(t.token_ids, "i"), pack(t.logprobs, "f")]
     return p.Batch(

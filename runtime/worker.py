@@ -106,6 +106,11 @@ class HybridWorker:
         finally:
             if self.role is not None:
                 self.sides[self.role].deactivate()
+            for side in self.sides.values():
+                try:
+                    side.close()
+                except Exception:  # exiting anyway; say why, do not mask the real error
+                    log.exception("closing the %s side failed", side.name)
             sock.close()
             ctx.term()
         return self.stop_reason or ""

@@ -32,6 +32,7 @@ EXAMPLES = [
         blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
     ),
     p.BatchRequest(rank=0),
+    p.SampleFailed(rank=2, sample_id=3, reason="boom"),
     p.Work(
         policy_version=0, requests=[{"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}}]
     ),

@@ -1,0 +1,1 @@
+"""The embedded default model: a tiny Qwen3 built and saved as an ordinary HF folder."""

