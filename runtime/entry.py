@@ -64,6 +64,9 @@ def rank_main(run_root: str) -> str:
     cfg: Config = load_recipe(paths.config)
     _setup_logging(paths, info.rank, cfg.logging.level)
     log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    # Models are local folders (a cluster's shared FS, or the embedded one): never let a
+    # typo in model.path turn into a hub download attempt.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if cfg.resources.device != "cuda":
         # Several engines share few cores: pin each rank's vLLM threads to its own core and
         # keep torch to the recipe's thread count, or they all slow to a crawl.

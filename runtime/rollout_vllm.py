@@ -24,6 +24,7 @@ inactive rollout side keeps its engine warm with a small KV cache
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import queue
@@ -132,6 +133,10 @@ class VLLMEngine:
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+            # Collect it now: AsyncLLM.__del__ at interpreter exit prints a spurious
+            # TypeError once the modules it needs are torn down.
+            self.engine = None
+            gc.collect()
 
 
 def latest_weights(paths: RunPaths) -> tuple[int, str] | None:

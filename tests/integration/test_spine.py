@@ -155,14 +155,15 @@ def test_sigterm_on_any_rank_stops_the_whole_run(tmp_path, runs_dir):
     assert not any(pid_alive(x) for x in pids)
 
 
-def test_a_rank_whose_engine_cannot_load_fails_the_run_with_its_reason(tmp_path, runs_dir):
+def test_a_rank_whose_engine_cannot_start_fails_the_run_with_its_reason(tmp_path, runs_dir):
     recipe = tmp_path / "bad_engine.yaml"
-    recipe.write_text(RECIPE.replace("rollout: placeholder", "rollout: vllm"))
+    missing = tmp_path / "no-model"
+    recipe.write_text(
+        RECIPE.replace("trainer: placeholder", "trainer: torch") + f"model: {{path: {missing}}}\n"
+    )
     done = reflow("launch", str(recipe), "--local")
     assert done.returncode == 2
     # Every rank holds both sides, so whichever rank fails first names the reason.
-    assert re.search(
-        r"failed to start: rank \d( left)?: EngineUnavailable: engine\.rollout: .vllm. cannot "
-        r"be loaded",
-        done.stderr,
-    ), done.stderr
+    assert re.search(r"failed to start: rank \d( left)?: OSError: .*no-model", done.stderr), (
+        done.stderr
+    )
