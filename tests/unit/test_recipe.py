@@ -105,7 +105,7 @@ def test_overrides_use_the_same_validation(tmp_path):
 def test_yaml_1_1_exponents_are_numbers(tmp_path):
     # YAML 1.1 reads 3e-5 (no dot) as a string; a float field accepts it all the same.
     assert load_recipe(write(tmp_path, "train: {lr: 3e-5}")).train.lr == 3e-5
-    with pytest.raises(RecipeError, match="train.lr: expected a number, got 'fast'"):
+    with pytest.raises(RecipeError, match=r"train\.lr: expected a number, got 'fast'"):
         load_recipe(write(tmp_path, "train: {lr: fast}"))
 
 
