@@ -116,6 +116,10 @@ def _print_summary(paths) -> None:
         f"trainer {s['trainer_tokens_per_s']:.0f} tokens/s, trainer idle "
         f"{100 * s['trainer_idle_ratio']:.1f}%"
     )
+    if s.get("eval_reward_start") is not None and s.get("eval_reward_end") is not None:
+        out.print(
+            f"held-out eval reward: {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}"
+        )
     out.print(
         "samples: "
         + ", ".join(f"{k} {v}" for k, v in samples.items())
