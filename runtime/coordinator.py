@@ -40,6 +40,7 @@ class WorkerInfo:
     state: str = "starting"
     layout_epoch: int = 0
     last_seen: float = 0.0
+    rollout_time: tuple[float, float] = (0.0, 0.0)  # cumulative (active, busy) seconds
 
 
 @dataclass
@@ -199,6 +200,7 @@ class Coordinator:
             return []
         if w.state not in ("starting", "switching"):
             w.state, w.role, w.layout_epoch = msg.state, msg.role, msg.layout_epoch
+        w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
         return [(identity, p.HeartbeatAck(step=self.step, policy_version=self.policy_version))]
 
     def _on_switch_done(self, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
@@ -446,6 +448,12 @@ class Coordinator:
 
     # --- reporting ---------------------------------------------------------------------
 
+    def rollout_idle_ratio(self) -> float:
+        """Share of rollout-role time with nothing generating (from heartbeats)."""
+        active = sum(w.rollout_time[0] for w in self.workers.values())
+        busy = sum(w.rollout_time[1] for w in self.workers.values())
+        return 1.0 - busy / active if active > 0 else 0.0
+
     def summary(self) -> dict[str, Any]:
         """End-of-run figures (``summary.json``)."""
         end = self.ended_at if self.ended_at is not None else self.clock()
@@ -467,6 +475,7 @@ class Coordinator:
                 / max(wall - first, 1e-9),
                 4,
             ),
+            "rollout_idle_ratio": round(self.rollout_idle_ratio(), 4),
             "eval_reward_start": self.evals.get("eval_reward_start"),
             "eval_reward_end": self.evals.get("eval_reward_end"),
             "samples": {

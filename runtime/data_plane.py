@@ -27,6 +27,8 @@ class DataPlane:
         rf, train = cfg.reflow, cfg.train
         assert rf.sigma is not None and rf.B_max is not None, "config not validated"
         self.clock = clock
+        self.mode = rf.mode
+        self.batch_size = train.batch_size
         self.replay_enabled = rf.mode == "reflow" and rf.sigma > 0
         self.buffer = ReplayBuffer(
             batch_size=train.batch_size,
@@ -57,6 +59,17 @@ class DataPlane:
 
     def request_work(self, worker: int, slots: int) -> list[Request]:
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
+        if self.mode in ("sync", "one_step_off"):
+            # Batch-at-a-time baselines: never more than one batch generated ahead of the
+            # trainer. `sync` also waits while the trainer trains (rollout idles), while
+            # `one_step_off` generates batch k+1 during step k.
+            ahead = buffered + len(self.dispatcher.outstanding)
+            slots = min(slots, max(0, self.batch_size - ahead))
+            if self.mode == "sync" and self.batches:
+                slots = 0
+            if slots == 0:
+                self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
+                return []
         return self.dispatcher.take(worker, slots, buffered=buffered, version=self.policy_version)
 
     def deliver(self, t: Trajectory) -> bool:

@@ -98,11 +98,15 @@ class Ready(Message):
 @message
 @dataclass(frozen=True)
 class Heartbeat(Message):
+    """Liveness plus the rank's cumulative rollout time: active, and busy generating."""
+
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
     role: str
     state: str
     layout_epoch: int
+    rollout_active_s: float
+    rollout_busy_s: float
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")

@@ -75,6 +75,8 @@ class HybridWorker:
         self.last_ack = time.monotonic()
         self.switch_durations: list[float] = []
         self.unsent = 0
+        self.rollout_active_s = 0.0
+        self.rollout_busy_s = 0.0
 
     # --- signals -----------------------------------------------------------------------
 
@@ -183,6 +185,7 @@ class HybridWorker:
     def _serve(self) -> None:
         assert self.role is not None
         next_beat = 0.0
+        last_tick = time.monotonic()
         asked_stop = False
         lost_after = self.cfg.control.heartbeat_timeout_s
         while self.stop_reason is None:
@@ -191,6 +194,12 @@ class HybridWorker:
                 # Ask rank 0 to stop the whole run; we leave when it says so.
                 self._send(p.StopRequest(reason=self._signal_reason))
                 asked_stop = True
+            if self.role == "rollout":  # for the rollout idle ratio
+                dt = now - last_tick
+                self.rollout_active_s += dt
+                if self.sides["rollout"].state == "busy":
+                    self.rollout_busy_s += dt
+            last_tick = now
             if now >= next_beat:
                 self._send(
                     p.Heartbeat(
@@ -198,6 +207,8 @@ class HybridWorker:
                         role=self.role,
                         state=self.sides[self.role].state,
                         layout_epoch=self.layout_epoch,
+                        rollout_active_s=self.rollout_active_s,
+                        rollout_busy_s=self.rollout_busy_s,
                     )
                 )
                 next_beat = now + self.heartbeat_interval

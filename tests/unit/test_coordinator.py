@@ -82,12 +82,18 @@ def test_heartbeats_keep_ranks_alive_and_silence_fails_the_run(clock):
             ((_, ack),) = c.handle(
                 ident(r),
                 p.Heartbeat(
-                    rank=r, role="rollout" if r > 1 else "trainer", state="idle", layout_epoch=0
+                    rank=r,
+                    role="rollout" if r > 1 else "trainer",
+                    state="idle",
+                    layout_epoch=0,
+                    rollout_active_s=10.0 if r > 1 else 0.0,
+                    rollout_busy_s=7.5 if r > 1 else 0.0,
                 ),
             )
             assert isinstance(ack, p.HeartbeatAck)
         assert c.tick() == []
     assert c.state == "RUNNING"
+    assert c.rollout_idle_ratio() == pytest.approx(0.25)
     clock.t += 16.0  # heartbeat_timeout_s defaults to 15
     out = c.tick()
     assert c.state == "FAILED"
@@ -100,9 +106,29 @@ def test_registration_timeout(clock):
     c.handle(ident(0), p.Hello(rank=0, world_size=4, node="n", pid=1))
     c.handle(ident(0), p.Ready(rank=0, role="trainer", layout_epoch=0))
     clock.t += 10
-    c.handle(ident(0), p.Heartbeat(rank=0, role="trainer", state="idle", layout_epoch=0))
+    c.handle(
+        ident(0),
+        p.Heartbeat(
+            rank=0,
+            role="trainer",
+            state="idle",
+            layout_epoch=0,
+            rollout_active_s=0.0,
+            rollout_busy_s=0.0,
+        ),
+    )
     clock.t += 25
-    c.handle(ident(0), p.Heartbeat(rank=0, role="trainer", state="idle", layout_epoch=0))
+    c.handle(
+        ident(0),
+        p.Heartbeat(
+            rank=0,
+            role="trainer",
+            state="idle",
+            layout_epoch=0,
+            rollout_active_s=0.0,
+            rollout_busy_s=0.0,
+        ),
+    )
     c.tick()
     assert c.state == "FAILED"
     assert c.reason == "only 1 of 4 ranks became ready within 30 s"

@@ -234,3 +234,37 @@ def test_staleness_admission_stops_work_that_would_be_evicted():
     got = dp.request_work(1, 100)
     assert len(got) == 4  # fresh_per_step=4, delta=0: at most 4 can be consumed in time
     assert dp.dispatcher.blocked["staleness"] == 1
+
+
+def _fill(dp, clock, reqs, version):
+    for r in reqs:
+        clock.t += 0.1
+        assert dp.deliver(traj(r, version, reward=float(r.sample_id % 2)))
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+def test_execution_modes_gate_generation(mode):
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4},
+            "algorithm": {"group_size": 2},
+            "reflow": {"mode": mode, "B_max": 100, "delta": 1},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    first = dp.request_work(1, 100)
+    if mode == "async":
+        assert len(first) == 8  # bounded only by staleness admission: (delta + 1) * b
+        return
+    assert len(first) == 4  # one batch at a time
+    assert dp.request_work(1, 100) == []
+    _fill(dp, clock, first, 0)
+    batch = dp.next_batch()
+    assert batch is not None and batch.n_unused == 4
+    during = dp.request_work(1, 100)
+    # one_step_off generates the next batch while the trainer trains; sync waits.
+    assert len(during) == (4 if mode == "one_step_off" else 0)
+    dp.finish_step(batch.batch_id, 1)
+    after = dp.request_work(1, 100)
+    assert len(during) + len(after) == 4

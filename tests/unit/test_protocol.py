@@ -10,7 +10,14 @@ from runtime import protocol as p
 EXAMPLES = [
     p.Hello(rank=1, world_size=4, node="n1", pid=123),
     p.Ready(rank=1, role="trainer", layout_epoch=0),
-    p.Heartbeat(rank=2, role="rollout", state="idle", layout_epoch=3),
+    p.Heartbeat(
+        rank=2,
+        role="rollout",
+        state="idle",
+        layout_epoch=3,
+        rollout_active_s=1.0,
+        rollout_busy_s=0.5,
+    ),
     p.HeartbeatAck(step=4, policy_version=4),
     p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
     p.StepDone(
@@ -78,7 +85,18 @@ def header(**fields):
         ([header(v=1, type="hello", rank=True, world_size=4, node="n", pid=1)], "wrong type"),
         ([header(v=1, type="hello", rank=7, world_size=4, node="n", pid=1)], "rank outside"),
         (
-            [header(v=1, type="heartbeat", rank=0, role="chef", state="idle", layout_epoch=0)],
+            [
+                header(
+                    v=1,
+                    type="heartbeat",
+                    rank=0,
+                    role="chef",
+                    state="idle",
+                    layout_epoch=0,
+                    rollout_active_s=0.0,
+                    rollout_busy_s=0.0,
+                )
+            ],
             "unknown role",
         ),
         (

@@ -1,0 +1,88 @@
+"""The four execution modes on the demo task, same ranks, same run of this script.
+
+Each mode runs the demo recipe (4 local ranks, real vLLM CPU rollout + torch trainer) for
+the same number of steps, one after the other, and the script prints trainer tokens/s,
+trainer idle %, rollout idle %, wall time and reward, with throughput as a ratio to
+`sync` measured in this run:
+
+    .venv/bin/python benchmarks/modes.py [--steps 60] [--modes sync,one_step_off,async,reflow]
+
+The runs go to a temporary runs folder unless REFLOW_RUNS_DIR is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("sync", "one_step_off", "async", "reflow")
+
+
+def run_mode(mode: str, steps: int, runs: Path) -> dict:
+    sets = [f"train.steps={steps}", f"reflow.mode={mode}", f"name=bench-{mode}"]
+    if mode != "reflow":
+        sets.append("reflow.sigma=0")
+    cmd = [
+        sys.executable,
+        "-m",
+        "reflow_cli.main",
+        "launch",
+        str(REPO / "recipes/demo.yaml"),
+        "--local",
+        "--wait",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    env = {**os.environ, "REFLOW_RUNS_DIR": str(runs)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    run_dir = max(runs.glob(f"bench-{mode}-*"), key=lambda d: d.stat().st_mtime)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if done.returncode != 0 or summary["state"] != "COMPLETED":
+        raise SystemExit(f"{mode}: run failed ({summary.get('reason')}); see {run_dir}")
+    tail = lines[-max(1, len(lines) // 5) :]
+    return {
+        "mode": mode,
+        "wall_s": summary["wall_s"],
+        "train_wall_s": lines[-1]["wall_s"] - lines[0]["wall_s"],
+        "tokens_per_s": summary["trainer_tokens_per_s"],
+        "trainer_idle": summary["trainer_idle_ratio"],
+        "rollout_idle": summary["rollout_idle_ratio"],
+        "reward_last": statistics.fmean(x["reward_mean"] for x in tail),
+        "eval_end": summary.get("eval_reward_end"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--modes", default=",".join(MODES))
+    args = ap.parse_args()
+    runs = Path(os.environ.get("REFLOW_RUNS_DIR") or tempfile.mkdtemp(prefix="reflow-bench-"))
+    results = [run_mode(m, args.steps, runs) for m in args.modes.split(",")]
+    base = next((r for r in results if r["mode"] == "sync"), results[0])
+    print(f"{args.steps} steps per mode, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
+    print(
+        "| mode | trainer tok/s | ratio to sync | trainer idle | rollout idle | "
+        "wall s (training) | batch reward, last 20% | eval end |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        ratio = r["tokens_per_s"] / base["tokens_per_s"]
+        print(
+            f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratio:.2f}"
+            f" | {100 * r['trainer_idle']:.1f}% | {100 * r['rollout_idle']:.1f}% | "
+            f"{r['wall_s']:.0f} ({r['train_wall_s']:.0f}) | {r['reward_last']:.3f} | "
+            f"{r['eval_end'] if r['eval_end'] is None else round(r['eval_end'], 3)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
