@@ -1,9 +1,9 @@
 """The four execution modes on the demo task, same ranks, same run of this script.
 
 Each mode runs the demo recipe (4 local ranks, real vLLM CPU rollout + torch trainer) for
-the same number of steps, one after the other, and the script prints trainer tokens/s,
-trainer idle %, rollout idle %, wall time and reward, with throughput as a ratio to
-`sync` measured in this run:
+the same number of steps, one after the other, and the script prints trainer tokens/s over
+the training window (first to last step), trainer idle %, rollout idle %, wall time and
+reward, with throughput as a ratio to `sync` measured in this run:
 
     .venv/bin/python benchmarks/modes.py [--steps 60] [--modes sync,one_step_off,async,reflow]
 

@@ -64,9 +64,11 @@ class DataPlane:
             # trainer. `sync` also waits while the trainer trains (rollout idles), while
             # `one_step_off` generates batch k+1 during step k.
             ahead = buffered + len(self.dispatcher.outstanding)
-            slots = min(slots, max(0, self.batch_size - ahead))
+            allowed = max(0, self.batch_size - ahead)
             if self.mode == "sync" and self.batches:
-                slots = 0
+                allowed = 0
+            # Groups already started are always finished, or the barrier could deadlock.
+            slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
             if slots == 0:
                 self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
                 return []

@@ -47,6 +47,7 @@ class Dispatcher:
         self.transitions: Counter[str] = Counter()
         self.blocked: Counter[str] = Counter()  # why requests were not handed out
         self.exhausted = False
+        self._started_groups: set[int] = set()
 
     def _refill(self) -> bool:
         try:
@@ -61,6 +62,18 @@ class Dispatcher:
             self.pending.append(Request(self._next_sample, gid, pid, prompt))
             self._next_sample += 1
         return True
+
+    def open_group_remainder(self) -> int:
+        """Pending requests at the head of the queue whose group is already partly out.
+
+        A group becomes available only when all its members are in, so a barrier that
+        holds these back can wait forever on a group it let start."""
+        n = 0
+        for req in self.pending:
+            if req.group_id not in self._started_groups:
+                break
+            n += 1
+        return n
 
     def admissible(self, ahead: int) -> bool:
         return ahead + 1 <= self.fresh_per_step * (self.delta + 1)
@@ -83,6 +96,7 @@ class Dispatcher:
                 req.sample_id, req.group_id, req.prompt_id, req.prompt, self.clock(), version
             )
             self.outstanding[req.sample_id] = (req, worker)
+            self._started_groups.add(req.group_id)
             self.transitions["pending->running"] += 1
             out.append(req)
         return out

@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from tests.conftest import reflow
 from tests.conftest import wait_for_status as wait_for
 
@@ -63,3 +65,26 @@ def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):
     assert summary["samples"]["consumed"] == 200 * 16
     human = reflow("status", run, check=True).stdout
     assert "buffer: unused" in human and "replay fraction" in human
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async", "reflow"])
+def test_each_execution_mode_runs(tmp_path, runs_dir, mode):
+    recipe = tmp_path / f"{mode}.yaml"
+    sigma = 0.5 if mode == "reflow" else 0.0
+    recipe.write_text(
+        RECIPE.replace("train: {steps: 200", "train: {steps: 12").replace(
+            "mode: reflow, sigma: 0.5", f"mode: {mode}, sigma: {sigma}"
+        )
+    )
+    done = reflow("launch", str(recipe), "--local", "--wait", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = next(runs_dir.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["mode"] == mode and summary["steps"] == 12
+    assert summary["samples"]["lost"] == 0
+    assert 0.0 <= summary["rollout_idle_ratio"] <= 1.0
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if mode != "reflow":
+        assert all(x["batch_replay"] == 0 for x in lines)
+    if mode == "sync":  # generation waits for each step: every batch is fully fresh
+        assert all(x["max_sample_age"] == 0 for x in lines)
