@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = ("sync", "one_step_off", "async", "reflow")
 
 
-def run_mode(mode: str, steps: int, runs: Path) -> dict:
+def run_mode(mode: str, steps: int, runs: Path) -> Path:
     sets = [f"train.steps={steps}", f"reflow.mode={mode}", f"name=bench-{mode}"]
     if mode != "reflow":
         sets.append("reflow.sigma=0")
@@ -43,16 +43,25 @@ def run_mode(mode: str, steps: int, runs: Path) -> dict:
     env = {**os.environ, "REFLOW_RUNS_DIR": str(runs)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     run_dir = max(runs.glob(f"bench-{mode}-*"), key=lambda d: d.stat().st_mtime)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode}: run failed; see {run_dir}")
+    return run_dir
+
+
+def summarize(mode: str, run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if done.returncode != 0 or summary["state"] != "COMPLETED":
-        raise SystemExit(f"{mode}: run failed ({summary.get('reason')}); see {run_dir}")
+    if summary["state"] != "COMPLETED":
+        raise SystemExit(f"{mode}: run {summary['state']} ({summary.get('reason')})")
     tail = lines[-max(1, len(lines) // 5) :]
+    # Throughput over the training window (first to last step): engine start-up, the
+    # same for every mode, would otherwise dilute the differences.
+    window = lines[-1]["wall_s"] - lines[0]["wall_s"]
     return {
         "mode": mode,
         "wall_s": summary["wall_s"],
-        "train_wall_s": lines[-1]["wall_s"] - lines[0]["wall_s"],
-        "tokens_per_s": summary["trainer_tokens_per_s"],
+        "train_wall_s": window,
+        "tokens_per_s": sum(x["tokens"] for x in lines[1:]) / window,
         "trainer_idle": summary["trainer_idle_ratio"],
         "rollout_idle": summary["rollout_idle_ratio"],
         "reward_last": statistics.fmean(x["reward_mean"] for x in tail),
@@ -64,14 +73,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument(
+        "--report-only",
+        metavar="RUNS_DIR",
+        help="tabulate the newest bench-<mode>-* runs in RUNS_DIR instead of running",
+    )
     args = ap.parse_args()
-    runs = Path(os.environ.get("REFLOW_RUNS_DIR") or tempfile.mkdtemp(prefix="reflow-bench-"))
-    results = [run_mode(m, args.steps, runs) for m in args.modes.split(",")]
+    results = []
+    if args.report_only:
+        runs = Path(args.report_only)
+        for m in args.modes.split(","):
+            run_dir = max(runs.glob(f"bench-{m}-*"), key=lambda d: d.stat().st_mtime)
+            results.append(summarize(m, run_dir))
+    else:
+        runs = Path(os.environ.get("REFLOW_RUNS_DIR") or tempfile.mkdtemp(prefix="reflow-bench-"))
+        for m in args.modes.split(","):
+            results.append(summarize(m, run_mode(m, args.steps, runs)))
     base = next((r for r in results if r["mode"] == "sync"), results[0])
-    print(f"{args.steps} steps per mode, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
+    steps = "steps per mode as run" if args.report_only else f"{args.steps} steps per mode"
+    print(f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
     print(
-        "| mode | trainer tok/s | ratio to sync | trainer idle | rollout idle | "
-        "wall s (training) | batch reward, last 20% | eval end |"
+        "| mode | trainer tok/s (training window) | ratio to sync | trainer idle | "
+        "rollout idle | wall s (training window) | batch reward, last 20% | eval end |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
