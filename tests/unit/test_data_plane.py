@@ -274,8 +274,13 @@ def test_execution_modes_gate_generation(mode):
 def test_the_batch_barrier_never_strands_a_started_group(mode):
     # b = 4, groups of 3: the barrier admits 4 requests, i.e. a group and a third. The
     # other two members of the second group must still go out, or no batch ever forms.
-    cfg = build_config({"train": {"batch_size": 4}, "algorithm": {"group_size": 3},
-                        "reflow": {"mode": mode, "B_max": 100, "delta": 1}})
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4},
+            "algorithm": {"group_size": 3},
+            "reflow": {"mode": mode, "B_max": 100, "delta": 1},
+        }
+    )
     clock = Clock()
     dp = DataPlane(cfg, prompts(), clock)
     got = dp.request_work(1, 100)
