@@ -25,7 +25,7 @@ log = logging.getLogger("reflow")
 
 
 class RunFailed(RuntimeError):
-    pass
+    """The run ended FAILED; raising it makes the rank's exit code say so."""
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ class PlaceholderSide:
         self.rank = rank
 
     def on_message(self, msg: Message) -> None:
-        pass
+        """Nothing to do: a placeholder asks rank 0 for nothing."""
 
     def activate(self) -> None:
         self.active = True
@@ -72,7 +72,7 @@ class PlaceholderSide:
         time.sleep(0)  # nothing to do; the worker's poll timeout paces the loop
 
     def close(self) -> None:
-        pass
+        self.active = False
 
     @property
     def state(self) -> str:
@@ -85,3 +85,30 @@ def placeholder_rollout(cfg: object, rank: int, paths: object) -> PlaceholderSid
 
 def placeholder_trainer(cfg: object, rank: int, paths: object) -> PlaceholderSide:
     return PlaceholderSide("trainer")
+
+
+class LinkedSide:
+    """Base of the sides that talk to rank 0: the send function, the rank, an on/off
+    switch and the request bookkeeping they all need."""
+
+    name = ""
+
+    def __init__(self, cfg: object, rank: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.active = False
+        self._asked = False  # a request to rank 0 is unanswered
+        self._retry_at = 0.0  # after a "nothing now" answer, ask again from then on
+        self._send: Send = lambda m: None
+
+    def attach(self, send: Send, rank: int) -> None:
+        self._send, self.rank = send, rank
+
+    def activate(self) -> None:
+        self.active = True
+
+    def deactivate(self) -> None:
+        self.active = False
+
+    def close(self) -> None:
+        self.active = False

@@ -71,7 +71,7 @@ REPLAY_FILTERS: dict[str, type] = {"accept_all": AcceptAll}
 
 
 class PluginError(ValueError):
-    pass
+    """A sampler or filter name that does not resolve to a usable class."""
 
 
 def resolve(name: str, registry: dict[str, type], required: tuple[str, ...]) -> type:

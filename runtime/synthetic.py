@@ -25,7 +25,7 @@ from typing import Any
 from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
-from runtime.roles import Send
+from runtime.roles import LinkedSide
 from runtime.sample import Trajectory
 
 VOCAB = 64
@@ -37,29 +37,11 @@ def synthetic_prompts(seed: int) -> Iterator[dict[str, Any]]:
         yield {"id": i, "success_rate": round(rng.random(), 3)}
 
 
-class _SyntheticSide:
-    """What both synthetic sides share: a link to rank 0 and an on/off switch."""
-
+class _SyntheticSide(LinkedSide):
     def __init__(self, cfg: Config, rank: int) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.active = False
+        super().__init__(cfg, rank)
+        self.cfg: Config = cfg
         self.version = 0
-        self._asked = False  # a request to rank 0 is unanswered
-        self._retry_at = 0.0
-        self._send: Send = lambda m: None
-
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
-
-    def activate(self) -> None:
-        self.active = True
-
-    def deactivate(self) -> None:
-        self.active = False
-
-    def close(self) -> None:
-        self.active = False
 
 
 @dataclass

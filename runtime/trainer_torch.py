@@ -28,7 +28,7 @@ from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
 from runtime.loss import policy_loss, replay_weights
-from runtime.roles import Send
+from runtime.roles import LinkedSide
 from runtime.run_dir import RunPaths, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -160,34 +160,18 @@ class TorchTrainer:
         random.setstate(state["python_rng"])
 
 
-class TorchTrainerSide:
+class TorchTrainerSide(LinkedSide):
     name = "trainer"
 
     def __init__(self, cfg: Config, rank: int, paths: RunPaths) -> None:
         from runtime.model.resolve import resolve_model_path
 
+        super().__init__(cfg, rank)
         torch.set_num_threads(cfg.resources.torch_threads)
-        self.cfg = cfg
-        self.rank = rank
+        self.cfg: Config = cfg
         self.paths = paths
         self.trainer = TorchTrainer(cfg, resolve_model_path(cfg))
-        self.active = False
-        self._send: Send = lambda m: None
-        self._asked = False
-        self._retry_at = 0.0
         self._eval_start: float | None = None
-
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
-
-    def activate(self) -> None:
-        self.active = True
-
-    def deactivate(self) -> None:
-        self.active = False
-
-    def close(self) -> None:
-        self.active = False
 
     @property
     def state(self) -> str:
