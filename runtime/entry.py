@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,19 @@ def rank_info() -> RankInfo:
 
     env = submitit.JobEnvironment()
     return RankInfo(env.global_rank, env.num_tasks, node_name())
+
+
+def control_endpoint(env: dict[str, str] | os._Environ) -> tuple[str, str]:
+    """Where rank 0 listens and the address it publishes.
+
+    Local runs stay on loopback. Under Slurm the other ranks are on other nodes: listen on
+    every interface and publish this node's name (CURVE keeps it closed to outsiders).
+    REFLOW_BIND_HOST / REFLOW_ADVERTISE_HOST override both.
+    """
+    on_slurm = "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR") != "local"
+    bind = env.get("REFLOW_BIND_HOST") or ("0.0.0.0" if on_slurm else "127.0.0.1")
+    default_advertise = socket.gethostname() if bind == "0.0.0.0" else bind
+    return bind, env.get("REFLOW_ADVERTISE_HOST") or default_advertise
 
 
 def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
@@ -97,8 +111,7 @@ def rank_main(run_root: str) -> str:
                 },
             )
             raise RunFailed(reason) from None
-        bind = os.environ.get("REFLOW_BIND_HOST", "127.0.0.1")
-        advertise = os.environ.get("REFLOW_ADVERTISE_HOST")
+        bind, advertise = control_endpoint(os.environ)
         server = ControlServer(
             coordinator,
             paths,
