@@ -36,6 +36,9 @@ def status_view(s: dict[str, Any]) -> Group:
         f"{layout.get('rollout_gpus', '?')} rollout : {layout.get('trainer_gpus', '?')} trainer",
     )
     parts: list[Any] = [head]
+    total = s.get("total_steps")
+    if isinstance(total, int) and total > 0:
+        parts.append(progress_bar(int(s.get("step", 0)), total))
     if layout.get("pending"):
         parts.append(Text(f"rebalance to {layout['pending']} pending (next sync point)", "yellow"))
     if layout.get("switching"):
@@ -77,6 +80,14 @@ def status_view(s: dict[str, Any]) -> Group:
     if control.get("rejected"):
         parts.append(Text(f"control plane: {control['rejected']} invalid messages dropped", "dim"))
     return Group(*parts)
+
+
+def progress_bar(step: int, total: int, width: int = 40) -> Text:
+    done = min(width, round(width * step / total))
+    return Text.assemble(
+        ("[" + "#" * done + "." * (width - done) + "] ", "green"),
+        f"{100 * step / total:.0f}% of {total} steps",
+    )
 
 
 def plan_view(plan: list[RankPlan]) -> Table:
