@@ -38,10 +38,18 @@ class DataConfig:
     train: str = opt(
         "embedded:synthetic", "training prompts: a JSONL/JSON/Parquet file or embedded:NAME"
     )
-    eval: str | None = opt(None, "held-out prompts (same formats); none = split from train")
-    format: str = opt("auto", "file format", choices=("auto", "jsonl", "json", "parquet"))
-    fields: dict[str, str] = opt({}, "mapping of record fields: prompt, answer, tests, ...")
-    shuffle: bool = opt(True, "shuffle prompts each epoch")
+    eval: str | None = opt(
+        None, "held-out prompts (same formats); none = split from train (validated, not used yet)"
+    )
+    format: str = opt(
+        "auto",
+        "file format (validated, not used yet)",
+        choices=("auto", "jsonl", "json", "parquet"),
+    )
+    fields: dict[str, str] = opt(
+        {}, "mapping of record fields: prompt, answer, tests, ... (validated, not used yet)"
+    )
+    shuffle: bool = opt(True, "shuffle prompts each epoch (validated, not used yet)")
 
 
 @dataclass
@@ -50,8 +58,10 @@ class WorkloadConfig:
         "arith", "agent loop", choices=("arith", "math", "code_agent", "tool_reasoning")
     )
     max_response_tokens: int = opt(256, "generation limit per turn", ge=1)
-    max_turns: int = opt(1, "turns per episode (agents)", ge=1)
-    reward_timeout_s: float = opt(10.0, "wall-clock limit of one reward computation", gt=0)
+    max_turns: int = opt(1, "turns per episode (agents) (validated, not used yet)", ge=1)
+    reward_timeout_s: float = opt(
+        10.0, "wall-clock limit of one reward computation (validated, not used yet)", gt=0
+    )
 
 
 @dataclass
@@ -64,7 +74,7 @@ class AlgorithmConfig:
     tis_cap: float | None = opt(
         None, "cap on the ratio for negative advantages (dual clip); none = off", gt=1
     )
-    kl_coef: float = opt(0.0, "KL penalty coefficient", ge=0)
+    kl_coef: float = opt(0.0, "KL penalty coefficient (validated, not used yet)", ge=0)
 
 
 @dataclass
@@ -73,7 +83,9 @@ class TrainConfig:
     batch_size: int = opt(32, "samples per training batch (b)", ge=1)
     lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
     sync_every: int = opt(1, "steps between weight syncs to rollout", ge=1)
-    checkpoint_every: int = opt(0, "steps between checkpoints; 0 = only at stop", ge=0)
+    checkpoint_every: int = opt(
+        0, "steps between checkpoints; 0 = only at stop (validated, not used yet)", ge=0
+    )
     seed: int = opt(0, "global seed", ge=0)
 
 
@@ -108,11 +120,17 @@ class ResourcesConfig:
 
 @dataclass
 class SchedulerConfig:
-    auto_rebalance: bool = opt(False, "let the allocator move replica groups")
-    cooldown_steps: int = opt(5, "min steps between two rebalances", ge=0)
-    min_concurrency: int = opt(1, "lower bound of a rollout worker's cap", ge=1)
+    auto_rebalance: bool = opt(
+        False, "let the allocator move replica groups (validated, not used yet)"
+    )
+    cooldown_steps: int = opt(5, "min steps between two rebalances (validated, not used yet)", ge=0)
+    min_concurrency: int = opt(
+        1, "lower bound of a rollout worker's cap (validated, not used yet)", ge=1
+    )
     max_concurrency: int = opt(256, "upper bound of a rollout worker's cap", ge=1)
-    target_kv_util: float = opt(0.8, "AIMD target KV-cache utilisation", gt=0, le=1)
+    target_kv_util: float = opt(
+        0.8, "AIMD target KV-cache utilisation (validated, not used yet)", gt=0, le=1
+    )
 
 
 @dataclass
@@ -149,7 +167,7 @@ class ControlConfig:
 class LoggingConfig:
     runs_dir: str = opt("runs", "where run folders are created (env REFLOW_RUNS_DIR wins)")
     level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    tensorboard: bool = opt(False, "write TensorBoard event files")
+    tensorboard: bool = opt(False, "write TensorBoard event files (validated, not used yet)")
 
 
 @dataclass
