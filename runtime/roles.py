@@ -11,10 +11,12 @@ Sides are looked up by the names in the recipe's ``engine`` section through
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from runtime import protocol as p
 from runtime.protocol import Message
 
 Send = Callable[[Message], object]
@@ -112,3 +114,49 @@ class LinkedSide:
 
     def close(self) -> None:
         self.active = False
+
+
+class BatchConsumer(LinkedSide, abc.ABC):
+    """A trainer side: its leader pulls batches from rank 0 one at a time.
+
+    The leader is rank 0, where the trainer pool always starts (runtime.layout); with one
+    trainer replica the other trainer ranks wait. Subclasses implement ``train_batch``
+    (train, then send StepDone) and ``observe`` (the run's step and version from rank 0).
+    """
+
+    name = "trainer"
+    retry_s = 0.05  # after "no batch yet"
+
+    @property
+    def state(self) -> str:
+        return "busy" if self._asked else "idle"
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @abc.abstractmethod
+    def observe(self, step: int, policy_version: int) -> None: ...
+
+    @abc.abstractmethod
+    def train_batch(self, msg: p.Batch) -> None: ...
+
+    def before_request(self) -> None:
+        """Called on the leader before each batch request (e.g. a first evaluation)."""
+
+    def on_message(self, msg: Message) -> None:
+        if isinstance(msg, p.HeartbeatAck):
+            self.observe(msg.step, msg.policy_version)
+        elif isinstance(msg, p.BatchWait):
+            self._asked = False
+            self._retry_at = time.monotonic() + self.retry_s
+        elif isinstance(msg, p.Batch):
+            self.train_batch(msg)
+            self._asked = False
+
+    def step(self) -> None:
+        if not (self.active and self.leader):
+            return
+        self.before_request()
+        if not self._asked and time.monotonic() >= self._retry_at:
+            self._asked = bool(self._send(p.BatchRequest(rank=self.rank)))

@@ -25,7 +25,7 @@ from typing import Any
 from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
-from runtime.roles import LinkedSide
+from runtime.roles import BatchConsumer, LinkedSide
 from runtime.sample import Trajectory
 
 VOCAB = 64
@@ -134,40 +134,22 @@ class SyntheticRollout(_SyntheticSide):
             self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
 
 
-class SyntheticTrainer(_SyntheticSide):
+class SyntheticTrainer(BatchConsumer):
     name = "trainer"
+    retry_s = 0.02
 
     def __init__(self, cfg: Config, rank: int) -> None:
         super().__init__(cfg, rank)
+        self.cfg: Config = cfg
+        self.version = 0
         self.step_no = 0
         self._model = None
 
-    @property
-    def state(self) -> str:
-        return "busy" if self._asked else "idle"
+    def observe(self, step: int, policy_version: int) -> None:
+        self.step_no = max(self.step_no, step)
+        self.version = max(self.version, policy_version)
 
-    @property
-    def leader(self) -> bool:
-        # The trainer pool always starts at rank 0 (runtime.layout); the synthetic trainer
-        # has one replica, so only rank 0 asks for batches.
-        return self.rank == 0
-
-    def on_message(self, msg: p.Message) -> None:
-        if isinstance(msg, p.HeartbeatAck):
-            self.step_no = max(self.step_no, msg.step)
-            self.version = max(self.version, msg.policy_version)
-        elif isinstance(msg, p.BatchWait):
-            self._asked = False
-            self._retry_at = time.monotonic() + 0.02
-        elif isinstance(msg, p.Batch):
-            self._train(msg)
-            self._asked = False
-
-    def step(self) -> None:
-        if self.active and self.leader and not self._asked and time.monotonic() >= self._retry_at:
-            self._asked = bool(self._send(p.BatchRequest(rank=self.rank)))
-
-    def _train(self, msg: p.Batch) -> None:
+    def train_batch(self, msg: p.Batch) -> None:
         import torch
 
         from runtime.loss import policy_loss, replay_weights

@@ -28,7 +28,7 @@ from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
 from runtime.loss import policy_loss, replay_weights
-from runtime.roles import LinkedSide
+from runtime.roles import BatchConsumer
 from runtime.run_dir import RunPaths, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class TorchTrainer:
         random.setstate(state["python_rng"])
 
 
-class TorchTrainerSide(LinkedSide):
+class TorchTrainerSide(BatchConsumer):
     name = "trainer"
 
     def __init__(self, cfg: Config, rank: int, paths: RunPaths) -> None:
@@ -173,33 +173,14 @@ class TorchTrainerSide(LinkedSide):
         self.trainer = TorchTrainer(cfg, resolve_model_path(cfg))
         self._eval_start: float | None = None
 
-    @property
-    def state(self) -> str:
-        return "busy" if self._asked else "idle"
+    def observe(self, step: int, policy_version: int) -> None:
+        self.trainer.step = max(self.trainer.step, step)
+        self.trainer.version = max(self.trainer.version, policy_version)
 
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0  # the trainer pool starts at rank 0 (runtime.layout)
-
-    def on_message(self, msg: p.Message) -> None:
-        if isinstance(msg, p.HeartbeatAck):
-            self.trainer.step = max(self.trainer.step, msg.step)
-            self.trainer.version = max(self.trainer.version, msg.policy_version)
-        elif isinstance(msg, p.BatchWait):
-            self._asked = False
-            self._retry_at = time.monotonic() + 0.05
-        elif isinstance(msg, p.Batch):
-            self._train(msg)
-            self._asked = False
-
-    def step(self) -> None:
-        if not (self.active and self.leader):
-            return
+    def before_request(self) -> None:
         if self._eval_start is None and self.cfg.workload.kind == "arith":
             self._eval_start = self.evaluate()
             log.info("eval reward at start: %.3f", self._eval_start)
-        if not self._asked and time.monotonic() >= self._retry_at:
-            self._asked = bool(self._send(p.BatchRequest(rank=self.rank)))
 
     def evaluate(self) -> float:
         from runtime.model.warm_start import greedy_accuracy
@@ -212,7 +193,7 @@ class TorchTrainerSide(LinkedSide):
         finally:
             self.trainer.model.train()
 
-    def _train(self, msg: p.Batch) -> None:
+    def train_batch(self, msg: p.Batch) -> None:
         metrics = self.trainer.train_step(wire.batch_samples(msg))
         t = self.trainer
         if t.version % self.cfg.train.sync_every == 0:
