@@ -91,3 +91,28 @@ def policy_loss(
             replay_weight_mass=float((weights * mask.sum(1)).sum() / denom),
         )
     return loss, stats
+
+
+def batch_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    samples: list[dict],
+    cfg,
+) -> tuple[torch.Tensor, LossStats]:
+    """The loss of a batch as rank 0 sends it: advantages and replay flags from each
+    sample's metadata, ``tau`` and the clip settings from the run's config."""
+    is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
+    weights = replay_weights(is_replay, mask.sum(1), cfg.reflow.tau)
+    adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
+    a = cfg.algorithm
+    return policy_loss(
+        logprobs,
+        behavior_logprobs,
+        adv,
+        mask,
+        weights,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        tis_cap=a.tis_cap,
+    )

@@ -152,7 +152,7 @@ class SyntheticTrainer(BatchConsumer):
     def train_batch(self, msg: p.Batch) -> None:
         import torch
 
-        from runtime.loss import policy_loss, replay_weights
+        from runtime.loss import batch_loss
 
         start = time.perf_counter()
         if self._model is None:
@@ -173,19 +173,7 @@ class SyntheticTrainer(BatchConsumer):
             mask[i, : s["n_valid"]] = 1
         logits = self._model(tokens[:, :-1])
         logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
-        is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
-        weights = replay_weights(is_replay, mask.sum(1), self.cfg.reflow.tau)
-        loss, stats = policy_loss(
-            logp,
-            behavior,
-            adv,
-            mask,
-            weights,
-            clip_low=self.cfg.algorithm.clip_low,
-            clip_high=self.cfg.algorithm.clip_high,
-            tis_cap=self.cfg.algorithm.tis_cap,
-        )
+        loss, stats = batch_loss(logp, behavior, mask, samples, self.cfg)
         self._opt.zero_grad()
         loss.backward()
         self._opt.step()

@@ -27,7 +27,7 @@ import torch
 from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
-from runtime.loss import policy_loss, replay_weights
+from runtime.loss import batch_loss
 from runtime.roles import BatchConsumer
 from runtime.run_dir import RunPaths, write_json_atomic
 
@@ -52,7 +52,7 @@ class TorchTrainer:
 
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         start = time.perf_counter()
-        a, rf = self.cfg.algorithm, self.cfg.reflow
+        temperature = self.cfg.algorithm.temperature
         # 1. Pack prompt + response, right-padded.
         seqs = [s["extra"]["prompt_ids"] + s["token_ids"] for s in samples]
         width = max(map(len, seqs))
@@ -65,7 +65,7 @@ class TorchTrainer:
         resp_len = max(len(s["token_ids"]) for s in samples)
         behavior = torch.zeros(len(samples), resp_len)
         mask = torch.zeros(len(samples), resp_len)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits / a.temperature
+        logits = self.model(input_ids=ids, attention_mask=attn).logits / temperature
         logprobs_all = torch.log_softmax(logits.float(), dim=-1)
         rows = []
         for i, s in enumerate(samples):
@@ -76,20 +76,8 @@ class TorchTrainer:
             behavior[i, :n_resp] = torch.tensor(s["logprobs"])
             mask[i, : s["n_valid"]] = 1
         logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for _, n, r in rows])
-        # 3. Replay weights and the clipped surrogate.
-        is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
-        weights = replay_weights(is_replay, mask.sum(1), rf.tau)
-        adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
-        loss, stats = policy_loss(
-            logp,
-            behavior,
-            adv,
-            mask,
-            weights,
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            tis_cap=a.tis_cap,
-        )
+        # 3. Replay weights and the clipped surrogate (runtime/loss.py).
+        loss, stats = batch_loss(logp, behavior, mask, samples, self.cfg)
         # 4. Update.
         self.opt.zero_grad()
         loss.backward()
