@@ -140,6 +140,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = opt(None, "KV-cache size; none = engine default", ge=1)
     max_num_seqs: int = opt(256, "engine's max running sequences", ge=1)
     enforce_eager: bool = opt(True, "disable graph capture / compilation")
+    weight_bucket_mb: float = opt(
+        32.0, "bucket size of weight and trainer-state broadcasts (torch.distributed)", gt=0
+    )
 
 
 @dataclass
@@ -161,6 +164,9 @@ class ControlConfig:
     heartbeat_timeout_s: float = opt(15.0, "silence after which a rank is declared dead", gt=0)
     register_timeout_s: float = opt(300.0, "time for all ranks to register", gt=0)
     stop_grace_s: float = opt(30.0, "time ranks get to leave after a stop", gt=0)
+    collective_timeout_s: float = opt(
+        300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
+    )
 
 
 @dataclass

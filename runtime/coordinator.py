@@ -23,7 +23,7 @@ from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
 from runtime.data_plane import DataPlane
-from runtime.layout import Layout, LayoutError, parse_ratio
+from runtime.layout import Layout, LayoutError, Role, parse_ratio
 
 Outgoing = tuple[bytes, p.Message]
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
@@ -177,6 +177,7 @@ class Coordinator:
             role=role,
             layout_epoch=self.layout_epoch,
             heartbeat_interval_s=self.cfg.control.heartbeat_interval_s,
+            roles=[r.value for r in self.layout.roles()],
         )
         return [(identity, welcome)]
 
@@ -254,8 +255,20 @@ class Coordinator:
         if self.step >= self.cfg.train.steps:
             return self._finish("COMPLETED", f"reached step {self.step}")
         if self.step % self.cfg.train.sync_every == 0:
-            return self._maybe_apply_layout()
+            # Weights first: the sync group of the current layout takes part in the
+            # broadcast, then a pending layout (if any) regroups everyone.
+            return self._weight_sync() + self._maybe_apply_layout()
         return []
+
+    def _weight_sync(self) -> list[Outgoing]:
+        """Tell the trainer leader and every rollout rank to run the weight broadcast."""
+        msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
+        members = {0, *(r for r, x in enumerate(self.layout.roles()) if x is Role.ROLLOUT)}
+        return [
+            (w.identity, msg)
+            for w in self.workers.values()
+            if w.rank in members and w.state not in GONE
+        ]
 
     def _on_work_request(self, identity: bytes, msg: p.WorkRequest) -> list[Outgoing]:
         w = self._known(identity, msg.rank)
@@ -297,7 +310,15 @@ class Coordinator:
             return [(identity, p.BatchWait(reason="waiting for samples"))]
         self.batch_in_flight = batch.batch_id
         self.batch_sent_at = self.clock()
-        return [(identity, wire.batch_message(batch))]
+        # Every trainer rank gets the batch and trains on its shard (data parallelism);
+        # the leader, which asked, reports the step.
+        out = wire.batch_message(batch)
+        trainers = {r for r, x in enumerate(self.layout.roles()) if x is Role.TRAINER}
+        return [(identity, out)] + [
+            (w.identity, out)
+            for w in self.workers.values()
+            if w.rank in trainers and w.identity != identity and w.state not in GONE
+        ]
 
     def _on_bye(self, identity: bytes, msg: p.Bye) -> list[Outgoing]:
         w = self._known(identity, msg.rank)

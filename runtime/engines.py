@@ -2,7 +2,9 @@
 
 Values are ``module:attribute`` strings imported on first use, so validating a recipe (or
 ``--dry-run``) never imports heavy engine code. Each factory is called as
-``factory(cfg, rank, paths)`` and returns a :class:`runtime.roles.RoleSide`.
+``factory(cfg, rank, paths, collective)`` and returns a :class:`runtime.roles.RoleSide`;
+``collective`` is the rank's process group (:mod:`runtime.collective`) for the engines
+that move tensors between ranks (``WEIGHT_TRANSPORT``), else None.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ TRAINER_ENGINES: dict[str, str] = {
 }
 
 
+# Engine pairs whose trainer broadcasts weights to the rollout engines over
+# torch.distributed: the rank joins the run's process group for them.
+WEIGHT_TRANSPORT: set[tuple[str, str]] = {("vllm", "torch")}
+
+
 class EngineUnavailable(RuntimeError):
     """A registered engine whose code or dependencies are not importable here."""
 
@@ -37,11 +44,19 @@ def _load(kind: str, name: str, target: str):
         raise EngineUnavailable(f"engine.{kind}: {name!r} cannot be loaded ({exc})") from None
 
 
-def build_sides(cfg: Config, rank: int, paths: RunPaths) -> dict[str, RoleSide]:
+def needs_collective(cfg: Config) -> bool:
+    return (cfg.engine.rollout, cfg.engine.trainer) in WEIGHT_TRANSPORT
+
+
+def build_sides(
+    cfg: Config, rank: int, paths: RunPaths, collective: object = None
+) -> dict[str, RoleSide]:
     e = cfg.engine
-    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank, paths)
+    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank, paths, collective)
     try:
-        trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(cfg, rank, paths)
+        trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(
+            cfg, rank, paths, collective
+        )
     except BaseException:
         rollout.close()  # an engine left running would keep the rank's process alive
         raise

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.auth import CLIENT, SERVER, load_keypair
+from runtime.collective import Collective
 from runtime.config import Config
 from runtime.coordinator import Coordinator
-from runtime.engines import build_prompts, build_sides
+from runtime.engines import build_prompts, build_sides, needs_collective
 from runtime.recipe import load_recipe
 from runtime.run_dir import RunPaths, write_json_atomic
 from runtime.worker import HybridWorker, WorkerError, node_name
@@ -89,6 +90,7 @@ def rank_main(run_root: str) -> str:
         os.environ.setdefault("OMP_NUM_THREADS", str(cfg.resources.torch_threads))
     if info.world_size != cfg.world_size:
         raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")
+    bind, advertise = control_endpoint(os.environ)
     server = None
     if info.rank == 0:
         from runtime.control_server import ControlServer
@@ -111,7 +113,6 @@ def rank_main(run_root: str) -> str:
                 },
             )
             raise RunFailed(reason) from None
-        bind, advertise = control_endpoint(os.environ)
         server = ControlServer(
             coordinator,
             paths,
@@ -126,7 +127,8 @@ def rank_main(run_root: str) -> str:
         world_size=info.world_size,
         paths=paths,
         cfg=cfg,
-        make_sides=lambda: build_sides(cfg, info.rank, paths),
+        make_sides=lambda collective: build_sides(cfg, info.rank, paths, collective),
+        make_collective=lambda: join_collective(cfg, info, paths, bind, advertise),
         node=info.node,
         on_stop_signal=server.request_stop if server is not None else None,
     )
@@ -146,3 +148,24 @@ def rank_main(run_root: str) -> str:
         if state == "FAILED":
             raise RunFailed(why)
     return reason
+
+
+def join_collective(
+    cfg: Config, info: RankInfo, paths: RunPaths, bind: str, advertise: str
+) -> Collective | None:
+    """The run's torch.distributed group, for engines that broadcast weights and state."""
+    if not needs_collective(cfg):
+        return None
+    if bind == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # a local run stays on loopback
+    return Collective.join(
+        rank=info.rank,
+        world_size=info.world_size,
+        rendezvous=paths.root / "dist.json",
+        bind_host=bind,
+        advertise_host=advertise,
+        # On GPU nodes CUDA tensors go over NCCL and CPU ones (headers) over gloo.
+        backend="cpu:gloo,cuda:nccl" if cfg.resources.device == "cuda" else "gloo",
+        bucket_bytes=int(cfg.engine.weight_bucket_mb * 2**20),
+        timeout_s=cfg.control.collective_timeout_s,
+    )

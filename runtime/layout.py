@@ -168,3 +168,20 @@ def default_split(
             f"and rollout groups of {rollout_group_size}"
         )
     return best
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """A role switch as every rank sees it: the roles before and after, in rank order."""
+
+    epoch: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def ranks(self, role: str, *, after: bool = True) -> list[int]:
+        roles = self.after if after else self.before
+        return [r for r, x in enumerate(roles) if x == role]
+
+    def joined(self, role: str) -> list[int]:
+        """Ranks that have ``role`` now and did not before."""
+        return [r for r in self.ranks(role) if self.before[r] != role]

@@ -68,9 +68,12 @@ def policy_loss(
     clip_low: float,
     clip_high: float,
     tis_cap: float | None = None,
+    denom: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Shapes: ``logprobs``/``behavior_logprobs``/``mask`` ``[B, T]``; ``advantages``/
-    ``weights`` ``[B]``. Returns the scalar loss and detached statistics."""
+    ``weights`` ``[B]``. ``denom`` is the whole batch's token count when these rows are one
+    data-parallel shard of it (then shard losses and statistics sum to the batch's).
+    Returns the scalar loss and detached statistics."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - behavior_logprobs)
     adv = advantages[:, None].to(logprobs.dtype)
@@ -80,17 +83,25 @@ def policy_loss(
     if tis_cap is not None:
         objective = torch.where(adv < 0, torch.maximum(objective, tis_cap * adv), objective)
     token_loss = -objective * mask
-    denom = mask.sum().clamp_min(1.0)
-    loss = (weights[:, None].to(logprobs.dtype) * token_loss).sum() / denom
+    denom_t = mask.sum().clamp_min(1.0) if denom is None else torch.tensor(max(denom, 1.0))
+    loss = (weights[:, None].to(logprobs.dtype) * token_loss).sum() / denom_t
     with torch.no_grad():
         was_clipped = ((unclipped != clipped) & (mask > 0)).to(logprobs.dtype)
         stats = LossStats(
             loss=float(loss),
-            clip_fraction=float(was_clipped.sum() / denom),
-            mean_ratio=float((ratio * mask).sum() / denom),
-            replay_weight_mass=float((weights * mask.sum(1)).sum() / denom),
+            clip_fraction=float(was_clipped.sum() / denom_t),
+            mean_ratio=float((ratio * mask).sum() / denom_t),
+            replay_weight_mass=float((weights * mask.sum(1)).sum() / denom_t),
         )
     return loss, stats
+
+
+def batch_normalisers(samples: list[dict], tau: float) -> tuple[torch.Tensor, float]:
+    """Per-sample replay weights ``w~`` and the token count of a whole batch, from its
+    samples' metadata (so every data-parallel shard can use the batch's own values)."""
+    is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
+    n_valid = torch.tensor([s["n_valid"] for s in samples])
+    return replay_weights(is_replay, n_valid, tau), float(n_valid.sum())
 
 
 def batch_loss(
@@ -99,11 +110,17 @@ def batch_loss(
     mask: torch.Tensor,
     samples: list[dict],
     cfg,
+    shard: list[int] | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The loss of a batch as rank 0 sends it: advantages and replay flags from each
-    sample's metadata, ``tau`` and the clip settings from the run's config."""
-    is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
-    weights = replay_weights(is_replay, mask.sum(1), cfg.reflow.tau)
+    sample's metadata, ``tau`` and the clip settings from the run's config.
+
+    With ``shard`` (indices into ``samples``) the rows are that data-parallel shard only;
+    weights and the denominator still come from the whole batch.
+    """
+    weights, denom = batch_normalisers(samples, cfg.reflow.tau)
+    if shard is not None:
+        samples, weights = [samples[i] for i in shard], weights[shard]
     adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
     a = cfg.algorithm
     return policy_loss(
@@ -115,4 +132,5 @@ def batch_loss(
         clip_low=a.clip_low,
         clip_high=a.clip_high,
         tis_cap=a.tis_cap,
+        denom=denom,
     )

@@ -238,10 +238,14 @@ class Welcome(Message):
     role: str
     layout_epoch: int
     heartbeat_interval_s: float
+    roles: list[str]  # every rank's role at ``layout_epoch``, in rank order
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
         _require(self.heartbeat_interval_s > 0, "bad heartbeat interval")
+        _require(all(r in ROLES for r in self.roles), "unknown role")
+        _require(0 <= self.rank < len(self.roles), "rank outside the layout")
+        _require(self.roles[self.rank] == self.role, "role disagrees with the layout")
 
 
 @message
@@ -255,6 +259,20 @@ class RoleSwitch(Message):
 
     def check(self) -> None:
         _require(all(r in ROLES for r in self.roles), "unknown role")
+
+
+@message
+@dataclass(frozen=True)
+class WeightSync(Message):
+    """Sync point: the trainer leader broadcasts ``policy_version`` to the rollout ranks of
+    ``layout_epoch`` now (torch.distributed); sent to all of them at once."""
+
+    TYPE: ClassVar[str] = "weight_sync"
+    policy_version: int
+    layout_epoch: int
+
+    def check(self) -> None:
+        _require(self.policy_version >= 1 and self.layout_epoch >= 0, "bad version or epoch")
 
 
 @message

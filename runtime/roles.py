@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from runtime import protocol as p
+from runtime.layout import LayoutChange
 from runtime.protocol import Message
 
 Send = Callable[[Message], object]
@@ -36,6 +37,10 @@ class RoleSide(Protocol):
     def activate(self) -> None: ...
 
     def deactivate(self) -> None: ...
+
+    def on_layout(self, change: LayoutChange) -> None:
+        """Called on both sides of every rank after a role switch (collectives allowed)."""
+        ...
 
     def step(self) -> None: ...
 
@@ -70,6 +75,9 @@ class PlaceholderSide:
     def deactivate(self) -> None:
         self.active = False
 
+    def on_layout(self, change: LayoutChange) -> None:
+        """No state to move."""
+
     def step(self) -> None:
         time.sleep(0)  # nothing to do; the worker's poll timeout paces the loop
 
@@ -81,11 +89,15 @@ class PlaceholderSide:
         return "idle"
 
 
-def placeholder_rollout(cfg: object, rank: int, paths: object) -> PlaceholderSide:
+def placeholder_rollout(
+    cfg: object, rank: int, paths: object, collective: object = None
+) -> PlaceholderSide:
     return PlaceholderSide("rollout")
 
 
-def placeholder_trainer(cfg: object, rank: int, paths: object) -> PlaceholderSide:
+def placeholder_trainer(
+    cfg: object, rank: int, paths: object, collective: object = None
+) -> PlaceholderSide:
     return PlaceholderSide("trainer")
 
 
@@ -111,6 +123,9 @@ class LinkedSide:
 
     def deactivate(self) -> None:
         self.active = False
+
+    def on_layout(self, change: LayoutChange) -> None:
+        """No state to move by default."""
 
     def close(self) -> None:
         self.active = False

@@ -28,16 +28,20 @@ import gc
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from runtime import protocol as p
 from runtime import wire
+from runtime.collective import Collective
 from runtime.config import Config
+from runtime.layout import LayoutChange
 from runtime.roles import Send
-from runtime.run_dir import RunPaths, read_json
+from runtime.run_dir import RunPaths
 from runtime.sample import Trajectory
 from runtime.tasks import registry
 
@@ -139,24 +143,23 @@ class VLLMEngine:
             gc.collect()
 
 
-def latest_weights(paths: RunPaths) -> tuple[int, str] | None:
-    """The newest published policy weights (written by the trainer), if any."""
-    try:
-        info = read_json(paths.root / "weights" / "latest.json")
-    except (OSError, ValueError):
-        return None
-    return int(info["version"]), str(paths.root / "weights" / info["dir"])
-
-
 class VLLMRolloutSide:
     name = "rollout"
 
-    def __init__(self, cfg: Config, rank: int, paths: RunPaths) -> None:
+    def __init__(
+        self, cfg: Config, rank: int, paths: RunPaths, collective: Collective | None = None
+    ) -> None:
         from runtime.model.resolve import resolve_model_path
 
         self.cfg = cfg
         self.rank = rank
         self.paths = paths
+        self.collective = collective
+        # Received weights are handed to the engine as a file in memory (/dev/shm), the
+        # fastest path measured on the CPU build; one folder per version.
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() else paths.root
+        self.weights_root = base / f"reflow-{paths.name}-rank{rank}"
         self.task = registry.task(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
         self.active = False
@@ -165,7 +168,6 @@ class VLLMRolloutSide:
         self._running: dict[int, Future] = {}
         self._asked = False
         self._retry_at = 0.0
-        self._target_version = 0
         self._updating: Future | None = None
         self.sync_times: list[float] = []
         self._loop = asyncio.new_event_loop()
@@ -186,12 +188,6 @@ class VLLMRolloutSide:
 
     def activate(self) -> None:
         self.active = True
-        # A rank joining the rollout pool loads the latest published weights before it asks
-        # for work (it heard no policy versions while it was a trainer).
-        latest = latest_weights(self.paths)
-        if latest is not None and latest[0] > self.engine.version:
-            self._target_version = max(self._target_version, latest[0])
-            self._call(self._update(latest[1], latest[0])).result()
 
     def deactivate(self) -> None:
         # Leaving the rollout pool: abort what is in flight (rank 0 requeues it).
@@ -207,8 +203,8 @@ class VLLMRolloutSide:
         return "busy" if self._running else "idle"
 
     def on_message(self, msg: p.Message) -> None:
-        if isinstance(msg, (p.Work, p.HeartbeatAck)):
-            self._target_version = max(self._target_version, msg.policy_version)
+        if isinstance(msg, p.WeightSync):
+            self._receive_weights(wait=False)
         if isinstance(msg, p.Work):
             self._asked = False
             if not msg.requests:
@@ -228,10 +224,15 @@ class VLLMRolloutSide:
                 self._send(p.SampleFailed(rank=self.rank, sample_id=sid, reason=repr(exc)))
         if not self.active:
             return
-        self._maybe_update_weights()
         free = self.slots - len(self._running)
         if free > 0 and not self._asked and time.monotonic() >= self._retry_at:
             self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
+
+    def on_layout(self, change: LayoutChange) -> None:
+        """New rollout ranks get the leader's current weights (the whole rollout pool
+        takes part in that broadcast) and load them before asking for work."""
+        if self.rank in change.ranks("rollout") and change.joined("rollout"):
+            self._receive_weights(wait=True)
 
     def close(self) -> None:
         """Shut the engine down (its processes must not outlive the rank)."""
@@ -240,24 +241,39 @@ class VLLMRolloutSide:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            shutil.rmtree(self.weights_root, ignore_errors=True)
 
     # --- internals ---------------------------------------------------------------------
 
-    def _maybe_update_weights(self) -> None:
-        if self._updating is not None and not self._updating.done():
+    def _receive_weights(self, *, wait: bool) -> None:
+        """Take part in the leader's weight broadcast, then load the weights into the engine
+        (requests in flight are held and resumed). ``wait``: until the engine has them."""
+        if self.collective is None:
             return
-        if self._target_version <= self.engine.version:
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        version, weights = self.collective.receive_weights()
+        received_s = time.perf_counter() - start
+        if self._updating is not None:
+            self._updating.result()  # one reload at a time, in version order
+        if version <= self.engine.version:
             return
-        latest = latest_weights(self.paths)
-        if latest is None or latest[0] <= self.engine.version:
-            return
-        version, path = latest
-        self._updating = self._call(self._update(path, version))
+        folder = self.weights_root / f"v{version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(weights, str(folder / "model.safetensors"))
+        log.debug("weights v%d received in %.3f s", version, received_s)
+        self._updating = self._call(self._update(str(folder), version))
+        if wait:
+            self._updating.result()
 
     async def _update(self, path: str, version: int) -> None:
         took = await self.engine.update_weights(path, version)
         self.sync_times.append(took)
-        log.info("weights v%d loaded in %.3f s", version, took)
+        log.debug("weights v%d loaded in %.3f s", version, took)
+        for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
+            if old.name != f"v{version}":
+                shutil.rmtree(old, ignore_errors=True)
 
     async def _run(self, req: dict[str, Any]) -> None:
         prompt = req["prompt"]

@@ -154,6 +154,8 @@ class SyntheticTrainer(BatchConsumer):
 
         from runtime.loss import batch_loss
 
+        if not self.leader:
+            return  # one replica, no process group: the other trainer ranks stand by
         start = time.perf_counter()
         if self._model is None:
             torch.manual_seed(self.cfg.train.seed)
@@ -194,9 +196,13 @@ class SyntheticTrainer(BatchConsumer):
         )
 
 
-def synthetic_rollout(cfg: Config, rank: int, paths: object) -> SyntheticRollout:
+def synthetic_rollout(
+    cfg: Config, rank: int, paths: object, collective: object = None
+) -> SyntheticRollout:
     return SyntheticRollout(cfg, rank)
 
 
-def synthetic_trainer(cfg: Config, rank: int, paths: object) -> SyntheticTrainer:
+def synthetic_trainer(
+    cfg: Config, rank: int, paths: object, collective: object = None
+) -> SyntheticTrainer:
     return SyntheticTrainer(cfg, rank)

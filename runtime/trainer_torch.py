@@ -1,15 +1,22 @@
 """The trainer engine: a Hugging Face causal LM trained with the ReFlow loss in torch.
 
-One optimisation step per batch, read top to bottom in :meth:`TorchTrainerSide.train_step`:
-teacher-force prompt + response, take the log-probs of the response tokens, weight replay
-samples by ``tau`` (normalised), clipped surrogate against the behaviour log-probs stored
-with each sample, backward, clip, AdamW. Every ``sync_every`` steps the new weights are
-published for the rollout ranks (``<run>/weights/v<N>/model.safetensors`` then
-``latest.json``, both atomic).
+One optimisation step per batch, read top to bottom in :meth:`TorchTrainer.train_step`:
+take this replica's shard of the batch, teacher-force prompt + response, take the
+log-probs of the response tokens, weight replay samples by ``tau`` (normalised over the
+whole batch), clipped surrogate against the behaviour log-probs stored with each sample,
+backward, sum gradients over the trainer replicas, clip, AdamW.
 
-This version trains with one replica (rank 0, the first rank of the trainer pool); other
-trainer ranks stay idle. Data parallelism across trainer replicas (gloo on CPU, FSDP2 over
-NCCL on GPU) is not built yet.
+Data parallelism: every trainer rank gets the whole batch from rank 0 and trains on rows
+``i, i + n, ...`` (``i`` its index among the ``n`` trainer ranks); each shard's loss is
+normalised by the whole batch, so summing gradients over the trainer group
+(:meth:`Collective.all_reduce_grads`, gloo here, NCCL on GPU) gives every replica the whole
+batch's gradient and the replicas stay identical. FSDP2 sharding is not used: the models
+this runs on CPU fit one rank, and the plain all-reduce is what DDP does without overlap.
+
+Weight sync: at each sync point rank 0 tells the leader and the rollout ranks
+(``WeightSync``), and the leader broadcasts the new weights to them over the sync group in
+fixed-size buckets. When a layout change adds trainer ranks, they receive the leader's
+model and optimizer state over the trainer group (never from disk).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import torch
 
 from runtime import protocol as p
 from runtime import wire
+from runtime.collective import Collective
 from runtime.config import Config
+from runtime.layout import LayoutChange
 from runtime.loss import batch_loss
 from runtime.roles import BatchConsumer
 from runtime.run_dir import RunPaths, write_json_atomic
@@ -50,48 +59,88 @@ class TorchTrainer:
         self.step = 0
         self.version = 0
 
-    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+    def train_step(
+        self,
+        samples: list[dict[str, Any]],
+        collective: Collective | None = None,
+        shard_index: int = 0,
+        shard_count: int = 1,
+    ) -> dict[str, float]:
         start = time.perf_counter()
         temperature = self.cfg.algorithm.temperature
-        # 1. Pack prompt + response, right-padded.
-        seqs = [s["extra"]["prompt_ids"] + s["token_ids"] for s in samples]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
-        attn = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, seq in enumerate(seqs):
-            ids[i, : len(seq)] = torch.tensor(seq)
-            attn[i, : len(seq)] = 1
-        # 2. Response positions: token t is predicted at position t-1.
-        resp_len = max(len(s["token_ids"]) for s in samples)
-        behavior = torch.zeros(len(samples), resp_len)
-        mask = torch.zeros(len(samples), resp_len)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits / temperature
-        logprobs_all = torch.log_softmax(logits.float(), dim=-1)
-        rows = []
-        for i, s in enumerate(samples):
-            n_prompt, n_resp = len(s["extra"]["prompt_ids"]), len(s["token_ids"])
-            pos = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
-            tok = torch.tensor(s["token_ids"])
-            rows.append((i, n_resp, logprobs_all[i, pos, tok]))
-            behavior[i, :n_resp] = torch.tensor(s["logprobs"])
-            mask[i, : s["n_valid"]] = 1
-        logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for _, n, r in rows])
-        # 3. Replay weights and the clipped surrogate (runtime/loss.py).
-        loss, stats = batch_loss(logp, behavior, mask, samples, self.cfg)
-        # 4. Update.
+        # 1. This replica's rows of the batch.
+        shard = list(range(shard_index, len(samples), shard_count))
+        mine = [samples[i] for i in shard]
         self.opt.zero_grad()
-        loss.backward()
+        stats = [0.0, 0.0, 0.0]
+        if mine:
+            # 2. Pack prompt + response, right-padded.
+            seqs = [s["extra"]["prompt_ids"] + s["token_ids"] for s in mine]
+            width = max(map(len, seqs))
+            ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
+            attn = torch.zeros(len(seqs), width, dtype=torch.long)
+            for i, seq in enumerate(seqs):
+                ids[i, : len(seq)] = torch.tensor(seq)
+                attn[i, : len(seq)] = 1
+            # 3. Response positions: token t is predicted at position t-1.
+            resp_len = max(len(s["token_ids"]) for s in mine)
+            behavior = torch.zeros(len(mine), resp_len)
+            mask = torch.zeros(len(mine), resp_len)
+            logits = self.model(input_ids=ids, attention_mask=attn).logits / temperature
+            logprobs_all = torch.log_softmax(logits.float(), dim=-1)
+            rows = []
+            for i, s in enumerate(mine):
+                n_prompt, n_resp = len(s["extra"]["prompt_ids"]), len(s["token_ids"])
+                pos = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
+                tok = torch.tensor(s["token_ids"])
+                rows.append((n_resp, logprobs_all[i, pos, tok]))
+                behavior[i, :n_resp] = torch.tensor(s["logprobs"])
+                mask[i, : s["n_valid"]] = 1
+            logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for n, r in rows])
+            # 4. Replay weights and the clipped surrogate (runtime/loss.py), normalised by
+            # the whole batch so the shards' losses add up to the batch's.
+            loss, st = batch_loss(logp, behavior, mask, samples, self.cfg, shard=shard)
+            loss.backward()
+            stats = [st.loss, st.clip_fraction, st.mean_ratio]
+        # 5. Sum gradients over the replicas (a replica with no rows adds zeros), update.
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        if collective is not None:
+            collective.all_reduce_grads(self.model.parameters())
+            stats = collective.all_reduce_sum(stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.step += 1
         self.version += 1
         return {
-            "loss": stats.loss,
-            "clip_fraction": stats.clip_fraction,
-            "mean_ratio": stats.mean_ratio,
+            "loss": stats[0],
+            "clip_fraction": stats[1],
+            "mean_ratio": stats[2],
             "grad_norm": float(grad_norm),
             "step_time_s": time.perf_counter() - start,
         }
+
+    def checksum(self) -> float:
+        """A cheap fingerprint of the weights, to check that replicas agree."""
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.model.parameters()))
+
+    def training_state(self) -> list[torch.Tensor]:
+        """Model and AdamW tensors in a fixed order, for a new replica to receive in place.
+
+        Missing optimizer state (a replica that never stepped) is created as AdamW would,
+        so sender and receivers list the same tensors.
+        """
+        out: list[torch.Tensor] = []
+        for param in self.model.parameters():
+            state = self.opt.state[param]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            out += [param.data, state["exp_avg"], state["exp_avg_sq"], state["step"].view(1)]
+        return out
 
     # --- weights and state -------------------------------------------------------------
 
@@ -106,6 +155,7 @@ class TorchTrainer:
         }
 
     def publish(self, weights_dir: Path, keep: int = 2) -> Path:
+        """Write this version as ``<weights_dir>/v<N>/model.safetensors`` (atomic)."""
         from safetensors.torch import save_file
 
         weights_dir.mkdir(exist_ok=True)
@@ -151,15 +201,19 @@ class TorchTrainer:
 class TorchTrainerSide(BatchConsumer):
     name = "trainer"
 
-    def __init__(self, cfg: Config, rank: int, paths: RunPaths) -> None:
+    def __init__(
+        self, cfg: Config, rank: int, paths: RunPaths, collective: Collective | None = None
+    ) -> None:
         from runtime.model.resolve import resolve_model_path
 
         super().__init__(cfg, rank)
         torch.set_num_threads(cfg.resources.torch_threads)
         self.cfg: Config = cfg
         self.paths = paths
+        self.collective = collective
         self.trainer = TorchTrainer(cfg, resolve_model_path(cfg))
         self._eval_start: float | None = None
+        self._last_sync_s: float | None = None
 
     def observe(self, step: int, policy_version: int) -> None:
         self.trainer.step = max(self.trainer.step, step)
@@ -181,17 +235,32 @@ class TorchTrainerSide(BatchConsumer):
         finally:
             self.trainer.model.train()
 
+    def on_message(self, msg: p.Message) -> None:
+        if isinstance(msg, p.WeightSync):
+            self._send_weights(msg)
+        else:
+            super().on_message(msg)
+
     def train_batch(self, msg: p.Batch) -> None:
-        metrics = self.trainer.train_step(wire.batch_samples(msg))
+        c = self.collective
+        index, count = 0, 1
+        if c is not None and self.rank in c.trainer_ranks:
+            index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
+        metrics = self.trainer.train_step(wire.batch_samples(msg), c, index, count)
         t = self.trainer
-        if t.version % self.cfg.train.sync_every == 0:
-            start = time.perf_counter()
-            t.publish(self.paths.root / "weights")
-            metrics["publish_s"] = time.perf_counter() - start
+        metrics["trainer_replicas"] = count
+        if c is not None:
+            metrics["replica_spread"] = c.replica_spread(t.checksum())
+        if not self.leader:
+            return  # the leader reports the step for the whole trainer group
+        if self._last_sync_s is not None:
+            metrics["weight_sync_s"] = self._last_sync_s
         if t.step == 1 and self._eval_start is not None:
             metrics["eval_reward_start"] = self._eval_start
-        if t.step >= self.cfg.train.steps and self.cfg.workload.kind == "arith":
-            metrics["eval_reward_end"] = self.evaluate()
+        if t.step >= self.cfg.train.steps:
+            t.publish(self.paths.root / "weights")  # the run's final policy
+            if self.cfg.workload.kind == "arith":
+                metrics["eval_reward_end"] = self.evaluate()
         self._send(
             p.StepDone(
                 rank=self.rank,
@@ -201,3 +270,41 @@ class TorchTrainerSide(BatchConsumer):
                 metrics={k: float(v) for k, v in metrics.items()},
             )
         )
+
+    def _send_weights(self, msg: p.WeightSync) -> None:
+        """Rank 0 said go: broadcast this version to the rollout ranks (they were told too)."""
+        if not self.leader or self.collective is None:
+            return
+        if msg.policy_version != self.trainer.version:
+            log.warning(
+                "weight sync for v%d but the trainer is at v%d",
+                msg.policy_version,
+                self.trainer.version,
+            )
+        self._last_sync_s = self.collective.send_weights(
+            self.trainer.version, self.trainer.export_weights()
+        )
+        log.debug("weights v%d broadcast in %.3f s", self.trainer.version, self._last_sync_s)
+
+    def on_layout(self, change: LayoutChange) -> None:
+        """After a role switch: new trainer replicas get the leader's training state, and
+        new rollout ranks the leader's current weights (both by broadcast)."""
+        c = self.collective
+        if c is None:
+            return
+        if self.rank in change.ranks("trainer") and change.joined("trainer"):
+            start = time.perf_counter()
+            step = torch.tensor([self.trainer.step, self.trainer.version], dtype=torch.int64)
+            c.broadcast_tensors([step, *self.trainer.training_state()], group=c.trainer_group)
+            self.trainer.step, self.trainer.version = (int(x) for x in step)
+            log.info(
+                "trainer state v%d %s rank 0 in %.3f s",
+                self.trainer.version,
+                "sent from" if self.leader else "received from",
+                time.perf_counter() - start,
+            )
+        if self.leader and change.joined("rollout"):
+            self._last_sync_s = c.send_weights(self.trainer.version, self.trainer.export_weights())
+
+    def close(self) -> None:
+        super().close()

@@ -19,7 +19,9 @@ import zmq
 
 from runtime import protocol as p
 from runtime.auth import CLIENT, load_keypair, secure_client
+from runtime.collective import Collective
 from runtime.config import Config
+from runtime.layout import LayoutChange
 from runtime.roles import RoleSide
 from runtime.run_dir import RunPaths, read_json
 
@@ -55,7 +57,8 @@ class HybridWorker:
         world_size: int,
         paths: RunPaths,
         cfg: Config,
-        make_sides: Callable[[], dict[str, RoleSide]],
+        make_sides: Callable[[Collective | None], dict[str, RoleSide]],
+        make_collective: Callable[[], Collective | None] = lambda: None,
         node: str | None = None,
         on_stop_signal=None,
     ) -> None:
@@ -64,7 +67,10 @@ class HybridWorker:
         self.paths = paths
         self.cfg = cfg
         self._make_sides = make_sides
+        self._make_collective = make_collective
+        self.collective: Collective | None = None
         self.sides: dict[str, RoleSide] = {}
+        self.roles: tuple[str, ...] = ()
         self.node = node or socket.gethostname()
         self.role: str | None = None
         self.layout_epoch = 0
@@ -113,6 +119,8 @@ class HybridWorker:
                     side.close()
                 except Exception:  # exiting anyway; say why, do not mask the real error
                     log.exception("closing the %s side failed", side.name)
+            if self.collective is not None:
+                self.collective.close()
             sock.close()
             ctx.term()
         return self.stop_reason or ""
@@ -157,7 +165,13 @@ class HybridWorker:
                 # Engines are built only once rank 0 knows us, so a rank whose engine cannot
                 # start says why (Bye) instead of silently missing the registration.
                 try:
-                    self.sides = self._make_sides()
+                    if len(msg.roles) != self.world_size:
+                        raise WorkerError(f"rank 0 sent a layout of {len(msg.roles)} ranks")
+                    # The process group first (every rank joins it now), then the engines.
+                    self.collective = self._make_collective()
+                    if self.collective is not None:
+                        self.collective.regroup(msg.layout_epoch, msg.roles)
+                    self.sides = self._make_sides(self.collective)
                     for side in self.sides.values():
                         side.attach(self._send, self.rank)
                 except Exception as exc:
@@ -166,6 +180,7 @@ class HybridWorker:
                     raise WorkerError(f"rank {self.rank}: {reason}") from exc
                 self.heartbeat_interval = msg.heartbeat_interval_s
                 self.layout_epoch = msg.layout_epoch
+                self.roles = tuple(msg.roles)
                 self._enter(msg.role)
                 self._send(p.Ready(rank=self.rank, role=msg.role, layout_epoch=self.layout_epoch))
                 self.last_ack = time.monotonic()
@@ -227,7 +242,7 @@ class HybridWorker:
             self.last_ack = time.monotonic()
             assert self.role is not None
             self.sides[self.role].on_message(msg)
-        elif isinstance(msg, (p.Work, p.Batch, p.BatchWait)):
+        elif isinstance(msg, (p.Work, p.Batch, p.BatchWait, p.WeightSync)):
             assert self.role is not None
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, p.RoleSwitch):
@@ -238,8 +253,15 @@ class HybridWorker:
             start = time.perf_counter()
             new_role = msg.roles[self.rank]
             old_role = self.role
+            change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
             self._enter(new_role)
-            self.layout_epoch = msg.layout_epoch
+            # Every rank regroups (collectively), then the sides move state: new trainer
+            # replicas get the leader's, new rollout ranks its weights.
+            if self.collective is not None:
+                self.collective.regroup(msg.layout_epoch, msg.roles)
+            for name in ("trainer", "rollout"):
+                self.sides[name].on_layout(change)
+            self.layout_epoch, self.roles = msg.layout_epoch, change.after
             took = time.perf_counter() - start
             self.switch_durations.append(took)
             log.info("epoch %d: %s -> %s in %.3f s", msg.layout_epoch, old_role, new_role, took)

@@ -1,10 +1,13 @@
 """The coordinator's state machine, driven with a fake clock and no sockets."""
 
+import itertools
+
 import pytest
 
 from runtime import protocol as p
 from runtime.coordinator import Coordinator
 from runtime.recipe import build_config
+from tests.unit.test_data_plane import traj
 
 
 class Clock:
@@ -24,10 +27,10 @@ def clock():
     return Clock()
 
 
-def make(clock, **sections) -> Coordinator:
+def make(clock, prompts=None, **sections) -> Coordinator:
     raw = {"resources": {"gpus_per_node": 4, "initial_ratio": "2:2"}, "train": {"steps": 5}}
     raw.update(sections)
-    return Coordinator(build_config(raw), run="t", clock=clock, wall=clock)
+    return Coordinator(build_config(raw), run="t", prompts=prompts, clock=clock, wall=clock)
 
 
 def register_all(c: Coordinator) -> None:
@@ -56,7 +59,14 @@ def test_garbage_and_impostors_are_counted_not_obeyed(clock):
     assert c.handle(b"intruder", p.Bye(rank=1, reason="evil")) == []
     assert (
         c.handle(
-            ident(1), p.Welcome(rank=1, role="rollout", layout_epoch=0, heartbeat_interval_s=1.0)
+            ident(1),
+            p.Welcome(
+                rank=1,
+                role="rollout",
+                layout_epoch=0,
+                heartbeat_interval_s=1.0,
+                roles=["trainer", "trainer", "rollout", "rollout"],
+            ),
         )
         == []
     )
@@ -172,8 +182,34 @@ def test_rebalance_waits_for_a_sync_point_once_training(clock):
     assert [type(m) for _, m in out] == [p.Reply]  # step 1 is not a sync point
     assert c.tick() == [] and c.status()["layout"]["pending"] == "1:3"
     out = c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
-    assert {type(m) for _, m in out} == {p.RoleSwitch}
+    # Weights first, to the old layout's sync group (leader + rollout ranks 2, 3), then
+    # the switch to everyone: each rank sees them in this order.
+    sync = p.WeightSync(policy_version=2, layout_epoch=0)
+    assert out[:3] == [(ident(0), sync), (ident(2), sync), (ident(3), sync)]
+    assert {type(m) for _, m in out[3:]} == {p.RoleSwitch} and len(out) == 7
     assert c.layout.ratio == "1:3"
+
+
+def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
+    c = make(
+        clock,
+        prompts=({"text": f"p{i}"} for i in itertools.count()),
+        train={"steps": 3, "sync_every": 1, "batch_size": 4},
+        algorithm={"group_size": 2},
+        resources={"gpus_per_node": 4, "initial_ratio": "1:3"},
+    )
+    register_all(c)
+    out = c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    assert out == [(ident(r), p.WeightSync(policy_version=1, layout_epoch=0)) for r in (0, 3)]
+    for req in c.data.request_work(3, 4):
+        c.data.deliver(traj(req, version=1, worker=3, reward=float(req.sample_id % 2)))
+    out = c.handle(ident(0), p.BatchRequest(rank=0))
+    assert [to for to, _ in out] == [ident(0), ident(1), ident(2)], out
+    assert all(isinstance(m, p.Batch) and m == out[0][1] for _, m in out)
+    batch_id = out[0][1].batch_id
+    c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
+    out = c.handle(ident(0), p.StepDone(rank=0, step=3, policy_version=3, batch_id=-1, metrics={}))
+    assert {type(m) for _, m in out} == {p.Stop}  # the last step: no broadcast to wait for
 
 
 def test_stop_goes_through_stopping_to_stopped(clock):
