@@ -475,6 +475,22 @@ class Coordinator:
         busy = sum(w.rollout_time[1] for w in self.workers.values())
         return 1.0 - busy / active if active > 0 else 0.0
 
+    def _switch_records(self, records: list[SwitchRecord]) -> list[dict[str, Any]]:
+        return [
+            {
+                "epoch": s.epoch,
+                "ratio": s.ratio,
+                "applied": s.applied_at is not None,
+                "duration_s": (
+                    round(s.done_at - s.applied_at, 3)
+                    if s.done_at is not None and s.applied_at is not None
+                    else None
+                ),
+                "max_rank_switch_s": max(s.durations.values(), default=None),
+            }
+            for s in records
+        ]
+
     def summary(self) -> dict[str, Any]:
         """End-of-run figures (``summary.json``)."""
         end = self.ended_at if self.ended_at is not None else self.clock()
@@ -482,6 +498,7 @@ class Coordinator:
         ledger = self.data.ledger()
         tokens = sum(line.get("tokens", 0) for line in self._all_metrics)
         first = self._all_metrics[0]["wall_s"] if self._all_metrics else 0.0
+        syncs = sorted(x["weight_sync_s"] for x in self._all_metrics if "weight_sync_s" in x)
         return {
             "run": self.run,
             "state": self.state,
@@ -499,6 +516,8 @@ class Coordinator:
             "rollout_idle_ratio": round(self.rollout_idle_ratio(), 4),
             "eval_reward_start": self.evals.get("eval_reward_start"),
             "eval_reward_end": self.evals.get("eval_reward_end"),
+            "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
+            "switches": self._switch_records(self.switches),
             "samples": {
                 k: ledger[k]
                 for k in (
@@ -530,20 +549,7 @@ class Coordinator:
                     "heartbeat_age_s": round(now - w.last_seen, 3),
                 }
             )
-        switches = [
-            {
-                "epoch": s.epoch,
-                "ratio": s.ratio,
-                "applied": s.applied_at is not None,
-                "duration_s": (
-                    round(s.done_at - s.applied_at, 3)
-                    if s.done_at is not None and s.applied_at is not None
-                    else None
-                ),
-                "max_rank_switch_s": max(s.durations.values(), default=None),
-            }
-            for s in self.switches[-10:]
-        ]
+        switches = self._switch_records(self.switches[-10:])
         return {
             "run": self.run,
             "state": self.state,
