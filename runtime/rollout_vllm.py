@@ -78,6 +78,10 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = e.kv_cache_memory_bytes
         if self.temperature != 1.0:
             kwargs["logprobs_mode"] = "processed_logprobs"
+        # Sleep mode exists on CUDA only (engine creation fails with it on the CPU build).
+        self.can_sleep = cfg.resources.device == "cuda"
+        if self.can_sleep:
+            kwargs["enable_sleep_mode"] = True
         self._args = AsyncEngineArgs(**kwargs)
         self.engine: Any = None
         self.version = 0
@@ -134,6 +138,15 @@ class VLLMEngine:
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
 
+    async def sleep(self) -> None:
+        """Free the KV cache and offload the weights (level 1); CUDA only."""
+        if self.can_sleep:
+            await self.engine.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        if self.can_sleep:
+            await self.engine.wake_up()
+
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
@@ -187,6 +200,7 @@ class VLLMRolloutSide:
         self._send, self.rank = send, rank
 
     def activate(self) -> None:
+        self._call(self.engine.wake_up()).result()
         self.active = True
 
     def deactivate(self) -> None:
@@ -197,6 +211,7 @@ class VLLMRolloutSide:
             self._call(self.engine.abort(ids)).result()
         self._running.clear()
         self._asked = False
+        self._call(self.engine.sleep()).result()
 
     @property
     def state(self) -> str:

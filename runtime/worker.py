@@ -194,6 +194,10 @@ class HybridWorker:
             return
         if self.role is not None:
             self.sides[self.role].deactivate()
+        else:  # first role: the other side starts asleep (vLLM sleep mode on CUDA)
+            for name, side in self.sides.items():
+                if name != role:
+                    side.deactivate()
         self.sides[role].activate()
         self.role = role
 
