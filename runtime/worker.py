@@ -110,7 +110,17 @@ class HybridWorker:
         self._sock = sock
         try:
             self._register()
-            self._serve()
+            try:
+                self._serve()
+            except WorkerError:
+                raise
+            except Exception as exc:
+                # An engine or collective failure: tell rank 0 why (it fails the run at
+                # once instead of waiting for the heartbeat timeout), then leave.
+                reason = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:1000]
+                log.exception("%s", reason)
+                self._send(p.Bye(rank=self.rank, reason=reason))
+                raise WorkerError(reason) from exc
         finally:
             if self.role is not None:
                 self.sides[self.role].deactivate()

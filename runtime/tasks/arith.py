@@ -68,6 +68,6 @@ def arith_prompts(seed: int) -> Iterator[dict]:
         yield {"prompt_ids": prob.prompt_ids(), "answer": prob.answer}
 
 
-def eval_problems(n: int = 128, seed: int = 12345) -> list[Problem]:
+def eval_problems(n: int = 512, seed: int = 12345) -> list[Problem]:
     rng = random.Random(seed)
     return [sample_problem(rng) for _ in range(n)]

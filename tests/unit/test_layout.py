@@ -62,3 +62,14 @@ def test_default_split_follows_the_fraction():
     assert default_split(64, 8, 1, 0.75) == (48, 16)
     with pytest.raises(LayoutError, match="no split"):
         default_split(4, 3, 2)
+
+
+def test_layout_change_names_who_joined_each_pool():
+    from runtime.layout import LayoutChange
+
+    change = LayoutChange(2, ("trainer", "trainer", "rollout"), ("trainer", "rollout", "trainer"))
+    assert change.ranks("trainer") == [0, 2]
+    assert change.ranks("trainer", after=False) == [0, 1]
+    assert change.joined("trainer") == [2] and change.joined("rollout") == [1]
+    same = LayoutChange(3, change.after, change.after)
+    assert same.joined("trainer") == [] and same.joined("rollout") == []
