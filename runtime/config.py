@@ -75,6 +75,11 @@ class AlgorithmConfig:
         None, "cap on the ratio for negative advantages (dual clip); none = off", gt=1
     )
     kl_coef: float = opt(0.0, "KL penalty coefficient (validated, not used yet)", ge=0)
+    loss_agg: str = opt(
+        "token_mean",
+        "loss aggregation: every token counts the same, or every sample (runtime/loss.py)",
+        choices=("token_mean", "seq_mean_token_mean"),
+    )
 
 
 @dataclass

@@ -22,15 +22,26 @@ Importance ratio and clipped surrogate (token level, GRPO/PPO):
 Optional cap ``c`` (``algorithm.tis_cap``): for negative advantages the token loss is
 bounded by ``c |A_i|`` (dual clip), so a stale sample with a huge ratio cannot dominate.
 
-Loss (token-mean over the whole batch):
+Loss, ``algorithm.loss_agg: token_mean`` (every token of the batch counts the same):
 
 .. math::
 
     L = \frac{\sum_i \tilde w_i \sum_t m_{i,t}\, \ell_{i,t}}{\sum_i \sum_t m_{i,t}}
 
-With equal token mass, a replay fraction ``lambda`` and weight ``tau``, the replay share of
-the gradient is ``alpha = lambda tau / ((1 - lambda) + lambda tau)`` (sigma = tau = 0.5 gives
-1/3).
+or ``seq_mean_token_mean`` (every sample counts the same, its tokens averaged; GRPO's
+original form): the replay weights are then normalised by sample count,
+``w~_i = w_i N / sum_j w_j``, and
+
+.. math::
+
+    L = \frac{1}{N} \sum_i \tilde w_i \frac{\sum_t m_{i,t}\, \ell_{i,t}}{n_i}
+
+With ``token_mean`` long responses carry more of the gradient than short ones; with
+``seq_mean_token_mean`` a short solved problem counts as much as a long one.
+
+With equal token mass (either form), a replay fraction ``lambda`` and weight ``tau``, the
+replay share of the gradient is ``alpha = lambda tau / ((1 - lambda) + lambda tau)``
+(sigma = tau = 0.5 gives 1/3).
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ import torch
 
 
 def replay_weights(is_replay: torch.Tensor, n_valid: torch.Tensor, tau: float) -> torch.Tensor:
-    """Normalised per-sample weights ``w~`` (shape ``[B]``)."""
+    """Normalised per-sample weights ``w~`` (shape ``[B]``); ``n_valid`` is each sample's
+    mass (its token count for ``token_mean``, ones for ``seq_mean_token_mean``)."""
     n = n_valid.to(torch.float64)
     w = torch.where(is_replay, torch.full_like(n, tau), torch.ones_like(n))
     total = (w * n).sum()
@@ -69,10 +81,13 @@ def policy_loss(
     clip_high: float,
     tis_cap: float | None = None,
     denom: float | None = None,
+    agg: str = "token_mean",
+    n_seqs: int | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Shapes: ``logprobs``/``behavior_logprobs``/``mask`` ``[B, T]``; ``advantages``/
     ``weights`` ``[B]``. ``denom`` is the whole batch's token count when these rows are one
-    data-parallel shard of it (then shard losses and statistics sum to the batch's).
+    data-parallel shard of it (then shard losses and statistics sum to the batch's), and
+    ``n_seqs`` its sample count (for ``agg="seq_mean_token_mean"``).
     Returns the scalar loss and detached statistics."""
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - behavior_logprobs)
@@ -84,7 +99,14 @@ def policy_loss(
         objective = torch.where(adv < 0, torch.maximum(objective, tis_cap * adv), objective)
     token_loss = -objective * mask
     denom_t = mask.sum().clamp_min(1.0) if denom is None else torch.tensor(max(denom, 1.0))
-    loss = (weights[:, None].to(logprobs.dtype) * token_loss).sum() / denom_t
+    w = weights.to(logprobs.dtype)
+    if agg == "token_mean":
+        loss = (w[:, None] * token_loss).sum() / denom_t
+    elif agg == "seq_mean_token_mean":
+        per_seq = token_loss.sum(1) / mask.sum(1).clamp_min(1.0)
+        loss = (w * per_seq).sum() / max(len(w) if n_seqs is None else n_seqs, 1)
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}")
     with torch.no_grad():
         was_clipped = ((unclipped != clipped) & (mask > 0)).to(logprobs.dtype)
         stats = LossStats(
@@ -96,12 +118,15 @@ def policy_loss(
     return loss, stats
 
 
-def batch_normalisers(samples: list[dict], tau: float) -> tuple[torch.Tensor, float]:
+def batch_normalisers(
+    samples: list[dict], tau: float, agg: str = "token_mean"
+) -> tuple[torch.Tensor, float]:
     """Per-sample replay weights ``w~`` and the token count of a whole batch, from its
     samples' metadata (so every data-parallel shard can use the batch's own values)."""
     is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
     n_valid = torch.tensor([s["n_valid"] for s in samples])
-    return replay_weights(is_replay, n_valid, tau), float(n_valid.sum())
+    mass = n_valid if agg == "token_mean" else torch.ones_like(n_valid)
+    return replay_weights(is_replay, mass, tau), float(n_valid.sum())
 
 
 def batch_loss(
@@ -118,7 +143,9 @@ def batch_loss(
     With ``shard`` (indices into ``samples``) the rows are that data-parallel shard only;
     weights and the denominator still come from the whole batch.
     """
-    weights, denom = batch_normalisers(samples, cfg.reflow.tau)
+    agg = cfg.algorithm.loss_agg
+    weights, denom = batch_normalisers(samples, cfg.reflow.tau, agg)
+    n_seqs = len(samples)
     if shard is not None:
         samples, weights = [samples[i] for i in shard], weights[shard]
     adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
@@ -133,4 +160,6 @@ def batch_loss(
         clip_high=a.clip_high,
         tis_cap=a.tis_cap,
         denom=denom,
+        agg=agg,
+        n_seqs=n_seqs,
     )

@@ -96,3 +96,54 @@ def test_the_cap_bounds_negative_advantage_tokens():
     capped, _ = policy_loss(logp, behavior, adv, mask, w, clip_low=0.2, clip_high=0.28, tis_cap=3.0)
     assert float(free) == pytest.approx(float(torch.exp(torch.tensor(5.0))), rel=1e-5)
     assert float(capped) == pytest.approx(3.0)
+
+
+def _batch(lengths, replay):
+    samples = [
+        {"n_valid": n, "replay_count": int(r), "advantage": 1.0 - 0.5 * i}
+        for i, (n, r) in enumerate(zip(lengths, replay, strict=True))
+    ]
+    T = max(lengths)
+    mask = torch.zeros(len(lengths), T)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return samples, mask
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
+    from runtime.loss import batch_loss
+    from runtime.recipe import build_config
+
+    cfg = build_config({"algorithm": {"loss_agg": agg}, "reflow": {"tau": 0.3}})
+    samples, mask = _batch([3, 7, 1, 5, 6], [0, 1, 0, 1, 0])
+    torch.manual_seed(1)
+    logp = torch.randn(5, 7) * 0.1 - 2
+    behavior = logp + torch.randn(5, 7) * 0.05
+    whole, st = batch_loss(logp, behavior, mask, samples, cfg)
+    parts = [
+        batch_loss(logp[idx], behavior[idx], mask[idx], samples, cfg, shard=idx)
+        for idx in ([0, 2, 4], [1, 3])
+    ]
+    assert sum(float(x) for x, _ in parts) == pytest.approx(float(whole), rel=1e-6)
+    assert sum(s.clip_fraction for _, s in parts) == pytest.approx(st.clip_fraction, abs=1e-7)
+
+
+def test_seq_mean_gives_every_sample_the_same_weight_whatever_its_length():
+    logp = torch.zeros(2, 8, requires_grad=True)
+    behavior = torch.zeros(2, 8)
+    _, mask = _batch([2, 8], [0, 0])
+    adv = torch.tensor([1.0, 1.0])
+    w = replay_weights(torch.zeros(2, dtype=torch.bool), torch.ones(2), 0.5)
+    loss, _ = policy_loss(
+        logp, behavior, adv, mask, w, clip_low=0.2, clip_high=0.28, agg="seq_mean_token_mean"
+    )
+    loss.backward()
+    per_sample = (logp.grad * mask).sum(1)
+    assert per_sample[0] == pytest.approx(per_sample[1].item())  # short = long
+    logp.grad = None
+    w = replay_weights(torch.zeros(2, dtype=torch.bool), mask.sum(1), 0.5)
+    loss, _ = policy_loss(logp, behavior, adv, mask, w, clip_low=0.2, clip_high=0.28)
+    loss.backward()
+    per_sample = (logp.grad * mask).sum(1)
+    assert per_sample[1] == pytest.approx(4 * per_sample[0].item())  # token-mean: 8 vs 2
