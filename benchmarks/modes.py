@@ -118,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--switch-steps", type=int, default=40)
+    ap.add_argument("--switch-steps", type=int, default=60)
     ap.add_argument(
         "--report-only",
         metavar="RUNS_DIR",
@@ -128,12 +128,12 @@ def main() -> None:
     results = []
     if args.report_only:
         runs = Path(args.report_only)
-        for m in args.modes.split(","):
+        for m in filter(None, args.modes.split(",")):
             run_dir = max(runs.glob(f"bench-{m}-*"), key=lambda d: d.stat().st_mtime)
             results.append(summarize(m, run_dir))
     else:
         runs = Path(os.environ.get("REFLOW_RUNS_DIR") or tempfile.mkdtemp(prefix="reflow-bench-"))
-        for m in args.modes.split(","):
+        for m in filter(None, args.modes.split(",")):
             results.append(summarize(m, run_mode(m, args.steps, runs)))
     switches = []
     if args.report_only:
@@ -143,25 +143,26 @@ def main() -> None:
             switches = [x for x in summary.get("switches", []) if x["applied"]]
     elif args.switch_steps:
         switches = run_switches(args.switch_steps, runs)
-    base = next((r for r in results if r["mode"] == "sync"), results[0])
-    steps = "steps per mode as run" if args.report_only else f"{args.steps} steps per mode"
-    print(f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
-    print(
-        "| mode | trainer tok/s (training window) | ratio to sync | trainer idle | "
-        "rollout idle | wall s (training window) | batch reward, last 20% | eval end | "
-        "weight sync s (median) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ratio = r["tokens_per_s"] / base["tokens_per_s"]
-        sync = "-" if r["sync_s"] is None else f"{r['sync_s']:.3f}"
+    base = next((r for r in results if r["mode"] == "sync"), results[0] if results else None)
+    if results:
+        steps = "steps per mode as run" if args.report_only else f"{args.steps} steps per mode"
+        print(f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
         print(
-            f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratio:.2f}"
-            f" | {100 * r['trainer_idle']:.1f}% | {100 * r['rollout_idle']:.1f}% | "
-            f"{r['wall_s']:.0f} ({r['train_wall_s']:.0f}) | {r['reward_last']:.3f} | "
-            f"{r['eval_end'] if r['eval_end'] is None else round(r['eval_end'], 3)} | "
-            f"{sync} |"
+            "| mode | trainer tok/s (training window) | ratio to sync | trainer idle | "
+            "rollout idle | wall s (training window) | batch reward, last 20% | eval end | "
+            "weight sync s (median) |"
         )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in results:
+            ratio = r["tokens_per_s"] / base["tokens_per_s"]
+            sync = "-" if r["sync_s"] is None else f"{r['sync_s']:.3f}"
+            print(
+                f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratio:.2f}"
+                f" | {100 * r['trainer_idle']:.1f}% | {100 * r['rollout_idle']:.1f}% | "
+                f"{r['wall_s']:.0f} ({r['train_wall_s']:.0f}) | {r['reward_last']:.3f} | "
+                f"{r['eval_end'] if r['eval_end'] is None else round(r['eval_end'], 3)} | "
+                f"{sync} |"
+            )
     if switches:
         print()
         print("| role switch | whole switch s (RoleSwitch to last done) | slowest rank s |")

@@ -13,15 +13,18 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runtime.auth import CLIENT, SERVER, load_keypair
-from runtime.collective import Collective
 from runtime.config import Config
 from runtime.coordinator import Coordinator
 from runtime.engines import build_prompts, build_sides, needs_collective
 from runtime.recipe import load_recipe
 from runtime.run_dir import RunPaths, write_json_atomic
 from runtime.worker import HybridWorker, WorkerError, node_name
+
+if TYPE_CHECKING:
+    from runtime.collective import Collective
 
 log = logging.getLogger("reflow")
 
@@ -156,6 +159,8 @@ def join_collective(
     """The run's torch.distributed group, for engines that broadcast weights and state."""
     if not needs_collective(cfg):
         return None
+    from runtime.collective import Collective  # imports torch: only ranks that need it
+
     if bind == "127.0.0.1":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # a local run stays on loopback
     return Collective.join(

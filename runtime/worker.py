@@ -14,16 +14,19 @@ import socket
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import zmq
 
 from runtime import protocol as p
 from runtime.auth import CLIENT, load_keypair, secure_client
-from runtime.collective import Collective
 from runtime.config import Config
 from runtime.layout import LayoutChange
 from runtime.roles import RoleSide
 from runtime.run_dir import RunPaths, read_json
+
+if TYPE_CHECKING:  # torch is imported only by ranks that join a process group
+    from runtime.collective import Collective
 
 log = logging.getLogger(__name__)
 
