@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ENGINE  := $(if $(HAS_GPU),gpu,cpu)
 
-.PHONY: install demo test test-unit lint format clean
+.PHONY: install demo test test-unit lint format clean slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -46,6 +46,13 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# A real single-host Slurm (n1, n2 on this machine) for the `slurm` tests; needs root.
+slurm-up:
+	REFLOW_SLURM_NODES=$${REFLOW_SLURM_NODES:-2} bash scripts/slurm-up.sh
+
+slurm-down:
+	bash scripts/slurm-down.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache runs

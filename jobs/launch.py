@@ -21,7 +21,7 @@ import submitit
 from jobs.control import ControlClient, ControlUnavailable
 from jobs.errors import UserError
 from jobs.runs import create_run
-from jobs.slurm import slurm_parameters
+from jobs.slurm import ACTIVE_STATES, job_info, slurm_parameters
 from runtime import protocol as p
 from runtime.config import Config
 from runtime.entry import rank_main
@@ -101,6 +101,9 @@ def job_alive(paths: RunPaths) -> bool | None:
         job = read_json(paths.job)
     except (OSError, ValueError):
         return None
+    if job["backend"] == "slurm":
+        info = job_info(str(job["job_id"]))
+        return None if info is None else info["state"] in ACTIVE_STATES
     if job["backend"] == "local":
         try:
             os.kill(int(job["job_id"]), 0)
@@ -131,6 +134,14 @@ def read_status(paths: RunPaths, timeout_s: float = 3.0) -> dict:
         if status.get("state") not in TERMINAL and job_alive(paths) is False:
             status["state"] = "FAILED"
             status["reason"] = "the run's processes are gone (see reflow logs)"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        job = read_json(paths.job)
+        if job["backend"] == "slurm":
+            # Slurm's view next to the coordinator's: queue state, nodes, time used/limit.
+            status["slurm"] = job_info(str(job["job_id"])) or {
+                "job_id": str(job["job_id"]),
+                "state": "UNKNOWN",
+            }
     return status
 
 

@@ -56,3 +56,51 @@ def render_sbatch(cfg: Config, job_name: str, folder: Path, python: str) -> str:
     return _slurm._make_sbatch_string(
         command=command, folder=str(folder), **slurm_parameters(cfg, job_name)
     )
+
+
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED")
+
+
+def job_info(job_id: str) -> dict[str, str] | None:
+    """Slurm's view of a job: state, node list, elapsed time and limit (squeue, which keeps
+    finished jobs for MinJobAge; then sacct). None when Slurm does not know the job."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%i|%T|%N|%M|%l"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 5 and fields[0] == job_id:
+            state, nodes, elapsed, limit = fields[1:]
+            return {
+                "job_id": job_id,
+                "state": state,
+                "nodes": nodes,
+                "elapsed": elapsed,
+                "time_limit": limit,
+            }
+    try:
+        done = subprocess.run(
+            ["sacct", "-n", "-X", "--parsable2", "-o", "JobID,State,NodeList", "-j", job_id],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) >= 3 and fields[0] == job_id:
+            return {
+                "job_id": job_id,
+                "state": fields[1].split()[0],
+                "nodes": fields[2],
+                "elapsed": "",
+                "time_limit": "",
+            }
+    return None

@@ -21,7 +21,7 @@ from jobs import launch as launching
 from jobs.allocation import initial_layout, plan_ranks
 from jobs.control import ControlClient
 from jobs.errors import UserError
-from jobs.runs import find_run
+from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli.view import plan_view, status_view
 from runtime import protocol as p
@@ -53,11 +53,27 @@ def launch(
     ] = False,
     name: Annotated[Optional[str], typer.Option(help="run name (default: recipe name)")] = None,  # noqa: UP045
     wait: Annotated[bool, typer.Option("--wait", help="stay attached until the run ends")] = False,
+    partition: Annotated[Optional[str], typer.Option(help="override slurm.partition")] = None,  # noqa: UP045
+    time_min: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--time", help="override slurm.time_min (minutes)"),
+    ] = None,
+    account: Annotated[Optional[str], typer.Option(help="override slurm.account")] = None,  # noqa: UP045
+    qos: Annotated[Optional[str], typer.Option(help="override slurm.qos")] = None,  # noqa: UP045
+    constraint: Annotated[Optional[str], typer.Option(help="override slurm.constraint")] = None,  # noqa: UP045
 ) -> None:
     """Start a run of RECIPE: on Slurm when a controller answers, else locally."""
     overrides = list(set_ or [])
     if nodes is not None:
         overrides.append(f"resources.nodes={nodes}")
+    flags = {
+        "slurm.partition": partition,
+        "slurm.time_min": time_min,
+        "slurm.account": account,
+        "slurm.qos": qos,
+        "slurm.constraint": constraint,
+    }
+    overrides += [f"{key}={value}" for key, value in flags.items() if value is not None]
     if name is not None:
         overrides.append(f"name={name}")
     cfg = load_recipe(recipe, overrides)
@@ -75,13 +91,10 @@ def launch(
         out.print("\n[bold]sbatch parameters[/] (submitit, used on Slurm):")
         for key, value in slurm_parameters(cfg, cfg.name).items():
             out.print(f"  {key} = {value}")
-        if backend == "slurm":
-            out.print("\n[bold]sbatch script[/]:")
-            out.print(
-                render_sbatch(cfg, cfg.name, Path("<run>/submitit"), sys.executable),
-                markup=False,
-                highlight=False,
-            )
+        out.print("\n[bold]sbatch script[/] (what submitit submits on Slurm):")
+        folder = runs_dir(cfg).resolve() / f"{cfg.name}-<time>" / "submitit"
+        # Plain stdout, never wrapped: this is a script to read or copy exactly.
+        typer.echo(render_sbatch(cfg, cfg.name, folder, sys.executable))
         return
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")

@@ -39,6 +39,16 @@ def status_view(s: dict[str, Any]) -> Group:
     total = s.get("total_steps")
     if isinstance(total, int) and total > 0:
         parts.append(progress_bar(int(s.get("step", 0)), total))
+    slurm = s.get("slurm")
+    if slurm:
+        parts.append(
+            Text(
+                f"slurm job {slurm.get('job_id')}  {slurm.get('state')}  nodes "
+                f"{slurm.get('nodes') or '-'}  time {slurm.get('elapsed') or '-'} of "
+                f"{slurm.get('time_limit') or '-'}",
+                "dim",
+            )
+        )
     if layout.get("pending"):
         parts.append(Text(f"rebalance to {layout['pending']} pending (next sync point)", "yellow"))
     if layout.get("switching"):
