@@ -134,9 +134,10 @@ class LinkedSide:
 class BatchConsumer(LinkedSide, abc.ABC):
     """A trainer side: its leader pulls batches from rank 0 one at a time.
 
-    The leader is rank 0, where the trainer pool always starts (runtime.layout); with one
-    trainer replica the other trainer ranks wait. Subclasses implement ``train_batch``
-    (train, then send StepDone) and ``observe`` (the run's step and version from rank 0).
+    The leader is rank 0, where the trainer pool always starts (runtime.layout). Rank 0
+    sends each batch to every trainer rank: data-parallel engines train their shard, the
+    others train on the leader only. Subclasses implement ``train_batch`` (train; the
+    leader then sends StepDone) and ``observe`` (the run's step and version from rank 0).
     """
 
     name = "trainer"

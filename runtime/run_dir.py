@@ -10,6 +10,8 @@
         metrics.jsonl      one line per training step
         summary.json       end-of-run figures
         logs/rank<K>.log   per-rank logs
+        dist.json          rank 0's torch.distributed rendezvous (host, port)
+        weights/v<N>/      the final policy (safetensors) + latest.json
         submitit/          submitit's own job files
         checkpoints/
 """
