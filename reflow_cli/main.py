@@ -25,6 +25,7 @@ from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli.view import plan_view, status_view
 from runtime import protocol as p
+from runtime.datasets import DatasetError, check_dataset
 from runtime.layout import LayoutError, parse_ratio
 from runtime.recipe import RecipeError, load_recipe
 
@@ -96,6 +97,10 @@ def launch(
         # Plain stdout, never wrapped: this is a script to read or copy exactly.
         typer.echo(render_sbatch(cfg, cfg.name, folder, sys.executable))
         return
+    try:  # a missing file or column should fail here, not after the engines started
+        check_dataset(cfg)
+    except DatasetError as exc:
+        raise UserError(str(exc)) from None
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")
     out.print(f"  folder: {sub.paths.root}")

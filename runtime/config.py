@@ -36,18 +36,20 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train: str = opt(
-        "embedded:synthetic", "training prompts: a JSONL/JSON/Parquet file or embedded:NAME"
+        "embedded:synthetic",
+        "training prompts: embedded:NAME, or a JSONL/JSON/Parquet file (checked at launch; "
+        "training from files comes with the math/code workloads)",
     )
     eval: str | None = opt(
-        None, "held-out prompts (same formats); none = split from train (validated, not used yet)"
+        None, "held-out prompts (same formats, checked at launch); none = split from train"
     )
     format: str = opt(
         "auto",
-        "file format (validated, not used yet)",
+        "file format; auto = from the name (.jsonl, .json, .parquet, optionally .gz)",
         choices=("auto", "jsonl", "json", "parquet"),
     )
     fields: dict[str, str] = opt(
-        {}, "mapping of record fields: prompt, answer, tests, ... (validated, not used yet)"
+        {}, "role -> the file's field name, e.g. {prompt: question} (runtime/datasets.py)"
     )
     shuffle: bool = opt(True, "shuffle prompts each epoch (validated, not used yet)")
 

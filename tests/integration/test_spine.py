@@ -167,3 +167,20 @@ def test_a_rank_whose_engine_cannot_start_fails_the_run_with_its_reason(tmp_path
     assert re.search(r"failed to start: rank \d( left)?: OSError: .*no-model", done.stderr), (
         done.stderr
     )
+
+
+def test_launch_checks_the_dataset_file_before_starting_anything(tmp_path, runs_dir):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"}\n')
+    recipe = tmp_path / "math.yaml"
+    recipe.write_text(
+        RECIPE
+        + f"data: {{train: {data}, fields: {{prompt: question}}}}\n"
+        + "workload: {kind: math}\n"
+    )
+    done = reflow("launch", str(recipe), "--local")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"reflow: {data}: record 1 has no field 'answer'; it has: question"
+    ), done.stderr
+    assert not runs_dir.exists()

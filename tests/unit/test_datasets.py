@@ -1,0 +1,92 @@
+"""Dataset loaders on the real public data in ../shared/data (skipped when it is absent)
+and on broken files made here."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.datasets import DatasetError, load_records
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+needs_data = pytest.mark.skipif(
+    not DATA.is_dir(), reason=f"{DATA} is absent (the shared public datasets)"
+)
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("path", "fields", "required", "count"),
+    [
+        ("gsm8k/test.jsonl", {"prompt": "question"}, ("prompt", "answer"), 1319),
+        ("math500/test.jsonl", {"prompt": "problem"}, ("prompt", "answer"), 500),
+        ("aime/aime2024.json", {"prompt": "problem"}, ("prompt", "answer"), 30),
+        ("amc/amc.json", {"prompt": "problem"}, ("prompt", "answer"), 83),
+        ("humaneval/HumanEval.jsonl.gz", {"tests": "test"}, ("prompt", "tests"), 164),
+        ("mbpp/mbpp.jsonl", {"prompt": "text", "tests": "test_list"}, ("prompt", "tests"), 974),
+    ],
+)
+def test_real_datasets_load_with_their_field_mapping(path, fields, required, count):
+    records = load_records(DATA / path, fields=fields, required=required)
+    assert len(records) == count
+    for role, source in fields.items():
+        assert all(r[role] == r[source] for r in records)
+    assert all(r["prompt"] for r in records)
+
+
+@needs_data
+def test_parquet_gives_the_same_records_as_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = load_records(DATA / "gsm8k/test.jsonl")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gsm8k.parquet")
+    back = load_records(tmp_path / "gsm8k.parquet", fields={"prompt": "question"})
+    assert [r["question"] for r in back] == [r["question"] for r in rows]
+    assert back[0]["prompt"] == rows[0]["question"]
+
+
+def write(tmp_path, name, text, gz=False):
+    path = tmp_path / name
+    if gz:
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kwargs", "message"),
+    [
+        ("missing.jsonl", None, {}, "missing.jsonl: no such dataset file"),
+        (
+            "a.jsonl",
+            '{"q": "1+1", "a": 2}\n{"q": "2+2"}\n',
+            {"fields": {"prompt": "q", "answer": "a"}},
+            "a.jsonl: record 1 has no field 'a' (data.fields.answer); it has: q",
+        ),
+        (
+            "b.jsonl",
+            '{"prompt": "x"}\n',
+            {"required": ("prompt", "tests")},
+            "b.jsonl: record 0 has no field 'tests'; it has: prompt",
+        ),
+        ("c.jsonl", '{"prompt": "x"}\n{oops\n', {}, "c.jsonl:2: not valid JSON"),
+        ("d.json", '{"prompt": "x"}', {}, "d.json: expected a JSON list of records, got dict"),
+        ("e.csv", "prompt\nx\n", {}, "e.csv: cannot tell the format from the name"),
+        ("f.jsonl", "\n\n", {}, "f.jsonl: no records"),
+        ("g.jsonl", "[1, 2]\n", {}, "g.jsonl:1: a record must be a JSON object"),
+    ],
+)
+def test_bad_files_get_one_line_naming_file_record_and_field(tmp_path, name, text, kwargs, message):
+    path = tmp_path / name if text is None else write(tmp_path, name, text)
+    with pytest.raises(DatasetError) as err:
+        load_records(path, **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gzipped_json_list(tmp_path):
+    path = write(tmp_path, "h.json.gz", json.dumps([{"prompt": "p", "answer": "1"}]), gz=True)
+    assert load_records(path, required=("prompt", "answer"))[0]["answer"] == "1"
