@@ -23,6 +23,7 @@ from jobs.control import ControlClient
 from jobs.errors import UserError
 from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
+from reflow_cli.reward import reward_app
 from reflow_cli.view import plan_view, status_view
 from runtime import protocol as p
 from runtime.datasets import DatasetError, check_dataset
@@ -30,6 +31,7 @@ from runtime.layout import LayoutError, parse_ratio
 from runtime.recipe import RecipeError, load_recipe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+app.add_typer(reward_app, name="reward")
 out = Console()
 err = Console(stderr=True)
 

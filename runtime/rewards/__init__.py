@@ -1,0 +1,1 @@
+"""Reward functions by workload: math answers (math-verify), code execution (later)."""
