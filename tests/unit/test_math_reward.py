@@ -9,7 +9,7 @@ import pytest
 from runtime.rewards.math import gold_answer, math_reward
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-pytestmark = pytest.mark.skipif(
+needs_data = pytest.mark.skipif(
     not DATA.is_dir(), reason=f"{DATA} is absent (the shared public datasets)"
 )
 
@@ -22,6 +22,7 @@ def respond(answer: str) -> str:
     return f"Let me work through it step by step. ... so the answer is \\boxed{{{answer}}}."
 
 
+@needs_data
 def test_every_gsm8k_test_answer_scores_one_and_a_wrong_number_zero():
     wrong = []
     for r in records("gsm8k/test.jsonl"):
@@ -33,6 +34,7 @@ def test_every_gsm8k_test_answer_scores_one_and_a_wrong_number_zero():
     assert wrong == []
 
 
+@needs_data
 def test_every_math500_answer_scores_one_and_a_perturbed_one_zero():
     rows = records("math500/test.jsonl")
     assert len(rows) == 500
