@@ -28,7 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.launch import wait_until
+from runtime.run_dir import RunPaths
+
 REPO = Path(__file__).resolve().parents[1]
+
 MODES = ("sync", "one_step_off", "async", "reflow")
 
 
@@ -85,22 +89,16 @@ def run_switches(steps: int, runs: Path) -> list[dict]:
         raise SystemExit(f"switch run did not start: {started.stderr.strip()}")
     run = max(runs.glob("bench-switch-*"), key=lambda d: d.stat().st_mtime)
 
-    def wait(pred, timeout: float = 900) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            out = cli("status", run.name, "--json", runs=runs)
-            status = json.loads(out.stdout) if out.returncode == 0 else {}
-            if status and (pred(status) or status["state"] not in ("STARTING", "RUNNING")):
-                return status
-            time.sleep(0.5)
-        raise SystemExit(f"switch run: timed out ({run})")
+    def wait(pred) -> dict:  # until pred holds or the run ends
+        return wait_until(RunPaths(run), pred, timeout_s=900)
 
     for ratio, after in (("3:1", steps // 4), ("2:2", steps // 2)):
-        wait(lambda s, after=after: s["step"] >= after)
+        wait(lambda s, after=after: s.get("step", 0) >= after)
         cli("rebalance", "--ratio", ratio, run.name, runs=runs)
         wait(
             lambda s, ratio=ratio: (
-                s["layout"]["rollout_gpus"] == int(ratio[0]) and not s["layout"]["switching"]
+                s["layout"].get("rollout_gpus") == int(ratio[0])
+                and not s["layout"].get("switching")
             )
         )
     wait(lambda s: False)

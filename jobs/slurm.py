@@ -61,22 +61,21 @@ def render_sbatch(cfg: Config, job_name: str, folder: Path, python: str) -> str:
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED")
 
 
+def _rows(cmd: list[str]) -> list[list[str]]:
+    """A Slurm command's ``|``-separated output rows; none when it cannot be asked."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip().split("|") for line in done.stdout.splitlines()]
+
+
 def job_info(job_id: str) -> dict[str, str] | None:
     """Slurm's view of a job: state, node list, elapsed time and limit (squeue, which keeps
     finished jobs for MinJobAge; then sacct). None when Slurm does not know the job."""
-    try:
-        done = subprocess.run(
-            ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%i|%T|%N|%M|%l"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in done.stdout.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 5 and fields[0] == job_id:
-            state, nodes, elapsed, limit = fields[1:]
+    for row in _rows(["squeue", "-h", "--states=all", "-j", job_id, "-o", "%i|%T|%N|%M|%l"]):
+        if len(row) == 5 and row[0] == job_id:
+            state, nodes, elapsed, limit = row[1:]
             return {
                 "job_id": job_id,
                 "state": state,
@@ -84,22 +83,13 @@ def job_info(job_id: str) -> dict[str, str] | None:
                 "elapsed": elapsed,
                 "time_limit": limit,
             }
-    try:
-        done = subprocess.run(
-            ["sacct", "-n", "-X", "--parsable2", "-o", "JobID,State,NodeList", "-j", job_id],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in done.stdout.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) >= 3 and fields[0] == job_id:
+    sacct = ["sacct", "-n", "-X", "--parsable2", "-o", "JobID,State,NodeList", "-j", job_id]
+    for row in _rows(sacct):
+        if len(row) >= 3 and row[0] == job_id:
             return {
                 "job_id": job_id,
-                "state": fields[1].split()[0],
-                "nodes": fields[2],
+                "state": row[1].split()[0],
+                "nodes": row[2],
                 "elapsed": "",
                 "time_limit": "",
             }

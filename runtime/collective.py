@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.layout import ranks_with
 from runtime.run_dir import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,10 @@ class Collective:
         for group in (self.trainer_group, self.sync_group):
             if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(group)
-        trainers = [r for r, x in enumerate(roles) if x == "trainer"]
+        trainers = ranks_with(roles, "trainer")
         if LEADER not in trainers:
             raise CollectiveError(f"layout {list(roles)}: rank {LEADER} must be a trainer")
-        sync = [LEADER, *(r for r, x in enumerate(roles) if x == "rollout")]
+        sync = [LEADER, *ranks_with(roles, "rollout")]
         # new_group is collective over the world group: all ranks, same order.
         self.trainer_group = dist.new_group(trainers, timeout=self.timeout)
         self.sync_group = dist.new_group(sync, timeout=self.timeout)
@@ -120,11 +121,7 @@ class Collective:
 
     @property
     def trainer_ranks(self) -> list[int]:
-        return [r for r, x in enumerate(self.roles) if x == "trainer"]
-
-    @property
-    def rollout_ranks(self) -> list[int]:
-        return [r for r, x in enumerate(self.roles) if x == "rollout"]
+        return ranks_with(self.roles, "trainer")
 
     @property
     def is_leader(self) -> bool:

@@ -263,7 +263,7 @@ class Coordinator:
     def _weight_sync(self) -> list[Outgoing]:
         """Tell the trainer leader and every rollout rank to run the weight broadcast."""
         msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
-        members = {0, *(r for r, x in enumerate(self.layout.roles()) if x is Role.ROLLOUT)}
+        members = {0, *self.layout.ranks(Role.ROLLOUT)}
         return [
             (w.identity, msg)
             for w in self.workers.values()
@@ -313,7 +313,7 @@ class Coordinator:
         # Every trainer rank gets the batch and trains on its shard (data parallelism);
         # the leader, which asked, reports the step.
         out = wire.batch_message(batch)
-        trainers = {r for r, x in enumerate(self.layout.roles()) if x is Role.TRAINER}
+        trainers = set(self.layout.ranks(Role.TRAINER))
         return [(identity, out)] + [
             (w.identity, out)
             for w in self.workers.values()

@@ -10,6 +10,7 @@ boundary is a multiple of it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -84,6 +85,10 @@ class Layout:
 
     def roles(self) -> list[Role]:
         return [self.role_of(r) for r in range(self.world_size)]
+
+    def ranks(self, role: Role) -> list[int]:
+        """The ranks with ``role``, in rank order."""
+        return ranks_with([r.value for r in self.roles()], role.value)
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -170,6 +175,11 @@ def default_split(
     return best
 
 
+def ranks_with(roles: Sequence[str], role: str) -> list[int]:
+    """Indices of ``roles`` (one role name per rank) that equal ``role``."""
+    return [r for r, x in enumerate(roles) if x == role]
+
+
 @dataclass(frozen=True)
 class LayoutChange:
     """A role switch as every rank sees it: the roles before and after, in rank order."""
@@ -179,8 +189,7 @@ class LayoutChange:
     after: tuple[str, ...]
 
     def ranks(self, role: str, *, after: bool = True) -> list[int]:
-        roles = self.after if after else self.before
-        return [r for r, x in enumerate(roles) if x == role]
+        return ranks_with(self.after if after else self.before, role)
 
     def joined(self, role: str) -> list[int]:
         """Ranks that have ``role`` now and did not before."""

@@ -283,10 +283,14 @@ class TorchTrainerSide(BatchConsumer):
                 msg.policy_version,
                 self.trainer.version,
             )
+        self._broadcast_weights()
+        log.debug("weights v%d broadcast in %.3f s", self.trainer.version, self._last_sync_s)
+
+    def _broadcast_weights(self) -> None:
+        assert self.collective is not None
         self._last_sync_s = self.collective.send_weights(
             self.trainer.version, self.trainer.export_weights()
         )
-        log.debug("weights v%d broadcast in %.3f s", self.trainer.version, self._last_sync_s)
 
     def on_layout(self, change: LayoutChange) -> None:
         """After a role switch: new trainer replicas get the leader's training state, and
@@ -306,7 +310,4 @@ class TorchTrainerSide(BatchConsumer):
                 time.perf_counter() - start,
             )
         if self.leader and change.joined("rollout"):
-            self._last_sync_s = c.send_weights(self.trainer.version, self.trainer.export_weights())
-
-    def close(self) -> None:
-        super().close()
+            self._broadcast_weights()

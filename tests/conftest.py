@@ -1,5 +1,5 @@
 """Shared fixtures. Tests are marked by folder: tests/unit -> unit, tests/integration ->
-integration (plus their own slurm/gpu marks)."""
+integration, tests/slurm -> slurm, tests/gpu -> gpu."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED_DATA = REPO.parent / "shared" / "data"
+# The public datasets live next to the repository, never in it.
+needs_shared_data = pytest.mark.skipif(
+    not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} is absent (the shared public datasets)"
+)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts[0] in ("unit", "integration"):
+        if parts[0] in ("unit", "integration", "slurm", "gpu"):
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 

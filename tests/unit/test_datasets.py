@@ -3,16 +3,12 @@ and on broken files made here."""
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from runtime.datasets import DatasetError, load_records
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not DATA.is_dir(), reason=f"{DATA} is absent (the shared public datasets)"
-)
+from tests.conftest import SHARED_DATA as DATA
+from tests.conftest import needs_shared_data as needs_data
 
 
 @needs_data

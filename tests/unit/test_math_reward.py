@@ -2,16 +2,10 @@
 answer, written into a model-style response, scores 1; a perturbed one scores 0."""
 
 import json
-from pathlib import Path
-
-import pytest
 
 from runtime.rewards.math import gold_answer, math_reward
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not DATA.is_dir(), reason=f"{DATA} is absent (the shared public datasets)"
-)
+from tests.conftest import SHARED_DATA as DATA
+from tests.conftest import needs_shared_data as needs_data
 
 
 def records(name):
