@@ -27,6 +27,10 @@ ifeq ($(ENGINE),cpu)
 	# torch and break `import vllm`; text models need none of them.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 endif
+	# The sandbox of model-written programs isolates with bubblewrap (Debian package);
+	# without it the code rewards fall back to rlimits only, with a loud warning.
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q bubblewrap >/dev/null; } \
+		|| echo "WARNING: bubblewrap (bwrap) is not installed: the sandbox falls back to rlimits only"
 	$(BIN)/python -c "import reflow_cli.main, runtime, jobs"
 	touch $@
 

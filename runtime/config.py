@@ -153,6 +153,26 @@ class EngineConfig:
 
 
 @dataclass
+class SandboxConfig:
+    isolation: str = opt(
+        "auto",
+        "bwrap (namespaces, rlimits, own uid) or rlimits only; auto = bwrap if installed",
+        choices=("auto", "bwrap", "rlimits"),
+    )
+    python: str = opt(
+        "/usr/bin/python3", "interpreter of sandboxed programs (under /usr with bwrap)"
+    )
+    test_timeout_s: float = opt(6.0, "wall-clock limit of one test case", gt=0)
+    memory_mb: int = opt(1024, "address space per process (RLIMIT_AS)", ge=64)
+    max_processes: int = opt(16, "processes per program (RLIMIT_NPROC of its own uid)", ge=1)
+    file_size_mb: int = opt(16, "largest file a program may write (RLIMIT_FSIZE)", ge=1)
+    scratch_mb: int = opt(64, "size of the program's private writable tmpfs", ge=1)
+    output_kb: int = opt(1024, "stdout + stderr kept; more kills the program", ge=1)
+    parallel: int = opt(4, "test cases of one program run at once", ge=1)
+    reward_workers: int = opt(2, "processes computing rewards next to each rollout engine", ge=1)
+
+
+@dataclass
 class SlurmConfig:
     partition: str | None = opt(None, "partition (-p)")
     account: str | None = opt(None, "account (-A)")
@@ -197,6 +217,7 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
