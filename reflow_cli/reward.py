@@ -10,25 +10,38 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Annotated, Any
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 
 reward_app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 
+_WORKERS = min(4, os.cpu_count() or 1)
 
-def _score_math(item: tuple[int, str]) -> dict[str, Any]:
-    lineno, line = item
+
+def _record(lineno: int, line: str, fields: tuple[str, ...]) -> dict[str, Any] | str:
+    """The parsed line, or the one-line error to report in its place."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        return {"score": None, "error": f"line {lineno}: not valid JSON ({exc.msg})"}
+        return f"line {lineno}: not valid JSON ({exc.msg})"
     if not isinstance(record, dict):
-        return {"score": None, "error": f"line {lineno}: expected a JSON object"}
-    missing = [k for k in ("response", "gold") if k not in record]
+        return f"line {lineno}: expected a JSON object"
+    missing = [k for k in fields if k not in record]
     if missing:
-        return {"score": None, "error": f"line {lineno}: missing field {missing[0]!r}"}
+        return f"line {lineno}: missing field {missing[0]!r}"
+    return record
+
+
+def _score_math(item: tuple[int, str]) -> dict[str, Any]:
+    lineno, line = item
+    record = _record(lineno, line, ("response", "gold"))
+    if isinstance(record, str):
+        return {"score": None, "error": record}
     if not isinstance(record["response"], str):
         return {"score": None, "error": f"line {lineno}: field 'response' must be a string"}
     from runtime.rewards.math import math_reward
@@ -36,14 +49,76 @@ def _score_math(item: tuple[int, str]) -> dict[str, Any]:
     return {"score": math_reward(record["response"], record["gold"])}
 
 
+def _score_code(item: tuple[int, str], recipe: str | None) -> dict[str, Any]:
+    lineno, line = item
+    record = _record(lineno, line, ("program",))
+    if isinstance(record, str):
+        return {"score": None, "error": record}
+    from runtime.rewards.code import TestSpecError, parse_tests, run_tests, sandbox_for
+
+    if not isinstance(record["program"], str):
+        return {"score": None, "error": f"line {lineno}: field 'program' must be a string"}
+    if "tests" in record:
+        source = record["tests"]
+    elif "test" in record:  # HumanEval/MBPP style: the tests are code
+        source = {"test": record["test"], "entry_point": record.get("entry_point")}
+    else:
+        return {"score": None, "error": f"line {lineno}: missing field 'tests' (or 'test')"}
+    try:
+        spec = parse_tests(source)
+    except TestSpecError as exc:
+        return {"score": None, "error": f"line {lineno}: {exc}"}
+    cfg = _config(recipe)
+    result = run_tests(
+        record["program"],
+        spec,
+        sandbox_for(cfg),
+        test_timeout_s=cfg.sandbox.test_timeout_s,
+        total_timeout_s=cfg.workload.reward_timeout_s,
+        parallel=cfg.sandbox.parallel,
+    )
+    return result.as_json()
+
+
+_CONFIGS: dict[str | None, Any] = {}
+
+
+def _config(recipe: str | None):
+    if recipe not in _CONFIGS:
+        from runtime.config import Config
+        from runtime.recipe import load_recipe
+
+        _CONFIGS[recipe] = Config() if recipe is None else load_recipe(recipe)
+    return _CONFIGS[recipe]
+
+
+def _serve(score: Callable[[tuple[int, str]], dict[str, Any]], workers: int) -> None:
+    lines: Iterator[tuple[int, str]] = ((i, x) for i, x in enumerate(sys.stdin, 1) if x.strip())
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        for result in pool.map(score, lines, chunksize=4):
+            sys.stdout.write(json.dumps(result) + "\n")
+            sys.stdout.flush()
+
+
 @reward_app.command("math")
 def math_cmd(
-    workers: Annotated[int, typer.Option(help="parallel scoring processes")] = min(
-        4, os.cpu_count() or 1
-    ),
+    workers: Annotated[int, typer.Option(help="parallel scoring processes")] = _WORKERS,
 ) -> None:
     """Score {"response", "gold"} lines with the math reward (math-verify)."""
-    lines = [(i, x) for i, x in enumerate(sys.stdin, 1) if x.strip()]
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        for result in pool.map(_score_math, lines, chunksize=16):
-            sys.stdout.write(json.dumps(result) + "\n")
+    _serve(_score_math, workers)
+
+
+@reward_app.command("code")
+def code_cmd(
+    workers: Annotated[int, typer.Option(help="programs scored at once")] = _WORKERS,
+    recipe: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="take the sandbox limits from this recipe (default: the defaults)"),
+    ] = None,
+) -> None:
+    """Run {"program", "tests": {"inputs", "outputs", "fn_name"?}} (APPS) or
+    {"program", "test", "entry_point"?} (HumanEval/MBPP) lines in the sandbox; out:
+    {"score", "passed", "total", "error"}."""
+    if recipe is not None:
+        _config(str(recipe))  # a bad recipe is one line (RecipeError), before any input
+    _serve(partial(_score_code, recipe=None if recipe is None else str(recipe)), workers)

@@ -4,13 +4,13 @@ HumanEval/MBPP scripts) are all exercised."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runtime.datasets import load_records
 from runtime.rewards.code import parse_tests, run_tests, sandbox_for
 from tests.conftest import SHARED_DATA, needs_shared_data
 
@@ -33,7 +33,7 @@ def _score_all(pairs, workers: int = 4):
 
 @needs_shared_data
 def test_humaneval_canonical_solutions_all_pass():
-    rows = [json.loads(x) for x in gzip.open(SHARED_DATA / "humaneval/HumanEval.jsonl.gz", "rt")]
+    rows = load_records(SHARED_DATA / "humaneval/HumanEval.jsonl.gz")
     assert len(rows) == 164
     pairs = [
         (r["prompt"] + r["canonical_solution"], parse_tests(r)) for r in rows
@@ -45,7 +45,7 @@ def test_humaneval_canonical_solutions_all_pass():
 
 @needs_shared_data
 def test_humaneval_wrong_solutions_fail():
-    rows = [json.loads(x) for x in gzip.open(SHARED_DATA / "humaneval/HumanEval.jsonl.gz", "rt")]
+    rows = load_records(SHARED_DATA / "humaneval/HumanEval.jsonl.gz")
     # A body that returns None, and one that raises: neither may pass any task's checks.
     pairs = [(r["prompt"] + "    return None\n", parse_tests(r)) for r in rows]
     pairs += [(r["prompt"] + "    raise ValueError\n", parse_tests(r)) for r in rows[:40]]
@@ -55,7 +55,7 @@ def test_humaneval_wrong_solutions_fail():
 
 @needs_shared_data
 def test_mbpp_reference_solutions_all_pass_and_swapped_ones_fail():
-    rows = [json.loads(x) for x in open(SHARED_DATA / "mbpp/mbpp.jsonl")]
+    rows = load_records(SHARED_DATA / "mbpp/mbpp.jsonl")
     assert len(rows) == 974
     results = _score_all([(r["code"], parse_tests(r)) for r in rows])
     assert [r["task_id"] for r, res in zip(rows, results, strict=True) if res.score != 1] == []
@@ -65,7 +65,7 @@ def test_mbpp_reference_solutions_all_pass_and_swapped_ones_fail():
 
 
 def _apps():
-    rows = [json.loads(x) for x in open(SHARED_DATA / "apps/apps_train_sample_coderl.jsonl")]
+    rows = load_records(SHARED_DATA / "apps/apps_train_sample_coderl.jsonl")
     for r in rows:
         r["problem_id"] = str(r["problem_id"])
     return rows
@@ -81,9 +81,11 @@ def test_apps_reference_solutions_pass_in_both_styles():
         assert passing >= APPS_PASSING[row["problem_id"]], row["problem_id"]
         for r in results:
             assert r.total == spec.total and 0 <= r.passed <= r.total
-    broken = [r for r in _score_all([(s, parse_tests(row["input_output"]))
-                                      for row in _apps() if row["problem_id"] == "2287"
-                                      for s in json.loads(row["solutions"])]) if r.score < 1]  # fmt: skip
+    row = next(r for r in _apps() if r["problem_id"] == "2287")
+    spec = parse_tests(row["input_output"])
+    broken = [
+        r for r in _score_all([(s, spec) for s in json.loads(row["solutions"])]) if r.score < 1
+    ]
     assert broken and all(r.error for r in broken)
 
 
@@ -109,8 +111,10 @@ def test_apps_wrong_programs_fail_with_a_reason():
 
 def test_call_based_class_solution_and_wrapped_outputs():
     sb = sandbox_for()
-    program = "class Solution:\n    def twice(self, xs: List[int]) -> List[int]:\n" \
-              "        return [2 * x for x in xs]\n"  # fmt: skip
+    program = (
+        "class Solution:\n    def twice(self, xs: List[int]) -> List[int]:\n"
+        "        return [2 * x for x in xs]\n"
+    )
     spec = parse_tests({"fn_name": "twice", "inputs": [[[1, 2]], [[]]], "outputs": [[2, 4], []]})
     assert run_tests(program, spec, sb).score == 1
     wrapped = parse_tests({"fn_name": "f", "inputs": [[1]], "outputs": [[True]]})
@@ -119,7 +123,13 @@ def test_call_based_class_solution_and_wrapped_outputs():
 
 def test_total_time_limit_covers_all_tests():
     spec = parse_tests({"inputs": ["1\n"] * 6, "outputs": ["1\n"] * 6})
-    r = run_tests("import time\ntime.sleep(10)", spec, sandbox_for(), test_timeout_s=5,
-                  total_timeout_s=2, parallel=2)  # fmt: skip
+    r = run_tests(
+        "import time\ntime.sleep(10)",
+        spec,
+        sandbox_for(),
+        test_timeout_s=5,
+        total_timeout_s=2,
+        parallel=2,
+    )
     assert r.score == 0 and r.passed == 0 and r.wall_s < 6
     assert {f.status for f in r.failures} <= {"timeout", "total_timeout"}

@@ -35,3 +35,52 @@ def test_reward_math_scores_gsm8k_lines_in_order_and_reports_bad_lines():
         check=True,
     )
     assert [json.loads(x) for x in done.stdout.splitlines()] == expected
+
+
+def _reward_code(lines: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "reflow_cli.main", "reward", "code", "--workers", "2", *args],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+@needs_shared_data
+def test_reward_code_scores_apps_and_humaneval_lines_in_order():
+    from runtime.datasets import load_records
+
+    apps = load_records(DATA / "apps/apps_train_sample_coderl.jsonl")
+    he = load_records(DATA / "humaneval/HumanEval.jsonl.gz")[:6]
+    lines, expected = [], []
+    for row in apps:
+        io = json.loads(row["input_output"])
+        good = json.loads(row["solutions"])[0]
+        lines.append(json.dumps({"program": good, "tests": io}))
+        expected.append((1.0, len(io["inputs"])))
+        lines.append(json.dumps({"program": "print(0)\ndef is_prime(n): return 0", "tests": io}))
+        expected.append((0.0, len(io["inputs"])))
+    for r in he:
+        prog = r["prompt"] + r["canonical_solution"]
+        lines.append(
+            json.dumps({"program": prog, "test": r["test"], "entry_point": r["entry_point"]})
+        )
+        expected.append((1.0, 1))
+    lines.insert(3, '{"program": 5, "tests": {}}')
+    expected.insert(3, (None, None))
+    done = _reward_code(lines)
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(x) for x in done.stdout.splitlines()]
+    assert [(o["score"], o.get("total")) for o in out] == expected
+    assert out[3]["error"] == "line 4: field 'program' must be a string"
+    assert all(o["error"] for o in out if o["score"] == 0.0)
+
+
+def test_reward_code_bad_recipe_is_one_line(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("sandbox:\n  memory_mb: 1\n")
+    done = _reward_code(['{"program": "print(1)", "test": ""}'], "--recipe", str(bad))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "sandbox.memory_mb" in done.stderr

@@ -262,9 +262,11 @@ def test_rlimits_fallback_still_blocks_network_and_root_files(listener, caplog):
     assert r.status == "error" and hits == []
     r = weak.run_python("print(open('/root/.bashrc').read())")
     assert "PermissionError" in r.stderr
-    r = weak.run_python("import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
-                        "            import time; time.sleep(60)\n        n += 1\n"
-                        "except OSError:\n    print(n)")  # fmt: skip
+    r = weak.run_python(
+        "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            import time; time.sleep(60)\n        n += 1\n"
+        "except OSError:\n    print(n)"
+    )
     assert r.stdout.strip() and int(r.stdout) < LIMITS.max_processes
     assert sandbox_processes() == []
 
