@@ -28,7 +28,10 @@ MODES = ("sync", "one_step_off", "async", "reflow")
 
 @dataclass
 class ModelConfig:
-    path: str = opt("embedded:tiny-qwen3", "Hugging Face folder, or embedded:tiny-qwen3")
+    path: str = opt(
+        "embedded:tiny-qwen3",
+        "Hugging Face folder, embedded:tiny-qwen3 (arithmetic) or embedded:tiny-qwen3-chat (text)",
+    )
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
     max_seq_len: int = opt(512, "prompt + response token limit", ge=16)
 
@@ -37,8 +40,7 @@ class ModelConfig:
 class DataConfig:
     train: str = opt(
         "embedded:synthetic",
-        "training prompts: embedded:NAME, or a JSONL/JSON/Parquet file (checked at launch; "
-        "training from files comes with the math/code workloads)",
+        "training prompts: embedded:NAME, or a JSONL/JSON/Parquet file (checked at launch)",
     )
     eval: str | None = opt(
         None, "held-out prompts (same formats, checked at launch); none = split from train"
@@ -51,7 +53,10 @@ class DataConfig:
     fields: dict[str, str] = opt(
         {}, "role -> the file's field name, e.g. {prompt: question} (runtime/datasets.py)"
     )
-    shuffle: bool = opt(True, "shuffle prompts each epoch (validated, not used yet)")
+    shuffle: bool = opt(True, "shuffle file prompts each epoch (seeded by train.seed)")
+    prompt_template: str = opt(
+        "{prompt}", "the first user message; {field} is any record field or role"
+    )
 
 
 @dataclass
@@ -60,10 +65,21 @@ class WorkloadConfig:
         "arith", "agent loop", choices=("arith", "math", "code_agent", "tool_reasoning")
     )
     max_response_tokens: int = opt(256, "generation limit per turn", ge=1)
-    max_turns: int = opt(1, "turns per episode (agents) (validated, not used yet)", ge=1)
-    reward_timeout_s: float = opt(
-        10.0, "wall-clock limit of one reward computation (validated, not used yet)", gt=0
+    max_turns: int = opt(
+        1,
+        "model turns per episode: code attempts (code_agent), tool calls + 1 (tool_reasoning)",
+        ge=1,
     )
+    reward_timeout_s: float = opt(
+        10.0, "wall-clock limit of one reward or tool computation; then it scores 0", gt=0
+    )
+    public_tests: int = opt(
+        1,
+        "code_agent: tests whose failures are fed back; the final reward uses the rest",
+        ge=0,
+    )
+    tool_open: str = opt("<code>", "tool_reasoning: text that opens a code block")
+    tool_close: str = opt("</code>", "tool_reasoning: text that closes it (a stop string)")
 
 
 @dataclass

@@ -70,8 +70,12 @@ PROMPT_SOURCES: dict[str, str] = {
 
 
 def build_prompts(cfg: Config):
-    """The prompt stream of ``data.train`` (an embedded source or, later, a file loader)."""
+    """The prompt stream of ``data.train``: an embedded source, or a dataset file."""
     name = cfg.data.train
+    if not name.startswith("embedded:"):
+        from runtime.prompts import file_prompts
+
+        return file_prompts(cfg)
     if name not in PROMPT_SOURCES:
         raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
     return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)

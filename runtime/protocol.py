@@ -187,6 +187,11 @@ class SampleDone(Message):
             _require(len(span) == 3 and span[1] == end and span[2] >= span[1], "bad spans")
             end = span[2]
         _require(end == n, "spans do not cover the tokens")
+        mask = self.extra.get("loss_mask")
+        if mask is not None:  # multi-turn: environment tokens are not trained on
+            _require(isinstance(mask, list) and len(mask) == n, "loss_mask length")
+            _require(all(m in (0, 1) for m in mask), "loss_mask values")
+            _require(sum(mask) == self.n_valid, "loss_mask and n_valid disagree")
 
 
 @message

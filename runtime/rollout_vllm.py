@@ -37,13 +37,15 @@ from typing import Any
 
 from runtime import protocol as p
 from runtime import wire
+from runtime.agents import registry
+from runtime.agents.base import AgentEnv, Generation
+from runtime.agents.pool import RewardPool
 from runtime.collective import Collective
 from runtime.config import Config
 from runtime.layout import LayoutChange
 from runtime.roles import Send
 from runtime.run_dir import RunPaths
 from runtime.sample import Trajectory
-from runtime.tasks import registry
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +63,17 @@ class VLLMEngine:
         _prepare_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
+        from runtime.agents.registry import NEEDS_STOP_STRINGS
+
         e = cfg.engine
         self.temperature = cfg.algorithm.temperature
+        # Token ids in, token ids out; only stop strings (tool calls) need the tokenizer.
+        self.detokenize = cfg.workload.kind in NEEDS_STOP_STRINGS
         kwargs: dict[str, Any] = {
             "model": model_path,
             "dtype": cfg.model.dtype,
             "enforce_eager": e.enforce_eager,
-            "skip_tokenizer_init": True,
+            "skip_tokenizer_init": not self.detokenize,
             "max_model_len": cfg.model.max_seq_len,
             "max_num_seqs": e.max_num_seqs,
             "seed": seed,
@@ -97,6 +103,19 @@ class VLLMEngine:
         self, request_id: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False
     ) -> tuple[list[int], list[float], list[tuple[int, int, int]], str]:
         """Token ids, their log-probs, version spans ``(version, first, end)``, finish reason."""
+        g = await self.generate_turn(request_id, prompt_ids, max_tokens, None, ignore_eos)
+        return g.tokens, g.logprobs, g.spans, g.finish
+
+    async def generate_turn(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        stop: list[str] | None = None,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        """One generation (the agents' engine interface); ``stop`` strings end it, kept in
+        the output."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -106,7 +125,9 @@ class VLLMEngine:
             temperature=self.temperature,
             logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=False,
+            detokenize=bool(stop) and self.detokenize,
+            stop=stop if self.detokenize else None,
+            include_stop_str_in_output=True,
             ignore_eos=ignore_eos,
         )
         final = None
@@ -121,7 +142,7 @@ class VLLMEngine:
         spans = [(int(w.version), w.start, w.end) for w in (c.weight_versions or [])]
         if not spans or spans[-1][2] != len(tokens):
             spans = [(self.version, 0, len(tokens))]
-        return tokens, logprobs, spans, c.finish_reason or "stop"
+        return Generation(tokens, logprobs, spans, c.finish_reason or "stop", c.stop_reason)
 
     async def update_weights(self, weights_dir: str, version: int) -> float:
         """Partial rollout: requests in flight are held, then resumed under new weights."""
@@ -173,7 +194,7 @@ class VLLMRolloutSide:
         shm = Path("/dev/shm")
         base = shm if shm.is_dir() else paths.root
         self.weights_root = base / f"reflow-{paths.name}-rank{rank}"
-        self.task = registry.task(cfg.workload.kind)
+        self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
         self.active = False
         self._send: Send = lambda m: None
@@ -188,8 +209,22 @@ class VLLMRolloutSide:
             target=self._loop.run_forever, daemon=True, name="vllm-loop"
         )
         self._thread.start()
-        self.engine = VLLMEngine(resolve_model_path(cfg), cfg, seed=cfg.train.seed + rank)
+        model_path = resolve_model_path(cfg)
+        self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank)
         self._call(self.engine.start(0)).result()
+        from runtime.codec import codec_for
+
+        record = None
+        if not cfg.data.train.startswith("embedded:"):
+            from runtime.prompts import prompt_set
+
+            record = prompt_set(cfg).record
+        # Rewards and tool calls run in processes of their own, so a slow or crashing one
+        # never stalls the engine's loop (the pool starts on first use: arith needs none).
+        self.pool = RewardPool(cfg.sandbox.reward_workers, cfg.workload.reward_timeout_s + 30)
+        self.env = AgentEnv(
+            cfg, codec_for(model_path, cfg.model.path), self.engine, record, self.pool
+        )
 
     def _call(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -206,7 +241,11 @@ class VLLMRolloutSide:
     def deactivate(self) -> None:
         # Leaving the rollout pool: abort what is in flight (rank 0 requeues it).
         self.active = False
+        turns = range(self.cfg.workload.max_turns)
         ids = [f"s{sid}" for sid in self._running]
+        ids += [f"s{sid}-t{t}" for sid in self._running for t in turns]
+        for fut in self._running.values():
+            fut.cancel()  # an agent between turns must not start the next one
         if ids:
             self._call(self.engine.abort(ids)).result()
         self._running.clear()
@@ -239,7 +278,8 @@ class VLLMRolloutSide:
                 self._send(p.SampleFailed(rank=self.rank, sample_id=sid, reason=repr(exc)))
         if not self.active:
             return
-        free = self.slots - len(self._running)
+        # Only episodes generating now hold a slot: one waiting on the sandbox does not.
+        free = self.slots - (len(self._running) - self.env.in_tools)
         if free > 0 and not self._asked and time.monotonic() >= self._retry_at:
             self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
 
@@ -252,6 +292,7 @@ class VLLMRolloutSide:
     def close(self) -> None:
         """Shut the engine down (its processes must not outlive the rank)."""
         try:
+            self.pool.close()
             self.engine.shutdown()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -293,25 +334,28 @@ class VLLMRolloutSide:
     async def _run(self, req: dict[str, Any]) -> None:
         prompt = req["prompt"]
         started = time.monotonic()
-        tokens, logprobs, spans, finish = await self.engine.generate(
-            f"s{req['sample_id']}", prompt["prompt_ids"], self.cfg.workload.max_response_tokens
-        )
-        if finish == "abort":  # aborted on leaving the rollout pool; rank 0 requeued it
+        ep = await self.agent.run(self.env, f"s{req['sample_id']}", prompt)
+        if ep is None:  # aborted on leaving the rollout pool; rank 0 requeued it
             return
-        score = self.task.reward(tokens, prompt)
+        extra: dict[str, Any] = {"prompt_ids": list(prompt["prompt_ids"])}
+        if 0 in ep.loss_mask:
+            extra["loss_mask"] = ep.loss_mask
+        if ep.info:
+            extra["info"] = ep.info
+        spans = ep.spans or [(self.engine.version, 0, len(ep.token_ids))]
         self._outbox.put(
             Trajectory(
                 sample_id=req["sample_id"],
                 group_id=req["group_id"],
                 prompt_id=req["prompt_id"],
                 versions=spans,
-                token_ids=tokens,
-                logprobs=logprobs,
-                reward=score,
-                n_valid=len(tokens),
+                token_ids=ep.token_ids,
+                logprobs=ep.logprobs,
+                reward=ep.reward,
+                n_valid=ep.n_model_tokens,
                 worker=self.rank,
                 started_at=started,
                 finished_at=time.monotonic(),
-                extra={"prompt_ids": list(prompt["prompt_ids"])},
+                extra=extra,
             )
         )

@@ -95,7 +95,11 @@ class TorchTrainer:
                 tok = torch.tensor(s["token_ids"])
                 rows.append((n_resp, logprobs_all[i, pos, tok]))
                 behavior[i, :n_resp] = torch.tensor(s["logprobs"])
-                mask[i, : s["n_valid"]] = 1
+                loss_mask = s["extra"].get("loss_mask")  # multi-turn: env tokens are 0
+                if loss_mask is not None:
+                    mask[i, :n_resp] = torch.tensor(loss_mask, dtype=mask.dtype)
+                else:
+                    mask[i, : s["n_valid"]] = 1
             logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for n, r in rows])
             # 4. Replay weights and the clipped surrogate (runtime/loss.py), normalised by
             # the whole batch so the shards' losses add up to the batch's.

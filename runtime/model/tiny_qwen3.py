@@ -30,24 +30,33 @@ def build_tokenizer():
     )
 
 
-def build_model(seed: int = 0, hidden: int = 128, layers: int = 2):
+def build_model(
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    *,
+    vocab_size: int = len(VOCAB),
+    specials: tuple[int, int, int] = (BOS, EOS, PAD),
+    max_positions: int = 512,
+):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    bos, eos, pad = specials
     config = Qwen3Config(
-        vocab_size=len(VOCAB),
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 3,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,  # the CPU attention kernels of vLLM support 32, not 24
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         rope_theta=10000.0,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)

@@ -31,8 +31,18 @@ def cache_root() -> Path:
 def embedded_model_path(settings: dict | None = None) -> Path:
     """The warm-started tiny Qwen3, built on first use."""
     settings = {**SFT, **(settings or {})}
+
+    def build(folder: Path) -> None:
+        model = warm_start(build_model(seed=settings["seed"]), settings)
+        save_pretrained(model, build_tokenizer(), folder)
+
+    return cached_build("tiny-qwen3-arith", settings, build)
+
+
+def cached_build(prefix: str, settings: dict, build) -> Path:
+    """``build(folder)`` once per ``settings`` into the cache; later calls find it there."""
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    path = cache_root() / f"tiny-qwen3-arith-{key}"
+    path = cache_root() / f"{prefix}-{key}"
     if (path / "model.safetensors").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,8 +53,7 @@ def embedded_model_path(settings: dict | None = None) -> Path:
             return path
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".build-"))
         try:
-            model = warm_start(build_model(seed=settings["seed"]), settings)
-            save_pretrained(model, build_tokenizer(), tmp)
+            build(tmp)
             (tmp / "warm_start.json").write_text(json.dumps(settings, indent=1))
             tmp.rename(path)
         finally:

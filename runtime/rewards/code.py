@@ -8,8 +8,10 @@ Three test styles, as the public datasets write them:
 - ``call`` (APPS ``fn_name``): each input is the argument list of ``fn_name`` (a function,
   or a method of LeetCode's ``class Solution``); the return value must equal the output
   (APPS wraps some outputs in a list: both forms count);
-- ``script`` (HumanEval ``test`` + ``entry_point``, MBPP ``test_list``): the tests are code
-  appended to the program; it passes when the whole runs without an error.
+- ``script`` (HumanEval ``test`` + ``entry_point``): the test is code appended to the
+  program; it passes when the whole runs without an error;
+- ``asserts`` (MBPP ``test_list``, or a list of strings): each assert line is one test,
+  run after the program (and ``test_setup_code``).
 
 Each test is one sandboxed process (a program that ran in the grader's own process could
 rewrite the grader), tests of one program run ``parallel`` at a time, and all of them
@@ -63,11 +65,11 @@ class TestSpecError(ValueError):
 
 @dataclass(frozen=True)
 class TestSpec:
-    kind: str  # stdio | call | script
-    inputs: list[Any] = field(default_factory=list)
+    kind: str  # stdio | call | script | asserts
+    inputs: list[Any] = field(default_factory=list)  # asserts: the assert lines
     outputs: list[Any] = field(default_factory=list)
     fn_name: str | None = None
-    script: str = ""
+    script: str = ""  # script: the test code; asserts: the setup code
 
     @property
     def total(self) -> int:
@@ -81,6 +83,7 @@ class TestSpec:
             [self.inputs[i] for i in indices],
             [self.outputs[i] for i in indices],
             self.fn_name,
+            self.script,
         )
 
 
@@ -88,6 +91,8 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
     """A TestSpec from an APPS ``input_output`` (dict or JSON string), a HumanEval-style
     ``{"test", "entry_point"?}``, an MBPP-style ``{"test_list", "test_setup_code"?}``, or a
     test script string."""
+    if isinstance(obj, list):
+        obj = {"test_list": obj}
     if isinstance(obj, str):
         text = obj.strip()
         if text.startswith("{"):
@@ -105,8 +110,13 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
             script += f"\n\ncheck({obj['entry_point']})\n"
         return TestSpec("script", script=script)
     if "test_list" in obj:
+        asserts = obj["test_list"]
+        if not isinstance(asserts, list) or not all(isinstance(a, str) for a in asserts):
+            raise TestSpecError("tests: 'test_list' must be a list of strings")
+        if not asserts:
+            raise TestSpecError("tests: no test cases")
         setup = str(obj.get("test_setup_code") or "")
-        return TestSpec("script", script=setup + "\n" + "\n".join(obj["test_list"]) + "\n")
+        return TestSpec("asserts", list(asserts), [None] * len(asserts), script=setup)
     if "inputs" not in obj or "outputs" not in obj:
         raise TestSpecError("tests: need 'inputs' and 'outputs' (APPS) or 'test' (HumanEval)")
     inputs, outputs = obj["inputs"], obj["outputs"]
@@ -233,6 +243,10 @@ def run_tests(
         if tests.kind == "stdio":
             r = sandbox.run_python(PRELUDE + program, tests.inputs[i], limits)
             return i, r.ok and outputs_match(r.stdout, tests.outputs[i]), r, r.stdout
+        if tests.kind == "asserts":
+            source = PRELUDE + tests.script + "\n" + program + "\n\n" + tests.inputs[i] + "\n"
+            r = sandbox.run_python(source, "", limits)
+            return i, r.ok, r, r.stdout
         source = PRELUDE + program + "\n" + _CALL_DRIVER.format(fn=tests.fn_name, marker=_RESULT)
         r = sandbox.run_python(source, json.dumps(tests.inputs[i]), limits)
         got = _call_result(r.stdout)
@@ -298,8 +312,9 @@ _DEFAULT: dict[tuple, Sandbox] = {}
 
 
 def sandbox_for(cfg: Any | None = None) -> Sandbox:
-    """One Sandbox per process and settings (a config's ``sandbox`` section, or defaults)."""
-    s = getattr(cfg, "sandbox", None)
+    """One Sandbox per process and settings: a Config, its ``sandbox`` section, or None for
+    the defaults."""
+    s = getattr(cfg, "sandbox", cfg)
     key = () if s is None else tuple(sorted(vars(s).items()))
     if key not in _DEFAULT:
         if s is None:

@@ -2,7 +2,6 @@ import random
 
 from runtime.model.tiny_qwen3 import EOS, VOCAB, decode, encode
 from runtime.tasks.arith import Problem, eval_problems, reward, sample_problem
-from runtime.tasks.registry import task
 
 
 def test_response_lengths_are_long_tailed():
@@ -26,15 +25,6 @@ def test_solution_format():
     assert p.solution() == "3+5=8;8+2=10;10+7=17;#17"
     assert p.solution_ids()[-1] == EOS
     assert decode(encode(p.solution())) == p.solution()
-
-
-def test_task_reward_on_token_ids():
-    t = task("arith")
-    prompt = next(t.prompts(0))
-    assert set(prompt) == {"prompt_ids", "answer"}
-    ids = [*encode(f"1+1=2;#{prompt['answer']}"), EOS]
-    assert t.reward(ids, prompt) == 1.0
-    assert t.reward(encode("#-1"), prompt) == 0.0
 
 
 def test_the_tokenizer_is_an_ordinary_hf_tokenizer(tmp_path):

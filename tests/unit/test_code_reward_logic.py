@@ -18,8 +18,14 @@ def test_parse_apps_styles_and_scripts():
     assert (call.kind, call.fn_name, call.total) == ("call", "f", 2)
     he = parse_tests({"test": "def check(c): assert c(1)", "entry_point": "g"})
     assert he.kind == "script" and he.script.endswith("check(g)\n")
-    mbpp = parse_tests({"test_list": ["assert h(1) == 2"], "test_setup_code": "import os"})
-    assert mbpp.script.startswith("import os\n") and "assert h(1) == 2" in mbpp.script
+    mbpp = parse_tests(
+        {"test_list": ["assert h(1) == 2", "assert h(2) == 3"], "test_setup_code": "import os"}
+    )
+    assert (mbpp.kind, mbpp.total, mbpp.script) == ("asserts", 2, "import os")
+    assert (
+        mbpp.subset([1]).inputs == ["assert h(2) == 3"] and mbpp.subset([1]).script == "import os"
+    )
+    assert parse_tests(["assert 1"]).kind == "asserts"
     assert parse_tests("assert True").kind == "script"
     assert call.subset([1]).inputs == [[2]]
 
@@ -34,6 +40,8 @@ def test_parse_apps_styles_and_scripts():
         ({"fn_name": "a b", "inputs": [[1]], "outputs": [1]}, "not a Python identifier"),
         ({"cases": []}, "need 'inputs' and 'outputs'"),
         (5, "expected an object"),
+        ({"test_list": [1]}, "list of strings"),
+        ([], "no test cases"),
     ],
 )
 def test_bad_tests_are_one_line(tests, message):

@@ -63,7 +63,7 @@ BAD = [
     (
         "modle: {path: x}",
         "modle: unknown key (allowed here: algorithm, control, data, engine, "
-        "logging, model, name, reflow, resources, scheduler, slurm, train, workload)",
+        "logging, model, name, reflow, resources, sandbox, scheduler, slurm, train, workload)",
     ),
     ("train: {lr: .nan}", "train.lr: expected a finite number, got nan"),
 ]

@@ -1,0 +1,58 @@
+"""A scripted engine for agent-loop tests: it replays given model turns (as the real
+engine returns them: token ids, log-probs, spans, finish, stop string) so a test knows
+exactly which tokens are the model's and which the environment's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from runtime.agents.base import AgentEnv, Generation
+from runtime.agents.pool import RewardPool
+from runtime.codec import ChatCodec
+from runtime.config import Config
+
+
+class ScriptedEngine:
+    def __init__(self, codec: ChatCodec, turns: list[str], stop_on: str | None = None) -> None:
+        self.codec, self.turns, self.stop_on = codec, list(turns), stop_on
+        self.contexts: list[list[int]] = []
+        self.version = 3
+
+    async def generate_turn(self, request_id, prompt_ids, max_tokens, stop) -> Generation:
+        self.contexts.append(list(prompt_ids))
+        text = self.turns.pop(0)
+        stopped = bool(stop) and any(text.endswith(s) for s in stop)
+        ids = self.codec.encode(text)
+        if not stopped:
+            ids.append(self.codec.eos_id)  # a turn that ends normally ends with EOS
+        ids = ids[:max_tokens]
+        logprobs = [-0.25] * len(ids)
+        reason = next((s for s in stop or [] if text.endswith(s)), None)
+        return Generation(ids, logprobs, [(self.version, 0, len(ids))], "stop", reason)
+
+
+def chat_codec() -> ChatCodec:
+    from runtime.model.tiny_chat import build_tokenizer
+
+    return ChatCodec(tokenizer=build_tokenizer())
+
+
+def run_agent(
+    agent,
+    cfg: Config,
+    engine: ScriptedEngine,
+    prompt_text: str,
+    record: dict,
+    pool: RewardPool | None = None,
+):
+    codec = engine.codec
+    own = pool is None
+    pool = pool or RewardPool(1, cfg.workload.reward_timeout_s + 30)
+    env = AgentEnv(cfg, codec, engine, lambda i: record, pool)
+    prompt: dict[str, Any] = {"index": 0, "prompt_ids": codec.prompt_ids(prompt_text)}
+    try:
+        return asyncio.run(agent.run(env, "s1", prompt)), env
+    finally:
+        if own:
+            pool.close()
