@@ -217,6 +217,9 @@ class LoggingConfig:
     runs_dir: str = opt("runs", "where run folders are created (env REFLOW_RUNS_DIR wins)")
     level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     tensorboard: bool = opt(False, "write TensorBoard event files (validated, not used yet)")
+    samples: bool = opt(
+        False, "write every delivered trajectory (tokens, loss mask, reward) to samples.jsonl"
+    )
 
 
 @dataclass

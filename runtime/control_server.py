@@ -142,10 +142,15 @@ class ControlServer:
 
     def _flush_metrics(self) -> None:
         lines, self.coordinator.metrics_log = self.coordinator.metrics_log, []
-        if lines:
-            with self.paths.metrics.open("a") as fh:
-                for line in lines:
-                    fh.write(json.dumps(line) + "\n")
+        samples, self.coordinator.samples_log = self.coordinator.samples_log, []
+        for path, rows in (
+            (self.paths.metrics, lines),
+            (self.paths.root / "samples.jsonl", samples),
+        ):
+            if rows:
+                with path.open("a") as fh:
+                    for row in rows:
+                        fh.write(json.dumps(row) + "\n")
 
     def _snapshot(self) -> None:
         try:

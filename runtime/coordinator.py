@@ -97,6 +97,7 @@ class Coordinator:
         self.batch_in_flight: int | None = None
         self.batch_sent_at = 0.0
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
+        self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self._all_metrics: list[dict[str, Any]] = []
         self._idle_at_first_step = 0.0
         self.evals: dict[str, float] = {}
@@ -290,7 +291,23 @@ class Coordinator:
     def _on_sample_done(self, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
         if self._known(identity, msg.rank) is None:
             return []
-        self.data.deliver(wire.trajectory(msg))
+        t = wire.trajectory(msg)
+        if self.cfg.logging.samples:
+            self.samples_log.append(
+                {
+                    "sample_id": t.sample_id,
+                    "group_id": t.group_id,
+                    "rank": msg.rank,
+                    "reward": t.reward,
+                    "n_valid": t.n_valid,
+                    "versions": [list(v) for v in t.versions],
+                    "prompt_ids": t.extra.get("prompt_ids", []),
+                    "token_ids": t.token_ids,
+                    "loss_mask": t.extra.get("loss_mask"),
+                    "info": t.extra.get("info", {}),
+                }
+            )
+        self.data.deliver(t)
         return []
 
     def _on_sample_failed(self, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import string
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,11 @@ class PromptSet:
             self.path, d.format, d.fields, REQUIRED_FIELDS.get(cfg.workload.kind, ())
         )
         self.template = d.prompt_template
-        names = [f for _, f, _, _ in string.Formatter().parse(self.template) if f]
+        names = [
+            re.split(r"[.\[]", f, maxsplit=1)[0]  # {tests[0]} needs a field named tests
+            for _, f, _, _ in string.Formatter().parse(self.template)
+            if f
+        ]
         missing = [n for n in names if n not in self.records[0]]
         if missing:
             raise DatasetError(

@@ -55,8 +55,8 @@ def build_model(seed: int = 0):
 
 # --- format warm start -----------------------------------------------------------------
 
-# ~30 s on two CPU cores; the formats are learned (loss ~0.3), the arithmetic is not.
-SFT = {"steps": 200, "batch": 32, "lr": 3e-3, "seed": 0, "version": 1}
+# About a minute on two CPU cores, once; the formats are learned, the arithmetic is not.
+SFT = {"steps": 300, "batch": 32, "lr": 3e-3, "seed": 0, "version": 2}
 
 
 def embedded_chat_model_path() -> Path:
@@ -73,6 +73,22 @@ def embedded_chat_model_path() -> Path:
     return cached_build("tiny-qwen3-chat", SFT, build)
 
 
+_WORDS = (
+    "the a of to and in is for how many much each total more than if she he they it has "
+    "had sold bought makes pays costs apples books miles hours dollars minutes friends "
+    "week day year store school garden train car water cookies pages students given list "
+    "string number numbers function returns write find sum product largest smallest"
+).split()
+
+
+def _filler(rng: random.Random) -> str:
+    """Problem-like text: the real prompts differ, the formats must key on the suffix."""
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(0, 60))]
+    for i in range(0, len(words), 9):
+        words[i] = str(rng.randint(1, 500))
+    return (" ".join(words) + ". ") if words else ""
+
+
 def synthetic_conversation(rng: random.Random) -> tuple[str, str]:
     """(user message, assistant reply) in one of the three workloads' formats."""
     a, b = rng.randint(2, 99), rng.randint(2, 99)
@@ -81,16 +97,16 @@ def synthetic_conversation(rng: random.Random) -> tuple[str, str]:
     kind = rng.randrange(3)
     if kind == 0:
         return (
-            f"What is {a} {op} {b}? Put the final answer in \\boxed{{}}.",
+            f"{_filler(rng)}What is {a} {op} {b}? Put the final answer in \\boxed{{}}.",
             f"{a} {op} {b} = {value}, so the answer is \\boxed{{{value}}}.",
         )
     if kind == 1:
         return (
-            f"Write a Python program that reads two integers and prints their {op} result.",
-            f"```python\na, b = map(int, input().split())\nprint(a {op} b)\n```",
+            f"Write a Python program. {_filler(rng)}It must pass: assert f({a}, {b}) == {value}",
+            f"```python\ndef f(a, b):\n    return a {op} b\n```",
         )
     return (
-        f"Compute {a} {op} {b}. You may run Python code in <code></code>.",
+        f"{_filler(rng)}Compute {a} {op} {b}. You may run Python code in <code></code>.",
         f"<code>print({a} {op} {b})</code>\n<interpreter>\n{value}\n</interpreter>\n"
         f"The answer is \\boxed{{{value}}}.",
     )

@@ -244,7 +244,7 @@ def run_tests(
             r = sandbox.run_python(PRELUDE + program, tests.inputs[i], limits)
             return i, r.ok and outputs_match(r.stdout, tests.outputs[i]), r, r.stdout
         if tests.kind == "asserts":
-            source = PRELUDE + tests.script + "\n" + program + "\n\n" + tests.inputs[i] + "\n"
+            source = PRELUDE + program + "\n\n" + tests.script + "\n" + tests.inputs[i] + "\n"
             r = sandbox.run_python(source, "", limits)
             return i, r.ok, r, r.stdout
         source = PRELUDE + program + "\n" + _CALL_DRIVER.format(fn=tests.fn_name, marker=_RESULT)

@@ -83,3 +83,27 @@ def test_published_weights_are_checkpoint_format(model_dir, tmp_path):
     kept = sorted(d.name for d in (tmp_path / "weights").glob("v*"))
     assert kept == ["v3", "v4"]
     assert '"version": 4' in (tmp_path / "weights" / "latest.json").read_text()
+
+
+def test_environment_tokens_are_masked_out_of_the_loss(model_dir):
+    """A multi-turn sample: tokens with loss mask 0 (feedback, tool output) change
+    nothing, whatever their behaviour log-probs; the model's tokens do."""
+
+    def multi_turn(env_logprob: float, model_logprob: float = -3.0):
+        out = []
+        for s in batch(5):
+            n = len(s["token_ids"])
+            mask = [1 if i < n // 2 or i >= n - 2 else 0 for i in range(n)]  # env tokens mid
+            s["extra"]["loss_mask"] = mask
+            s["logprobs"] = [model_logprob if m else env_logprob for m in mask]
+            s["n_valid"] = sum(mask)
+            out.append(s)
+        return out
+
+    runs = []
+    for env_lp, model_lp in ((0.0, -3.0), (-50.0, -3.0), (0.0, -1.0)):
+        t = TorchTrainer(cfg(), str(model_dir))
+        runs.append((t.train_step(multi_turn(env_lp, model_lp)), params(t)))
+    (m0, p0), (m1, p1), (m2, _) = runs
+    assert m0["loss"] == m1["loss"] and all(torch.equal(p0[k], p1[k]) for k in p0)
+    assert m0["loss"] != m2["loss"]  # the model's own tokens do count
