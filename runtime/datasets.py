@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import string
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -119,17 +121,64 @@ def load_records(
         own = sorted(record)  # the file's fields, before roles are added
         for role in roles:
             source = mapping.get(role, role)
-            if source not in record:
+            found, value = _lookup(record, source)
+            if not found:
                 where = f" (data.fields.{role})" if role in mapping else ""
                 raise DatasetError(
                     f"{path}: record {i} has no field {source!r}{where}; it has: "
                     f"{', '.join(own) or 'nothing'}"
                 )
-            record[role] = record[source]
+            record[role] = value
         out.append(record)
     if not out:
         raise DatasetError(f"{path}: no records")
     return out
+
+
+def _lookup(record: dict[str, Any], source: str) -> tuple[bool, Any]:
+    """A field, or a nested one by dotted path (verl's ``reward_model.ground_truth``)."""
+    if source in record:
+        return True, record[source]
+    value: Any = record
+    for part in source.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def prompt_text(record: dict[str, Any], template: str) -> str:
+    """The first user message: ``template`` filled from the record. A prompt given as chat
+    messages (verl's parquet: ``[{"role": "user", "content": ...}]``) counts as its user
+    content."""
+    prompt = record.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        record = {
+            **record,
+            "prompt": "\n".join(
+                str(m.get("content", "")) for m in prompt if m.get("role", "user") == "user"
+            ),
+        }
+    return template.format_map(record)
+
+
+def check_template(template: str, record: dict[str, Any], path: str | Path) -> None:
+    """``data.prompt_template`` fills from ``record``, or one line says why not."""
+    try:
+        names = [
+            re.split(r"[.\[]", f, maxsplit=1)[0]  # {tests[0]} needs a field named tests
+            for _, f, _, _ in string.Formatter().parse(template)
+            if f
+        ]
+        missing = [n for n in names if n not in record]
+        if not missing:
+            prompt_text(record, template)
+    except (IndexError, KeyError, ValueError, AttributeError, TypeError) as exc:
+        raise DatasetError(f"{path}: data.prompt_template cannot be filled ({exc})") from None
+    if missing:
+        raise DatasetError(
+            f"{path}: data.prompt_template uses {{{missing[0]}}}, which records lack"
+        )
 
 
 def check_dataset(cfg: Any) -> int | None:
@@ -143,6 +192,7 @@ def check_dataset(cfg: Any) -> int | None:
         if source is None or source.startswith("embedded:"):
             continue
         records = load_records(source, d.format, d.fields, required)
+        check_template(d.prompt_template, records[0], source)
         if name == "train":
             count = len(records)
     return count

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import logging
 import random
-import re
-import string
 from collections.abc import Iterator
 from typing import Any
 
 from runtime.config import Config
-from runtime.datasets import REQUIRED_FIELDS, DatasetError, load_records
+from runtime.datasets import (
+    REQUIRED_FIELDS,
+    DatasetError,
+    check_template,
+    load_records,
+    prompt_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +35,7 @@ class PromptSet:
             self.path, d.format, d.fields, REQUIRED_FIELDS.get(cfg.workload.kind, ())
         )
         self.template = d.prompt_template
-        names = [
-            re.split(r"[.\[]", f, maxsplit=1)[0]  # {tests[0]} needs a field named tests
-            for _, f, _, _ in string.Formatter().parse(self.template)
-            if f
-        ]
-        missing = [n for n in names if n not in self.records[0]]
-        if missing:
-            raise DatasetError(
-                f"{self.path}: data.prompt_template uses {{{missing[0]}}}, which records lack"
-            )
+        check_template(self.template, self.records[0], self.path)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -49,7 +44,7 @@ class PromptSet:
         return self.records[index]
 
     def text(self, index: int) -> str:
-        return self.template.format_map(self.records[index])
+        return prompt_text(self.records[index], self.template)
 
 
 _LOADED: dict[tuple[int, str], PromptSet] = {}

@@ -73,7 +73,7 @@ def embedded_chat_model_path() -> Path:
     return cached_build("tiny-qwen3-chat", SFT, build)
 
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905
     "the a of to and in is for how many much each total more than if she he they it has "
     "had sold bought makes pays costs apples books miles hours dollars minutes friends "
     "week day year store school garden train car water cookies pages students given list "

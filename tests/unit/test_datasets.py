@@ -86,3 +86,50 @@ def test_bad_files_get_one_line_naming_file_record_and_field(tmp_path, name, tex
 def test_gzipped_json_list(tmp_path):
     path = write(tmp_path, "h.json.gz", json.dumps([{"prompt": "p", "answer": "1"}]), gz=True)
     assert load_records(path, required=("prompt", "answer"))[0]["answer"] == "1"
+
+
+def test_verl_parquet_schema_nested_answer_and_chat_prompt(tmp_path):
+    """DAPO-Math-17K as verl ships it: prompt = chat messages, answer under reward_model."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runtime.datasets import check_template, prompt_text
+
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": f"Solve {i} + 1."}],
+            "reward_model": {"ground_truth": str(i + 1), "style": "rule"},
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "dapo.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    fields = {"prompt": "prompt", "answer": "reward_model.ground_truth"}
+    records = load_records(path, fields=fields, required=("prompt", "answer"))
+    assert [r["answer"] for r in records] == ["1", "2", "3"]
+    assert prompt_text(records[2], "{prompt} Box it.") == "Solve 2 + 1. Box it."
+    check_template("{prompt}", records[0], path)
+    with pytest.raises(
+        DatasetError, match=r"no field 'reward_model.answer' \(data.fields.answer\)"
+    ):
+        load_records(path, fields={"answer": "reward_model.answer"}, required=("answer",))
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{prompt} {hint}", "uses {hint}, which records lack"),
+        ("{tests[5]}", "cannot be filled"),
+        ("{prompt", "cannot be filled"),
+    ],
+)
+def test_bad_prompt_template_is_one_line(tmp_path, template, message):
+    from runtime.datasets import check_template
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "tests": ["a"]}) + "\n")
+    record = load_records(path)[0]
+    with pytest.raises(DatasetError, match=message) as info:
+        check_template(template, record, path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
