@@ -1,0 +1,126 @@
+"""Resource allocation between rollout and training (ReFlow Algorithm 1), per step.
+
+Over the last window the coordinator measures fresh samples produced and samples
+consumed, and how much of the window each pool sat idle. Idle time is time a pool was
+blocked (the trainer starved of data, rollout held back by ``B_max`` or staleness), so
+the *rates when working* are
+
+    r = produced / (rollout rank-seconds busy)     per rollout rank
+    t = consumed / (trainer rank-seconds busy)     per trainer rank
+
+For every feasible placement (whole replica groups: ``n_R = k_R s_R``, ``n_T = k_T s_T``,
+``n_R + n_T = W``, at least one group each) the allocator extrapolates production
+``P = n_R r`` and consumption ``C = n_T t`` and predicts the fresh-data coverage
+``P / C``. The target coverage is ``1 - sigma``: the batch rule needs at least that share
+of fresh samples and replay fills the rest. The placement with the smallest
+``|log(coverage / target)|`` wins; it is applied only if it beats the current one by
+``margin`` and ``cooldown_steps`` have passed since the last change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Placement:
+    rollout: int  # ranks
+    trainer: int
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.rollout}:{self.trainer}"
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    steps: int
+    seconds: float
+    produced: int  # fresh samples delivered by rollout
+    consumed: int  # samples trained on (fresh + replay)
+    rollout_busy_s: float  # rank-seconds the rollout ranks were generating
+    trainer_busy_s: float  # rank-seconds the trainer ranks were not waiting for data
+
+
+@dataclass
+class Decision:
+    step: int
+    current: str
+    best: str
+    applied: bool
+    reason: str
+    rollout_rate: float | None = None
+    trainer_rate: float | None = None
+    target_coverage: float | None = None
+    predicted: dict[str, float] | None = None
+    window: dict[str, float] | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class ProducerConsumerAllocator:
+    def __init__(
+        self,
+        world: int,
+        rollout_group: int,
+        trainer_group: int,
+        sigma: float,
+        *,
+        cooldown_steps: int = 5,
+        margin: float = 0.1,
+        min_window_steps: int = 3,
+    ) -> None:
+        self.world, self.s_r, self.s_t = world, rollout_group, trainer_group
+        self.target = max(1.0 - sigma, 1e-3)
+        self.cooldown_steps, self.margin = cooldown_steps, margin
+        self.min_window_steps = min_window_steps
+        self.last_change_step: int | None = None
+        self.decisions: list[Decision] = []
+
+    def placements(self) -> list[Placement]:
+        out = []
+        for k_r in range(1, self.world // self.s_r + 1):
+            n_r = k_r * self.s_r
+            n_t = self.world - n_r
+            if n_t >= self.s_t and n_t % self.s_t == 0:
+                out.append(Placement(n_r, n_t))
+        return out
+
+    def mismatch(self, p: Placement, r: float, t: float) -> float:
+        return abs(math.log((p.rollout * r) / (p.trainer * t) / self.target))
+
+    def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
+        """The placement for the next steps (``current`` when nothing should change)."""
+        d = Decision(step=step, current=current.ratio, best=current.ratio, applied=False,
+                     reason="", target_coverage=self.target, window=asdict(w))  # fmt: skip
+        if w.steps < self.min_window_steps or w.rollout_busy_s <= 0 or w.trainer_busy_s <= 0:
+            d.reason = "not enough data in the window"
+        elif w.produced <= 0 or w.consumed <= 0:
+            d.reason = "nothing produced or consumed in the window"
+        else:
+            r, t = w.produced / w.rollout_busy_s, w.consumed / w.trainer_busy_s
+            d.rollout_rate, d.trainer_rate = r, t
+            scores = {p: self.mismatch(p, r, t) for p in self.placements()}
+            d.predicted = {p.ratio: (p.rollout * r) / (p.trainer * t) for p in scores}
+            best = min(scores, key=lambda p: (scores[p], p != current))
+            d.best = best.ratio
+            since = None if self.last_change_step is None else step - self.last_change_step
+            if best == current or scores[current] - scores[best] < self.margin:
+                d.reason = "current placement is within the margin of the best"
+            elif since is not None and since < self.cooldown_steps:
+                d.reason = f"cooldown: {since} of {self.cooldown_steps} steps since the last change"
+            else:
+                d.applied = True
+                d.reason = (
+                    f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
+                    f" (target {self.target:.2f})"
+                )
+                self.last_change_step = step
+        self.decisions.append(d)
+        return d
+
+    def changed(self, step: int) -> None:
+        """A placement change from elsewhere (a manual rebalance) restarts the cooldown."""
+        self.last_change_step = step

@@ -1,0 +1,138 @@
+"""Token-aware admission and routing of generation requests (the fast path).
+
+Each rollout worker has a token budget (its KV capacity). The router predicts each
+worker's active token load as the sum of its admitted requests' footprints, a footprint
+being the prompt length plus the expected response length of that workload (an EWMA of
+recent responses). A request is admitted to worker ``i`` only if
+
+- ``load_i + footprint <= budget_i`` (never overcommit the budget),
+- the worker's observed utilisation is at most ``admission_limit``, and
+- its active generations are below its concurrency cap (AIMD);
+
+among the feasible workers the cost is ``load/budget + w_queue * queue + lambda_p *
+preemption_pressure``, lowest wins. Siblings of one prompt (a GRPO group) go to the worker
+that has their group when it is feasible and not much costlier than the best
+(``affinity_slack``): they share the prompt's prefix cache, so a sibling placed with its
+group books only its response tokens. Under overload they spill over (booking the whole
+footprint where they land).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerLoad:
+    budget: int
+    cap: int
+    load: int = 0  # predicted active tokens
+    active: int = 0
+    queue: int = 0  # waiting requests reported by the engine
+    util: float = 0.0  # observed KV utilisation
+    pressure: float = 0.0  # smoothed preemption growth
+    groups: set[int] = field(default_factory=set)
+
+
+@dataclass
+class RouterSettings:
+    admission_limit: float = 0.95
+    w_queue: float = 0.05
+    lambda_p: float = 0.5
+    affinity_slack: float = 0.5
+    response_prior: int = 256  # expected response tokens before any is observed
+    smoothing: float = 0.1
+
+
+class TokenRouter:
+    def __init__(self, settings: RouterSettings | None = None) -> None:
+        self.s = settings or RouterSettings()
+        self.workers: dict[int, WorkerLoad] = {}
+        self.expected_response: dict[str, float] = {}
+        self._placed: dict[int, tuple[int, int]] = {}  # request id -> (worker, footprint)
+        self._group_home: dict[int, int] = {}
+
+    # --- worker state ------------------------------------------------------------------
+
+    def add_worker(self, worker: int, budget: int, cap: int) -> None:
+        self.workers[worker] = WorkerLoad(budget=budget, cap=cap)
+
+    def remove_worker(self, worker: int) -> list[int]:
+        """The worker left: its requests are forgotten (the caller requeues them)."""
+        self.workers.pop(worker, None)
+        gone = [r for r, (w, _) in self._placed.items() if w == worker]
+        for r in gone:
+            del self._placed[r]
+        self._group_home = {g: w for g, w in self._group_home.items() if w != worker}
+        return gone
+
+    def observe(self, worker: int, *, util: float, queue: int, pressure: float, cap: int) -> None:
+        w = self.workers[worker]
+        w.util, w.queue, w.pressure, w.cap = util, queue, pressure, cap
+
+    # --- requests ----------------------------------------------------------------------
+
+    def footprint(self, prompt_tokens: int, workload: str = "default") -> int:
+        return prompt_tokens + int(self.expected_response.get(workload, self.s.response_prior))
+
+    def cost(self, w: WorkerLoad) -> float:
+        return w.load / w.budget + self.s.w_queue * w.queue + self.s.lambda_p * w.pressure
+
+    def feasible(self, w: WorkerLoad, footprint: int) -> bool:
+        return (
+            w.load + footprint <= w.budget and w.util <= self.s.admission_limit and w.active < w.cap
+        )
+
+    def route(
+        self,
+        request: int,
+        group: int,
+        prompt_tokens: int,
+        workload: str = "default",
+        among: set[int] | None = None,
+    ) -> int | None:
+        """The worker for ``request``, admitted there (load booked); None when no worker can
+        take it now (the request stays queued)."""
+        need = self.footprint(prompt_tokens, workload)
+        home = self._group_home.get(group)
+        if home is not None and home in self.workers and (among is None or home in among):
+            w = self.workers[home]
+            at_home = need - prompt_tokens  # the prompt is in its prefix cache already
+            if self.feasible(w, at_home):
+                others = [
+                    self.cost(o) for i, o in self.workers.items()
+                    if i != home and (among is None or i in among) and self.feasible(o, need)
+                ]  # fmt: skip
+                if not others or self.cost(w) <= min(others) + self.s.affinity_slack:
+                    return self._book(request, group, home, at_home)
+        candidates = [
+            (self.cost(w), i)
+            for i, w in self.workers.items()
+            if (among is None or i in among) and self.feasible(w, need)
+        ]
+        if not candidates:
+            return None
+        return self._book(request, group, min(candidates)[1], need)
+
+    def _book(self, request: int, group: int, worker: int, tokens: int) -> int:
+        w = self.workers[worker]
+        w.load += tokens
+        w.active += 1
+        w.groups.add(group)
+        self._placed[request] = (worker, tokens)
+        self._group_home.setdefault(group, worker)
+        return worker
+
+    def finished(
+        self, request: int, response_tokens: int | None, workload: str = "default"
+    ) -> None:
+        """A request ended (``response_tokens`` None: aborted); its load is released."""
+        placed = self._placed.pop(request, None)
+        if placed is not None and placed[0] in self.workers:
+            w = self.workers[placed[0]]
+            w.load -= placed[1]
+            w.active -= 1
+        if response_tokens is not None:
+            prev = self.expected_response.get(workload, float(self.s.response_prior))
+            a = self.s.smoothing
+            self.expected_response[workload] = a * response_tokens + (1 - a) * prev

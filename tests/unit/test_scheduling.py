@@ -1,0 +1,143 @@
+"""The scheduling controllers on scripted signals (pure logic, no engine)."""
+
+import math
+import random
+
+from runtime.scheduling import (
+    ConcurrencyController,
+    Placement,
+    ProducerConsumerAllocator,
+    TokenRouter,
+    WindowStats,
+    WorkerSignals,
+)
+from runtime.scheduling.concurrency import AimdSettings
+
+
+def signals(util, waiting=4, preemptions=0, active=8):
+    return WorkerSignals(kv_util=util, waiting=waiting, preemptions=preemptions, active=active)
+
+
+def test_aimd_raises_the_cap_under_low_utilisation_with_demand():
+    c = ConcurrencyController(AimdSettings(initial_cap=8, max_cap=64, alpha=2))
+    caps = [c.update(signals(0.3)) for _ in range(5)]
+    assert caps == [10, 12, 14, 16, 18]
+    c2 = ConcurrencyController(AimdSettings(initial_cap=8, max_cap=64))
+    # no demand (nothing waiting, cap not in use): hold
+    assert [c2.update(signals(0.3, waiting=0, active=2)) for _ in range(3)] == [8, 8, 8]
+
+
+def test_aimd_halves_on_preemption_bursts_not_on_a_blip():
+    c = ConcurrencyController(AimdSettings(initial_cap=32, max_cap=64))
+    c.update(signals(0.75, preemptions=0))
+    assert c.update(signals(0.75, preemptions=1)) == 32  # one preemption: smoothed 0.5, hold
+    assert c.update(signals(0.75, preemptions=1)) == 32
+    assert c.update(signals(0.75, preemptions=5)) == 16  # a burst: halve
+    assert c.update(signals(0.75, preemptions=9)) == 8  # sustained: halve again
+    assert c.last_action == "decrease"
+
+
+def test_aimd_decreases_at_the_hard_limit_and_stays_in_bounds():
+    c = ConcurrencyController(AimdSettings(min_cap=2, initial_cap=8, max_cap=12))
+    assert [c.update(signals(0.99)) for _ in range(4)] == [4, 2, 2, 2]
+    c = ConcurrencyController(AimdSettings(min_cap=2, initial_cap=8, max_cap=12))
+    assert [c.update(signals(0.1)) for _ in range(4)] == [10, 12, 12, 12]
+
+
+def make_router(n=3, budget=1000, cap=100, **kw):
+    r = TokenRouter()
+    for k, v in kw.items():
+        setattr(r.s, k, v)
+    for i in range(n):
+        r.add_worker(i, budget=budget, cap=cap)
+    return r
+
+
+def test_admission_never_overcommits_the_token_budget():
+    rng = random.Random(0)
+    r = make_router(n=4, budget=2000, response_prior=100)
+    live: list[int] = []
+    for req in range(3000):
+        if live and rng.random() < 0.45:
+            r.finished(live.pop(rng.randrange(len(live))), rng.randint(10, 300))
+        w = r.route(req, group=req // 4, prompt_tokens=rng.randint(10, 400))
+        if w is not None:
+            live.append(req)
+        for load in r.workers.values():
+            assert 0 <= load.load <= load.budget
+    assert r.route(10**6, group=-1, prompt_tokens=5000) is None  # too big for anyone
+
+
+def test_admission_respects_the_utilisation_limit_and_the_cap():
+    r = make_router(n=2, response_prior=10)
+    r.observe(0, util=0.97, queue=0, pressure=0.0, cap=100)
+    assert {r.route(i, i, 10) for i in range(5)} == {1}  # worker 0 is over the limit
+    r.observe(1, util=0.5, queue=0, pressure=0.0, cap=5)
+    assert r.route(99, 99, 10) is None  # worker 1 is at its cap of 5
+
+
+def test_affinity_keeps_siblings_together_until_overload():
+    r = make_router(n=3, budget=1000, response_prior=50)
+    homes = [r.route(g * 4 + k, g, 100) for g in range(3) for k in range(4)]
+    for g in range(3):
+        assert len(set(homes[g * 4 : g * 4 + 4])) == 1  # each group on one worker
+    assert len(set(homes)) == 3  # groups spread by cost
+    # Overload group 7's home: its siblings spill to another worker.
+    first = r.route(100, 7, 600)
+    spill = [r.route(101 + k, 7, 600) for k in range(2)]
+    assert first is not None and all(w is not None and w != first for w in spill)
+
+
+def test_routing_picks_the_lowest_cost_and_weighs_preemption_pressure():
+    r = make_router(n=2, response_prior=0)
+    r.route(1, 1, 300)  # worker 0 now carries 300 tokens
+    assert r.route(2, 2, 10) == 1
+    r.finished(2, 0)
+    r.observe(1, util=0.1, queue=0, pressure=2.0, cap=100)  # preempting heavily
+    assert r.route(3, 3, 10) == 0
+    r.finished(1, 400)
+    assert r.workers[0].load == 10 and math.isclose(r.expected_response["default"], 40.0)
+
+
+def window(produced, consumed, rollout_busy, trainer_busy, steps=5, seconds=10.0):
+    return WindowStats(steps, seconds, produced, consumed, rollout_busy, trainer_busy)
+
+
+def test_allocator_moves_workers_toward_the_bottleneck():
+    a = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=0)
+    current = Placement(4, 4)
+    # Rollout is slow (long responses): 1 sample/s per rollout rank, trainer takes 8/s.
+    d = a.decide(10, current, window(40, 80, rollout_busy=40, trainer_busy=10))
+    assert d.applied and int(d.best.split(":")[0]) > 4  # more rollout ranks
+    # the predicted coverages are in the decision; the chosen one is the closest in log
+    assert min(d.predicted, key=lambda k: abs(math.log(d.predicted[k] / 0.5))) == d.best
+    # Rollout is fast: more trainers.
+    d = a.decide(20, Placement(7, 1), window(400, 80, rollout_busy=40, trainer_busy=10))
+    assert d.applied and int(d.best.split(":")[1]) > 1
+
+
+def test_allocator_respects_replica_groups():
+    a = ProducerConsumerAllocator(16, 2, 4, sigma=0.5)
+    ps = a.placements()
+    assert all(p.rollout % 2 == 0 and p.trainer % 4 == 0 and p.rollout + p.trainer == 16
+               for p in ps)  # fmt: skip
+    assert [p.ratio for p in ps] == ["4:12", "8:8", "12:4"]
+    d = a.decide(5, Placement(8, 8), window(8, 400, rollout_busy=80, trainer_busy=40))
+    assert d.best in {p.ratio for p in ps}
+
+
+def test_allocator_cooldown_and_margin_hold():
+    a = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=5)
+    slow_rollout = window(40, 80, rollout_busy=40, trainer_busy=10)
+    d = a.decide(10, Placement(4, 4), slow_rollout)
+    assert d.applied
+    new = Placement(*map(int, d.best.split(":")))
+    fast_rollout = window(400, 80, rollout_busy=40, trainer_busy=10)
+    held = a.decide(12, new, fast_rollout)
+    assert not held.applied and held.reason.startswith("cooldown: 2 of 5")
+    assert a.decide(15, new, fast_rollout).applied
+    # within the margin: no change
+    b = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=0, margin=10.0)
+    assert not b.decide(3, Placement(4, 4), slow_rollout).applied
+    # too little data: no change
+    assert not b.decide(3, Placement(4, 4), window(1, 1, 1, 1, steps=1)).applied
