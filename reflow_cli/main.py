@@ -177,16 +177,35 @@ def status(
 
 @app.command()
 def rebalance(
-    ratio: Annotated[str, typer.Option(help="rollout:trainer ranks, e.g. 24:8")],
+    ratio: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="rollout:trainer ranks, e.g. 24:8 (applied at the next sync point)"),
+    ] = None,
+    auto: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="on|off: the producer/consumer allocator moves replica groups"),
+    ] = None,
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
 ) -> None:
-    """Move whole replica groups between the rollout and trainer pools."""
-    rollout, trainer = parse_ratio(ratio)
+    """Move whole replica groups between the rollout and trainer pools, by hand (--ratio)
+    or automatically (--auto on)."""
+    if ratio is None and auto is None:
+        raise UserError("rebalance: give --ratio R:T, --auto on|off, or both")
+    if auto is not None and auto not in ("on", "off"):
+        raise UserError(f"rebalance --auto: {auto!r} is not on or off")
+    parsed = parse_ratio(ratio) if ratio is not None else None
     paths = find_run(run)
-    reply = ControlClient(paths).command(p.RebalanceRequest(rollout=rollout, trainer=trainer))
-    if not reply.ok:
-        raise UserError(f"rebalance {ratio}: {reply.text}")
-    out.print(reply.text)
+    client = ControlClient(paths)
+    if auto is not None:
+        reply = client.command(p.AllocatorRequest(auto=auto == "on"))
+        if not reply.ok:
+            raise UserError(f"rebalance --auto {auto}: {reply.text}")
+        out.print(reply.text)
+    if parsed is not None:
+        reply = client.command(p.RebalanceRequest(rollout=parsed[0], trainer=parsed[1]))
+        if not reply.ok:
+            raise UserError(f"rebalance {ratio}: {reply.text}")
+        out.print(reply.text)
 
 
 @app.command()

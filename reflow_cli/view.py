@@ -53,6 +53,19 @@ def status_view(s: dict[str, Any]) -> Group:
         parts.append(Text(f"rebalance to {layout['pending']} pending (next sync point)", "yellow"))
     if layout.get("switching"):
         parts.append(Text(f"switching to layout epoch {layout.get('epoch')}", "yellow"))
+    alloc = s.get("allocator") or {}
+    if alloc.get("auto") or alloc.get("decisions"):
+        line = f"allocator: auto {'on' if alloc.get('auto') else 'off'}"
+        decided = [d for d in alloc.get("decisions", []) if d.get("rollout_rate") is not None]
+        if decided:
+            d = decided[-1]
+            verb = "moved" if d.get("applied") else "kept"
+            line += (
+                f"; step {d['step']}: {verb} {d['current']} -> {d['best']} ({d['reason']}); "
+                f"rates rollout {d['rollout_rate']:.2f}/rank-s, trainer "
+                f"{d['trainer_rate']:.2f}/rank-s"
+            )
+        parts.append(Text(line, "dim"))
     if s.get("reason"):
         parts.append(Text(f"reason: {s['reason']}", "red" if state == "FAILED" else "dim"))
     if s.get("stale"):

@@ -144,9 +144,13 @@ class ResourcesConfig:
 @dataclass
 class SchedulerConfig:
     auto_rebalance: bool = opt(
-        False, "let the allocator move replica groups (validated, not used yet)"
+        False, "let the producer/consumer allocator move replica groups (runtime/scheduling)"
     )
-    cooldown_steps: int = opt(5, "min steps between two rebalances (validated, not used yet)", ge=0)
+    cooldown_steps: int = opt(5, "min training steps between two placement changes", ge=0)
+    window_steps: int = opt(5, "training steps the allocator measures rates over", ge=1)
+    rebalance_margin: float = opt(
+        0.1, "a new placement must beat the current one by this |log coverage| margin", ge=0
+    )
     min_concurrency: int = opt(
         1, "lower bound of a rollout worker's cap (validated, not used yet)", ge=1
     )
@@ -165,6 +169,21 @@ class EngineConfig:
     enforce_eager: bool = opt(True, "disable graph capture / compilation")
     weight_bucket_mb: float = opt(
         32.0, "bucket size of weight and trainer-state broadcasts (torch.distributed)", gt=0
+    )
+    synthetic_token_s: float = opt(0.0004, "synthetic rollout: seconds per generated token", ge=0)
+    synthetic_train_token_s: float = opt(
+        0.0, "synthetic trainer: seconds per trained token, split over trainer ranks", ge=0
+    )
+    synthetic_kv_tokens: int = opt(
+        0,
+        "synthetic rollout: token budget of running generations (longer responses, fewer "
+        "at once); 0 = no limit",
+        ge=0,
+    )
+    synthetic_length_schedule: dict[str, float] = opt(
+        {},
+        "synthetic rollout: response-length multiplier by policy version, linear between "
+        "points, e.g. {0: 1, 30: 4, 60: 1}",
     )
 
 

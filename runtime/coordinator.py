@@ -24,6 +24,7 @@ from runtime import wire
 from runtime.config import Config
 from runtime.data_plane import DataPlane
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
+from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 
 Outgoing = tuple[bytes, p.Message]
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
@@ -52,6 +53,21 @@ class SwitchRecord:
     done_at: float | None = None
     waiting_for: set[int] = field(default_factory=set)
     durations: dict[int, float] = field(default_factory=dict)
+    source: str = "manual"  # manual (reflow rebalance) or auto (the allocator)
+    reported: bool = False  # its duration went into metrics.jsonl
+
+
+@dataclass
+class _Mark:
+    """Cumulative counters at a training step: the allocator's windows are differences."""
+
+    step: int
+    time: float
+    epoch: int
+    produced: int
+    consumed: int
+    rollout_busy_s: float
+    trainer_idle_s: float
 
 
 class Coordinator:
@@ -96,6 +112,19 @@ class Coordinator:
         self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
         self.batch_in_flight: int | None = None
         self.batch_sent_at = 0.0
+        sch = cfg.scheduler
+        self.auto_rebalance = sch.auto_rebalance
+        self.allocator = ProducerConsumerAllocator(
+            cfg.world_size,
+            res.rollout_gpus_per_replica,
+            res.trainer_gpus_per_replica,
+            sigma=cfg.reflow.sigma if self.data.replay_enabled else 0.0,
+            cooldown_steps=sch.cooldown_steps,
+            margin=sch.rebalance_margin,
+            min_window_steps=min(3, sch.window_steps),
+        )
+        self._marks: list[_Mark] = []
+        self._consumed_total = 0
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self._all_metrics: list[dict[str, Any]] = []
@@ -114,6 +143,7 @@ class Coordinator:
             p.Bye: self._on_bye,
             p.StatusRequest: self._on_status_request,
             p.RebalanceRequest: self._on_rebalance,
+            p.AllocatorRequest: self._on_allocator,
             p.StopRequest: self._on_stop_request,
         }
 
@@ -233,6 +263,7 @@ class Coordinator:
                 return []
             batch = self.data.finish_step(msg.batch_id, msg.policy_version)
             self.batch_in_flight = None
+            self._consumed_total += len(batch.samples)
             line.update(
                 batch_unused=batch.n_unused,
                 batch_replay=batch.n_replay,
@@ -248,9 +279,29 @@ class Coordinator:
         )
         if not self._all_metrics:
             self._idle_at_first_step = self.data.trainer_idle_s
+        self.step, self.policy_version = msg.step, msg.policy_version
+        self._mark(now)
+        for record in self.switches:  # transitions finished since the last step
+            if record.done_at is not None and record.applied_at is not None and not record.reported:
+                record.reported = True
+                line.setdefault("transitions", []).append(
+                    {
+                        "ratio": record.ratio,
+                        "source": record.source,
+                        "duration_s": round(record.done_at - record.applied_at, 4),
+                    }
+                )
+        decision = None
+        if (
+            self.auto_rebalance
+            and self.step < self.cfg.train.steps
+            and self.step % self.cfg.train.sync_every == 0
+        ):
+            decision = self._allocate()
+            if decision is not None:
+                line["placement"] = decision
         self.metrics_log.append(line)
         self._all_metrics.append(line)
-        self.step, self.policy_version = msg.step, msg.policy_version
         self.last_metrics = dict(msg.metrics)
         self.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval_")})
         if self.step >= self.cfg.train.steps:
@@ -260,6 +311,63 @@ class Coordinator:
             # broadcast, then a pending layout (if any) regroups everyone.
             return self._weight_sync() + self._maybe_apply_layout()
         return []
+
+    # --- allocation --------------------------------------------------------------------
+
+    def _mark(self, now: float) -> None:
+        self._marks.append(
+            _Mark(
+                step=self.step,
+                time=now,
+                epoch=self.layout_epoch,
+                produced=self.data.stats()["delivered"],
+                consumed=self._consumed_total,
+                rollout_busy_s=sum(w.rollout_time[1] for w in self.workers.values()),
+                trainer_idle_s=self.data.trainer_idle_s,
+            )
+        )
+        del self._marks[: -(self.cfg.scheduler.window_steps + 1)]
+
+    def window(self) -> WindowStats | None:
+        """Rates over the last ``window_steps`` steps of the current layout."""
+        last = self._marks[-1]
+        same = [m for m in self._marks if m.epoch == last.epoch and m.step < last.step]
+        if not same or self._switch_in_progress():
+            return None
+        first = same[0]
+        dt = last.time - first.time
+        idle = last.trainer_idle_s - first.trainer_idle_s
+        return WindowStats(
+            steps=last.step - first.step,
+            seconds=dt,
+            produced=last.produced - first.produced,
+            consumed=last.consumed - first.consumed,
+            rollout_busy_s=last.rollout_busy_s - first.rollout_busy_s,
+            trainer_busy_s=self.layout.n_trainer_ranks * max(dt - idle, 0.0),
+        )
+
+    def _allocate(self) -> dict[str, Any] | None:
+        """One allocator decision at a sync point; a chosen placement becomes the pending
+        layout, applied right after this step's weight sync like a manual rebalance."""
+        if self.pending_layout is not None or self._switch_in_progress():
+            return None
+        w = self.window()
+        if w is None:
+            return None
+        current = Placement(self.layout.n_rollout_ranks, self.layout.n_trainer_ranks)
+        d = self.allocator.decide(self.step, current, w)
+        if d.applied:
+            rollout, trainer = parse_ratio(d.best)
+            self.pending_layout = self.layout.with_ratio(rollout, trainer)
+            self.switches.append(
+                SwitchRecord(
+                    epoch=self.layout_epoch + 1,
+                    ratio=d.best,
+                    requested_at=self.clock(),
+                    source="auto",
+                )
+            )
+        return d.as_dict()
 
     def _weight_sync(self) -> list[Outgoing]:
         """Tell the trainer leader and every rollout rank to run the weight broadcast."""
@@ -365,9 +473,16 @@ class Coordinator:
         self.switches.append(
             SwitchRecord(epoch=self.layout_epoch + 1, ratio=target.ratio, requested_at=self.clock())
         )
+        self.allocator.changed(self.step)  # a manual placement restarts the cooldown
         text = f"rebalance to {target.ratio} accepted; applied at the next sync point"
         now = [] if self.training_started else self._maybe_apply_layout()
         return [(identity, p.Reply(ok=True, text=text)), *now]
+
+    def _on_allocator(self, identity: bytes, msg: p.AllocatorRequest) -> list[Outgoing]:
+        self.accepted += 1
+        self.auto_rebalance = msg.auto
+        text = f"automatic rebalancing {'on' if msg.auto else 'off'}"
+        return [(identity, p.Reply(ok=True, text=text))]
 
     def _on_stop_request(self, identity: bytes, msg: p.StopRequest) -> list[Outgoing]:
         self.accepted += 1
@@ -504,6 +619,7 @@ class Coordinator:
                     else None
                 ),
                 "max_rank_switch_s": max(s.durations.values(), default=None),
+                "source": s.source,
             }
             for s in records
         ]
@@ -587,6 +703,10 @@ class Coordinator:
             "buffer": {**self.data.stats(), "ledger": self.data.ledger()},
             "metrics": dict(self.last_metrics),
             "switches": switches,
+            "allocator": {
+                "auto": self.auto_rebalance,
+                "decisions": [d.as_dict() for d in self.allocator.decisions[-5:]],
+            },
             "control": {
                 "accepted": self.accepted,
                 "rejected": sum(self.rejected.values()),

@@ -76,9 +76,17 @@ class DataPlane:
 
     def deliver(self, t: Trajectory) -> bool:
         """A finished trajectory from a rollout worker; False (counted) if unexpected."""
-        req = self.dispatcher.finished(t.sample_id)
+        req = self.dispatcher.finished(t.sample_id, t.worker)
         if req is None:
-            self.rejected["duplicate" if t.sample_id in self.delivered_ids else "unknown"] += 1
+            if t.sample_id in self.delivered_ids:
+                why = "duplicate"
+            elif t.sample_id in self.dispatcher.outstanding or any(
+                r.sample_id == t.sample_id for r in self.dispatcher.pending
+            ):
+                why = "stale_worker"  # requeued after a role switch: not this worker's now
+            else:
+                why = "unknown"
+            self.rejected[why] += 1
             return False
         if (req.group_id, req.prompt_id) != (t.group_id, t.prompt_id):
             self.rejected["mismatched_ids"] += 1

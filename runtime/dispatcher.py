@@ -101,11 +101,14 @@ class Dispatcher:
             out.append(req)
         return out
 
-    def finished(self, sample_id: int) -> Request | None:
-        """A trajectory came back; None if it was not outstanding (duplicate or unknown)."""
-        entry = self.outstanding.pop(sample_id, None)
-        if entry is None:
+    def finished(self, sample_id: int, worker: int) -> Request | None:
+        """A trajectory came back from ``worker``; None if it was not outstanding there
+        (a duplicate, an unknown id, or a late result from a worker that lost the request
+        in a role switch and whose request was requeued: it is someone else's now)."""
+        entry = self.outstanding.get(sample_id)
+        if entry is None or entry[1] != worker:
             return None
+        del self.outstanding[sample_id]
         self.transitions["running->finished"] += 1
         return entry[0]
 

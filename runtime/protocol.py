@@ -360,6 +360,15 @@ class RebalanceRequest(Message):
 
 @message
 @dataclass(frozen=True)
+class AllocatorRequest(Message):
+    """Turn the automatic (producer/consumer) rebalancing on or off."""
+
+    TYPE: ClassVar[str] = "allocator_request"
+    auto: bool
+
+
+@message
+@dataclass(frozen=True)
 class StopRequest(Message):
     TYPE: ClassVar[str] = "stop_request"
     reason: str

@@ -53,13 +53,27 @@ class _Generation:
     spans: list[list[int]] = field(default_factory=list)  # [version, first, end]
 
 
+def length_multiplier(schedule: list[tuple[int, float]], version: int) -> float:
+    """Piecewise-linear multiplier of the response length at a policy version (a workload
+    whose responses grow, then shrink, drives the allocator in tests)."""
+    if not schedule:
+        return 1.0
+    if version <= schedule[0][0]:
+        return schedule[0][1]
+    for (v0, m0), (v1, m1) in itertools.pairwise(schedule):
+        if version <= v1:
+            return m0 + (m1 - m0) * (version - v0) / max(v1 - v0, 1)
+    return schedule[-1][1]
+
+
 class SyntheticRollout(_SyntheticSide):
     name = "rollout"
 
-    def __init__(self, cfg: Config, rank: int, token_time_s: float = 0.0004) -> None:
+    def __init__(self, cfg: Config, rank: int) -> None:
         super().__init__(cfg, rank)
         self.slots = min(cfg.scheduler.max_concurrency, 16)
-        self.token_time_s = token_time_s
+        self.token_time_s = cfg.engine.synthetic_token_s
+        self.schedule = sorted((int(k), v) for k, v in cfg.engine.synthetic_length_schedule.items())
         self.rng = random.Random(cfg.train.seed * 1000 + rank)
         self.running: dict[int, _Generation] = {}
         self.delivered = 0
@@ -74,9 +88,22 @@ class SyntheticRollout(_SyntheticSide):
     def state(self) -> str:
         return "busy" if self.running else "idle"
 
+    def _median(self) -> float:
+        cap = self.cfg.workload.max_response_tokens
+        return cap / 8 * length_multiplier(self.schedule, self.version)
+
     def _length(self) -> int:
         cap = self.cfg.workload.max_response_tokens
-        return max(1, min(cap, int(self.rng.lognormvariate(math.log(cap / 8), 0.8))))
+        return max(1, min(cap, int(self.rng.lognormvariate(math.log(self._median()), 0.8))))
+
+    def _free_slots(self) -> int:
+        free = self.slots - len(self.running)
+        budget = self.cfg.engine.synthetic_kv_tokens
+        if budget:  # a KV cache holds so many tokens: long responses, fewer at once
+            expected = self._median() * math.exp(0.8**2 / 2)  # log-normal mean
+            held = sum(g.n_tokens for g in self.running.values())
+            free = min(free, int((budget - held) // expected))
+        return free
 
     def _set_version(self, version: int, now: float) -> None:
         if version <= self.version:
@@ -129,7 +156,7 @@ class SyntheticRollout(_SyntheticSide):
             )
             self._send(wire.sample_done(t, self.rank))
             self.delivered += 1
-        free = self.slots - len(self.running)
+        free = self._free_slots()
         if free > 0 and not self._asked and now >= self._retry_at:
             self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
 
@@ -144,6 +171,13 @@ class SyntheticTrainer(BatchConsumer):
         self.version = 0
         self.step_no = 0
         self._model = None
+        from runtime.layout import parse_ratio
+
+        assert cfg.resources.initial_ratio is not None, "config not validated"
+        self.trainer_ranks = parse_ratio(cfg.resources.initial_ratio)[1]
+
+    def on_layout(self, change) -> None:
+        self.trainer_ranks = max(1, len(change.ranks("trainer")))
 
     def observe(self, step: int, policy_version: int) -> None:
         self.step_no = max(self.step_no, step)
@@ -179,6 +213,10 @@ class SyntheticTrainer(BatchConsumer):
         self._opt.zero_grad()
         loss.backward()
         self._opt.step()
+        # Simulated data parallelism: the compute a real trainer would do, shared by the
+        # trainer ranks (only the leader computes here).
+        tokens = sum(s["n_valid"] for s in samples)
+        time.sleep(tokens * self.cfg.engine.synthetic_train_token_s / self.trainer_ranks)
         self.step_no += 1
         self.version = max(self.version, msg.policy_version) + 1
         self._send(

@@ -93,8 +93,15 @@ class ProducerConsumerAllocator:
 
     def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
         """The placement for the next steps (``current`` when nothing should change)."""
-        d = Decision(step=step, current=current.ratio, best=current.ratio, applied=False,
-                     reason="", target_coverage=self.target, window=asdict(w))  # fmt: skip
+        d = Decision(
+            step=step,
+            current=current.ratio,
+            best=current.ratio,
+            applied=False,
+            reason="",
+            target_coverage=self.target,
+            window=asdict(w),
+        )
         if w.steps < self.min_window_steps or w.rollout_busy_s <= 0 or w.trainer_busy_s <= 0:
             d.reason = "not enough data in the window"
         elif w.produced <= 0 or w.consumed <= 0:

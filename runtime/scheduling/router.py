@@ -100,9 +100,10 @@ class TokenRouter:
             at_home = need - prompt_tokens  # the prompt is in its prefix cache already
             if self.feasible(w, at_home):
                 others = [
-                    self.cost(o) for i, o in self.workers.items()
+                    self.cost(o)
+                    for i, o in self.workers.items()
                     if i != home and (among is None or i in among) and self.feasible(o, need)
-                ]  # fmt: skip
+                ]
                 if not others or self.cost(w) <= min(others) + self.s.affinity_slack:
                     return self._book(request, group, home, at_home)
         candidates = [

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runtime.config import SandboxConfig
 from runtime.datasets import load_records
 from runtime.rewards.code import parse_tests, run_tests, sandbox_for
 from tests.conftest import SHARED_DATA, needs_shared_data
@@ -26,9 +27,11 @@ APPS_PASSING = {"1": 24, "111": 1, "2287": 7, "2404": 48, "4184": 7}
 
 
 def _score_all(pairs, workers: int = 4):
-    sb = sandbox_for()
+    # Generous limits: a few reference solutions are CPU-heavy (MBPP 123 sums divisors up
+    # to 9999) and four run at once on two cores here. The limits have their own tests.
+    sb = sandbox_for(SandboxConfig(test_timeout_s=30.0))
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda p: run_tests(p[0], p[1], sb), pairs))
+        return list(pool.map(lambda p: run_tests(p[0], p[1], sb, total_timeout_s=60), pairs))
 
 
 @needs_shared_data

@@ -91,6 +91,8 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
     clock = Clock()
     dp = DataPlane(cfg, prompts(), clock)
     running = {}  # sample_id -> (request, worker, version when started)
+    ghosts = []  # requests a departed worker may still report late (its outbox)
+    duplicates = 0
     batches = []
     in_training = None
     for _ in range(events):
@@ -109,6 +111,16 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
             assert dp.deliver(traj(req, version, worker, spans=spans, rng=rng))
             if rng.random() < 0.05:  # a duplicate delivery is rejected, not double-counted
                 assert not dp.deliver(traj(req, version, worker, rng=rng))
+                duplicates += 1
+        elif e < 0.75 and ghosts:
+            # A late result from a worker that lost this request in a role switch: it was
+            # requeued (and maybe re-dispatched), so it is rejected; the new owner's counts.
+            req, worker, version = ghosts.pop(rng.randrange(len(ghosts)))
+            owner = running.get(req.sample_id)
+            if owner is None or owner[1] != worker:
+                delivered = req.sample_id in dp.delivered_ids
+                assert not dp.deliver(traj(req, version, worker, rng=rng))
+                duplicates += delivered
         elif e < 0.85 and in_training is None:
             batch = dp.next_batch()
             if batch is not None:
@@ -130,11 +142,11 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
             lost = [s for s, (_, w, _) in running.items() if w == worker]
             assert dp.worker_gone(worker) == len(lost)
             for s in lost:
-                del running[s]
+                ghosts.append(running.pop(s))
         assert len(dp.dispatcher.outstanding) <= cfg.reflow.B_max
         assert len(dp.dispatcher.outstanding) == len(running)
     ledger = dp.ledger()
-    assert ledger["lost"] == 0
+    assert ledger["lost"] == 0 and ledger["duplicated"] == duplicates
     assert ledger["delivered"] == len(dp.delivered_ids)
     assert ledger["delivered"] == ledger["held_in_buffer"] + ledger["evicted"] + ledger["retired"]
     assert ledger["dispatched"] == ledger["delivered"] + ledger["outstanding"]

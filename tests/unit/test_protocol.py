@@ -58,6 +58,7 @@ EXAMPLES = [
     p.StatusRequest(),
     p.StatusReply(status={"state": "RUNNING", "workers": [{"rank": 0}]}),
     p.RebalanceRequest(rollout=3, trainer=1),
+    p.AllocatorRequest(auto=False),
     p.StopRequest(reason="reflow stop"),
     p.Reply(ok=True, text="fine"),
 ]
