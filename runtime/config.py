@@ -151,12 +151,17 @@ class SchedulerConfig:
     rebalance_margin: float = opt(
         0.1, "a new placement must beat the current one by this |log coverage| margin", ge=0
     )
-    min_concurrency: int = opt(
-        1, "lower bound of a rollout worker's cap (validated, not used yet)", ge=1
+    adaptive_caps: bool = opt(
+        True, "AIMD control of each rollout rank's concurrency cap from its engine's load"
     )
-    max_concurrency: int = opt(256, "upper bound of a rollout worker's cap", ge=1)
+    cap_interval_s: float = opt(2.0, "seconds between two cap updates of a rank", gt=0)
+    token_admission: bool = opt(
+        True, "admit a request only if its expected tokens fit the engine's KV budget"
+    )
+    min_concurrency: int = opt(1, "lower bound of a rollout rank's cap", ge=1)
+    max_concurrency: int = opt(256, "upper bound of a rollout rank's cap (its start value)", ge=1)
     target_kv_util: float = opt(
-        0.8, "AIMD target KV-cache utilisation (validated, not used yet)", gt=0, le=1
+        0.8, "AIMD: the cap grows while KV utilisation is below this minus 0.1", gt=0, le=1
     )
 
 

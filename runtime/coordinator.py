@@ -24,7 +24,10 @@ from runtime import wire
 from runtime.config import Config
 from runtime.data_plane import DataPlane
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
+from runtime.sample import Request
 from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
+from runtime.scheduling.concurrency import AimdSettings
+from runtime.scheduling.generation import GenerationScheduler
 
 Outgoing = tuple[bytes, p.Message]
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
@@ -122,6 +125,17 @@ class Coordinator:
             cooldown_steps=sch.cooldown_steps,
             margin=sch.rebalance_margin,
             min_window_steps=min(3, sch.window_steps),
+        )
+        self.generation = GenerationScheduler(
+            clock,
+            AimdSettings(
+                min_cap=sch.min_concurrency,
+                max_cap=sch.max_concurrency,
+                target_util=sch.target_kv_util,
+            ),
+            interval_s=sch.cap_interval_s,
+            adaptive_caps=sch.adaptive_caps,
+            token_admission=sch.token_admission,
         )
         self._marks: list[_Mark] = []
         self._consumed_total = 0
@@ -233,6 +247,8 @@ class Coordinator:
         if w.state not in ("starting", "switching"):
             w.state, w.role, w.layout_epoch = msg.state, msg.role, msg.layout_epoch
         w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
+        if msg.role == Role.ROLLOUT.value and self.layout.role_of(msg.rank) == Role.ROLLOUT:
+            self.generation.observe(msg.rank, msg.engine)
         return [(identity, p.HeartbeatAck(step=self.step, policy_version=self.policy_version))]
 
     def _on_switch_done(self, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
@@ -385,7 +401,17 @@ class Coordinator:
             return []
         requests = []
         if self.state == "RUNNING" and self.layout.role_of(msg.rank).value == "rollout":
-            for r in self.data.request_work(msg.rank, msg.slots):
+            gen = self.generation
+            running = sum(1 for _, w in self.data.dispatcher.outstanding.values() if w == msg.rank)
+            slots = gen.grant(msg.rank, msg.slots, running)
+            if slots < msg.slots:
+                self.data.dispatcher.blocked["concurrency_cap"] += 1
+
+            def admit(r: Request) -> bool:
+                prompt_ids = r.prompt.get("prompt_ids") or ()
+                return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids))
+
+            for r in self.data.request_work(msg.rank, slots, admit) if slots else []:
                 requests.append(
                     {
                         "sample_id": r.sample_id,
@@ -400,6 +426,9 @@ class Coordinator:
         if self._known(identity, msg.rank) is None:
             return []
         t = wire.trajectory(msg)
+        if not self.data.deliver(t):
+            return []
+        self.generation.finished(t.sample_id, len(t.token_ids))
         if self.cfg.logging.samples:
             self.samples_log.append(
                 {
@@ -415,12 +444,12 @@ class Coordinator:
                     "info": t.extra.get("info", {}),
                 }
             )
-        self.data.deliver(t)
         return []
 
     def _on_sample_failed(self, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
-        if self._known(identity, msg.rank) is not None:
-            self.data.failed(msg.sample_id, msg.rank)
+        known = self._known(identity, msg.rank) is not None
+        if known and self.data.failed(msg.sample_id, msg.rank):
+            self.generation.finished(msg.sample_id, None)
         return []
 
     def _on_batch_request(self, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
@@ -535,6 +564,7 @@ class Coordinator:
                 # A rank leaving the rollout pool drops its in-flight generations; their
                 # requests go back to the front of the queue, so no sample is lost.
                 self.data.worker_gone(w.rank)
+                self.generation.worker_left(w.rank)
         roles = [r.value for r in target.roles()]
         return self._broadcast(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
@@ -703,6 +733,7 @@ class Coordinator:
             "buffer": {**self.data.stats(), "ledger": self.data.ledger()},
             "metrics": dict(self.last_metrics),
             "switches": switches,
+            "generation": self.generation.status(),
             "allocator": {
                 "auto": self.auto_rebalance,
                 "decisions": [d.as_dict() for d in self.allocator.decisions[-5:]],

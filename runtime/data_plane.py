@@ -57,7 +57,9 @@ class DataPlane:
 
     # --- rollout side ------------------------------------------------------------------
 
-    def request_work(self, worker: int, slots: int) -> list[Request]:
+    def request_work(
+        self, worker: int, slots: int, admit: Callable[[Request], bool] | None = None
+    ) -> list[Request]:
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
         if self.mode in ("sync", "one_step_off"):
             # Batch-at-a-time baselines: never more than one batch generated ahead of the
@@ -72,7 +74,9 @@ class DataPlane:
             if slots == 0:
                 self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
                 return []
-        return self.dispatcher.take(worker, slots, buffered=buffered, version=self.policy_version)
+        return self.dispatcher.take(
+            worker, slots, buffered=buffered, version=self.policy_version, admit=admit
+        )
 
     def deliver(self, t: Trajectory) -> bool:
         """A finished trajectory from a rollout worker; False (counted) if unexpected."""

@@ -78,8 +78,18 @@ class Dispatcher:
     def admissible(self, ahead: int) -> bool:
         return ahead + 1 <= self.fresh_per_step * (self.delta + 1)
 
-    def take(self, worker: int, slots: int, *, buffered: int, version: int) -> list[Request]:
-        """Up to ``slots`` requests for ``worker``; ``buffered`` = unused + waiting samples."""
+    def take(
+        self,
+        worker: int,
+        slots: int,
+        *,
+        buffered: int,
+        version: int,
+        admit: Callable[[Request], bool] | None = None,
+    ) -> list[Request]:
+        """Up to ``slots`` requests for ``worker``; ``buffered`` = unused + waiting samples;
+        ``admit`` (the generation scheduler's token budget) may stop the hand-out at the
+        first request that does not fit (it stays first in the queue)."""
         out: list[Request] = []
         while len(out) < slots:
             if len(self.outstanding) >= self.B_max:
@@ -90,6 +100,9 @@ class Dispatcher:
                 break
             if not self.pending and not self._refill():
                 self.blocked["no_prompts"] += 1
+                break
+            if admit is not None and not admit(self.pending[0]):
+                self.blocked["token_budget"] += 1
                 break
             req = self.pending.popleft()
             req = Request(

@@ -107,10 +107,17 @@ class Heartbeat(Message):
     layout_epoch: int
     rollout_active_s: float
     rollout_busy_s: float
+    engine: dict[str, float]  # rollout engine load (runtime/engine_stats.py); {} if none
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
         _require(self.state in WORKER_STATES, "unknown worker state")
+        _require(len(self.engine) <= 16, "too many engine stats")
+        for value in self.engine.values():
+            _require(
+                isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+                "engine stats must be finite non-negative numbers",
+            )
 
 
 @message

@@ -42,6 +42,7 @@ from runtime.agents.base import AgentEnv, Generation
 from runtime.agents.pool import RewardPool
 from runtime.collective import Collective
 from runtime.config import Config
+from runtime.engine_stats import EngineStats, vllm_stat_logger
 from runtime.layout import LayoutChange
 from runtime.roles import Send
 from runtime.run_dir import RunPaths
@@ -89,13 +90,16 @@ class VLLMEngine:
         if self.can_sleep:
             kwargs["enable_sleep_mode"] = True
         self._args = AsyncEngineArgs(**kwargs)
+        self.stats = EngineStats()  # filled by vLLM's stat logging, once per engine step
         self.engine: Any = None
         self.version = 0
 
     async def start(self, version: int = 0) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(self._args)
+        self.engine = AsyncLLM.from_engine_args(
+            self._args, stat_loggers=[vllm_stat_logger(self.stats)]
+        )
         await self.engine.update_weight_version(str(version))
         self.version = version
 
@@ -255,6 +259,9 @@ class VLLMRolloutSide:
     @property
     def state(self) -> str:
         return "busy" if self._running else "idle"
+
+    def engine_stats(self) -> dict[str, float]:
+        return self.engine.stats.snapshot()
 
     def on_message(self, msg: p.Message) -> None:
         if isinstance(msg, p.WeightSync):

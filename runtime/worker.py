@@ -138,6 +138,13 @@ class HybridWorker:
             ctx.term()
         return self.stop_reason or ""
 
+    def _engine_stats(self) -> dict[str, float]:
+        """The rollout engine's load for rank 0's generation scheduler, while rollout."""
+        side = self.sides.get("rollout")
+        if self.role != "rollout" or side is None or not hasattr(side, "engine_stats"):
+            return {}
+        return side.engine_stats()
+
     def _send(self, msg: p.Message) -> bool:
         # Never block: with no live connection to rank 0 (not up yet, gone, or the CURVE
         # handshake refused) a DEALER send would wait forever. The heartbeat and HELLO
@@ -241,6 +248,7 @@ class HybridWorker:
                         layout_epoch=self.layout_epoch,
                         rollout_active_s=self.rollout_active_s,
                         rollout_busy_s=self.rollout_busy_s,
+                        engine=self._engine_stats(),
                     )
                 )
                 next_beat = now + self.heartbeat_interval

@@ -115,6 +115,22 @@ class TokenRouter:
             return None
         return self._book(request, group, min(candidates)[1], need)
 
+    def admit(
+        self, worker: int, request: int, group: int, prompt_tokens: int, workload: str = "default"
+    ) -> bool:
+        """Pull-based admission: may ``worker`` (which asks for work) take this request?
+        Booked if so; a sibling of a group already there books only its response."""
+        w = self.workers.get(worker)
+        if w is None:
+            return False
+        need = self.footprint(prompt_tokens, workload)
+        if self._group_home.get(group) == worker:
+            need -= prompt_tokens
+        if not self.feasible(w, need):
+            return False
+        self._book(request, group, worker, need)
+        return True
+
     def _book(self, request: int, group: int, worker: int, tokens: int) -> int:
         w = self.workers[worker]
         w.load += tokens

@@ -13,6 +13,7 @@ from tests.conftest import wait_for_status as wait_for
 # responses make the trainer the bottleneck (1:3 fits), long ones the rollout (3:1).
 RECIPE = """
 name: alloc
+model: {max_seq_len: 2048}
 data: {train: "embedded:synthetic"}
 workload: {max_response_tokens: 1024}
 algorithm: {group_size: 4}

@@ -98,6 +98,7 @@ def test_heartbeats_keep_ranks_alive_and_silence_fails_the_run(clock):
                     layout_epoch=0,
                     rollout_active_s=10.0 if r > 1 else 0.0,
                     rollout_busy_s=7.5 if r > 1 else 0.0,
+                    engine={},
                 ),
             )
             assert isinstance(ack, p.HeartbeatAck)
@@ -125,6 +126,7 @@ def test_registration_timeout(clock):
             layout_epoch=0,
             rollout_active_s=0.0,
             rollout_busy_s=0.0,
+            engine={},
         ),
     )
     clock.t += 25
@@ -137,6 +139,7 @@ def test_registration_timeout(clock):
             layout_epoch=0,
             rollout_active_s=0.0,
             rollout_busy_s=0.0,
+            engine={},
         ),
     )
     c.tick()
@@ -244,3 +247,60 @@ def test_an_unexpected_departure_fails_the_run(clock):
     register_all(c)
     c.handle(ident(2), p.Bye(rank=2, reason="crashed"))
     assert c.state == "FAILED" and c.reason == "rank 2 left: crashed"
+
+
+def beat(c, rank, clock, **engine):
+    clock.t += 0.5
+    c.handle(
+        ident(rank),
+        p.Heartbeat(
+            rank=rank,
+            role="rollout",
+            state="busy",
+            layout_epoch=0,
+            rollout_active_s=1.0,
+            rollout_busy_s=1.0,
+            engine={k: float(v) for k, v in engine.items()},
+        ),
+    )
+
+
+def test_engine_load_in_heartbeats_sets_caps_and_token_admission(clock):
+    prompts = ({"prompt_ids": [1] * 100} for _ in itertools.count())
+    c = make(
+        clock,
+        prompts=prompts,
+        scheduler={"max_concurrency": 16, "cap_interval_s": 1.0},
+        algorithm={"group_size": 2},
+        train={"steps": 5, "batch_size": 64},
+    )
+    register_all(c)
+    # rank 2 hits a full KV cache, then preempts: its cap halves, twice
+    beat(c, 2, clock, kv_util=0.99, kv_tokens=100_000, running=16, waiting=3, preemptions=4)
+    clock.t += 1.0
+    beat(c, 2, clock, kv_util=0.9, kv_tokens=100_000, running=16, waiting=3, preemptions=9)
+    assert c.generation.cap(2) == 4
+    ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=16))
+    assert len(work.requests) == 4  # the cap, not the 16 asked for
+    # rank 3: a small KV budget; each request books its prompt + expected response (256)
+    beat(c, 3, clock, kv_util=0.1, kv_tokens=700, running=0, waiting=0, preemptions=0)
+    ((_, work),) = c.handle(ident(3), p.WorkRequest(rank=3, slots=16))
+    # 356 tokens for the first sibling, 256 for the second (its prompt is cached): 612
+    assert len(work.requests) == 2
+    assert c.data.dispatcher.blocked["token_budget"] >= 1
+    status = c.status()["generation"]
+    assert status["caps"] == {"2": 4, "3": 16} and status["recent_changes"][-1]["cap"] == 4
+    # a finished sample releases its budget
+    req = work.requests[0]
+    r = next(
+        x for x, _ in c.data.dispatcher.outstanding.values() if x.sample_id == req["sample_id"]
+    )
+    c.handle(ident(3), wire_done(r, 3))
+    assert c.generation.router.workers[3].load == 256
+
+
+def wire_done(req, rank):
+    from runtime import wire
+
+    t = traj(req, 0, worker=rank)
+    return wire.sample_done(t, rank)

@@ -17,6 +17,7 @@ EXAMPLES = [
         layout_epoch=3,
         rollout_active_s=1.0,
         rollout_busy_s=0.5,
+        engine={},
     ),
     p.HeartbeatAck(step=4, policy_version=4),
     p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
@@ -103,6 +104,7 @@ def header(**fields):
                     layout_epoch=0,
                     rollout_active_s=0.0,
                     rollout_busy_s=0.0,
+                    engine={},
                 )
             ],
             "unknown role",
