@@ -19,6 +19,8 @@ footprint where they land).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -45,21 +47,31 @@ class RouterSettings:
 
 
 class TokenRouter:
+    """Costs sit in a lazy min-heap (an entry per change, stale ones skipped), so a routing
+    decision looks at a few of the cheapest workers, not all of them: O(log W)."""
+
+    PROBE = 64  # cheapest workers tried before a request is declared unroutable now
+
     def __init__(self, settings: RouterSettings | None = None) -> None:
         self.s = settings or RouterSettings()
         self.workers: dict[int, WorkerLoad] = {}
         self.expected_response: dict[str, float] = {}
-        self._placed: dict[int, tuple[int, int]] = {}  # request id -> (worker, footprint)
+        self._placed: dict[int, tuple[int, int]] = {}  # request id -> (worker, tokens)
         self._group_home: dict[int, int] = {}
+        self._heap: list[tuple[float, int, int]] = []  # (cost, stamp, worker)
+        self._stamp: dict[int, int] = {}
+        self._next_stamp = itertools.count()
 
     # --- worker state ------------------------------------------------------------------
 
     def add_worker(self, worker: int, budget: int, cap: int) -> None:
         self.workers[worker] = WorkerLoad(budget=budget, cap=cap)
+        self._touch(worker)
 
     def remove_worker(self, worker: int) -> list[int]:
         """The worker left: its requests are forgotten (the caller requeues them)."""
         self.workers.pop(worker, None)
+        self._stamp.pop(worker, None)
         gone = [r for r, (w, _) in self._placed.items() if w == worker]
         for r in gone:
             del self._placed[r]
@@ -69,6 +81,15 @@ class TokenRouter:
     def observe(self, worker: int, *, util: float, queue: int, pressure: float, cap: int) -> None:
         w = self.workers[worker]
         w.util, w.queue, w.pressure, w.cap = util, queue, pressure, cap
+        self._touch(worker)
+
+    def _touch(self, worker: int) -> None:
+        stamp = next(self._next_stamp)
+        self._stamp[worker] = stamp
+        heapq.heappush(self._heap, (self.cost(self.workers[worker]), stamp, worker))
+        if len(self._heap) > 4 * len(self.workers) + 1024:  # drop the stale entries
+            self._heap = [e for e in self._heap if self._stamp.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -83,37 +104,39 @@ class TokenRouter:
             w.load + footprint <= w.budget and w.util <= self.s.admission_limit and w.active < w.cap
         )
 
+    def _cheapest(self, need: int, exclude: int | None = None) -> tuple[float, int] | None:
+        """The lowest-cost worker that can take ``need`` tokens (among the PROBE cheapest)."""
+        popped, found = [], None
+        while self._heap and len(popped) < self.PROBE:
+            cost, stamp, worker = heapq.heappop(self._heap)
+            if self._stamp.get(worker) != stamp:
+                continue  # stale
+            popped.append((cost, stamp, worker))
+            if worker != exclude and self.feasible(self.workers[worker], need):
+                found = (cost, worker)
+                break
+        for entry in popped:
+            heapq.heappush(self._heap, entry)
+        return found
+
     def route(
-        self,
-        request: int,
-        group: int,
-        prompt_tokens: int,
-        workload: str = "default",
-        among: set[int] | None = None,
+        self, request: int, group: int, prompt_tokens: int, workload: str = "default"
     ) -> int | None:
         """The worker for ``request``, admitted there (load booked); None when no worker can
         take it now (the request stays queued)."""
         need = self.footprint(prompt_tokens, workload)
         home = self._group_home.get(group)
-        if home is not None and home in self.workers and (among is None or home in among):
+        if home is not None and home in self.workers:
             w = self.workers[home]
             at_home = need - prompt_tokens  # the prompt is in its prefix cache already
             if self.feasible(w, at_home):
-                others = [
-                    self.cost(o)
-                    for i, o in self.workers.items()
-                    if i != home and (among is None or i in among) and self.feasible(o, need)
-                ]
-                if not others or self.cost(w) <= min(others) + self.s.affinity_slack:
+                other = self._cheapest(need, exclude=home)
+                if other is None or self.cost(w) <= other[0] + self.s.affinity_slack:
                     return self._book(request, group, home, at_home)
-        candidates = [
-            (self.cost(w), i)
-            for i, w in self.workers.items()
-            if (among is None or i in among) and self.feasible(w, need)
-        ]
-        if not candidates:
+        best = self._cheapest(need)
+        if best is None:
             return None
-        return self._book(request, group, min(candidates)[1], need)
+        return self._book(request, group, best[1], need)
 
     def admit(
         self, worker: int, request: int, group: int, prompt_tokens: int, workload: str = "default"
@@ -138,6 +161,7 @@ class TokenRouter:
         w.groups.add(group)
         self._placed[request] = (worker, tokens)
         self._group_home.setdefault(group, worker)
+        self._touch(worker)
         return worker
 
     def finished(
@@ -149,6 +173,7 @@ class TokenRouter:
             w = self.workers[placed[0]]
             w.load -= placed[1]
             w.active -= 1
+            self._touch(placed[0])
         if response_tokens is not None:
             prev = self.expected_response.get(workload, float(self.s.response_prior))
             a = self.s.smoothing

@@ -119,8 +119,9 @@ def test_allocator_moves_workers_toward_the_bottleneck():
 def test_allocator_respects_replica_groups():
     a = ProducerConsumerAllocator(16, 2, 4, sigma=0.5)
     ps = a.placements()
-    assert all(p.rollout % 2 == 0 and p.trainer % 4 == 0 and p.rollout + p.trainer == 16
-               for p in ps)  # fmt: skip
+    assert all(
+        p.rollout % 2 == 0 and p.trainer % 4 == 0 and p.rollout + p.trainer == 16 for p in ps
+    )
     assert [p.ratio for p in ps] == ["4:12", "8:8", "12:4"]
     d = a.decide(5, Placement(8, 8), window(8, 400, rollout_busy=80, trainer_busy=40))
     assert d.best in {p.ratio for p in ps}
@@ -141,3 +142,32 @@ def test_allocator_cooldown_and_margin_hold():
     assert not b.decide(3, Placement(4, 4), slow_rollout).applied
     # too little data: no change
     assert not b.decide(3, Placement(4, 4), window(1, 1, 1, 1, steps=1)).applied
+
+
+def test_heap_routing_picks_what_a_full_scan_would():
+    rng = random.Random(7)
+    r = make_router(n=40, budget=5000, response_prior=50, affinity_slack=0.0)
+    live = []
+    for req in range(2000):
+        if live and rng.random() < 0.4:
+            r.finished(live.pop(rng.randrange(len(live))), rng.randint(10, 200))
+        if rng.random() < 0.1:
+            w = rng.randrange(40)
+            r.observe(
+                w,
+                util=rng.random(),
+                queue=rng.randint(0, 5),
+                pressure=rng.random(),
+                cap=rng.randint(1, 50),
+            )
+        prompt = rng.randint(10, 300)
+        need = r.footprint(prompt)
+        feasible = [(r.cost(w), i) for i, w in r.workers.items() if r.feasible(w, need)]
+        got = r.route(req, group=-req - 1, prompt_tokens=prompt)  # a new group each time
+        if not feasible:
+            assert got is None
+        else:
+            assert got is not None
+            best_cost = min(feasible)[0]
+            assert any(i == got and math.isclose(c, best_cost) for c, i in feasible)
+            live.append(req)
