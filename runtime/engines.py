@@ -66,6 +66,7 @@ def build_sides(
 PROMPT_SOURCES: dict[str, str] = {
     "embedded:synthetic": "runtime.synthetic:synthetic_prompts",
     "embedded:arith": "runtime.tasks.arith:arith_prompts",
+    "embedded:arith-drift": "runtime.tasks.arith:arith_drift_prompts",
 }
 
 

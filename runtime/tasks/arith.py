@@ -68,6 +68,20 @@ def arith_prompts(seed: int) -> Iterator[dict]:
         yield {"prompt_ids": prob.prompt_ids(), "answer": prob.answer}
 
 
+def arith_drift_prompts(seed: int, period: int = 1200, low: float = 1.3, high: float = 6.0):
+    """The same task with a drifting length: the mean number of steps rises from ``low``
+    to ``high`` over the first half of each ``period`` prompts and falls back over the
+    second (responses grow, then shrink: what drives the allocator in tests)."""
+    rng = random.Random(seed * 7919 + 2)
+    i = 0
+    while True:
+        phase = (i % period) / period
+        mean = low + (high - low) * (2 * phase if phase < 0.5 else 2 * (1 - phase))
+        prob = sample_problem(rng, mean)
+        yield {"prompt_ids": prob.prompt_ids(), "answer": prob.answer}
+        i += 1
+
+
 def eval_problems(n: int = 512, seed: int = 12345) -> list[Problem]:
     rng = random.Random(seed)
     return [sample_problem(rng) for _ in range(n)]

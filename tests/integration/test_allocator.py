@@ -11,6 +11,8 @@ from tests.conftest import wait_for_status as wait_for
 # Rollout: a KV budget of 1024 tokens, 4 ms per token; responses grow 8x by version 12,
 # then shrink back by 24. Trainer: 0.5 ms per token, shared by the trainer ranks. Short
 # responses make the trainer the bottleneck (1:3 fits), long ones the rollout (3:1).
+# Admission is loose (B_max, delta) so a busy rollout rank runs as many generations as
+# its KV budget allows: its rate is then the engine's capacity, not the dispatcher's.
 RECIPE = """
 name: alloc
 model: {max_seq_len: 2048}
@@ -18,7 +20,7 @@ data: {train: "embedded:synthetic"}
 workload: {max_response_tokens: 1024}
 algorithm: {group_size: 4}
 train: {steps: 36, batch_size: 16, lr: 0.001}
-reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
+reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 4, B_max: 256}
 resources: {nodes: 1, gpus_per_node: 4, initial_ratio: "1:3", device: cpu}
 scheduler: {auto_rebalance: true, cooldown_steps: 3, window_steps: 3}
 engine:
