@@ -51,6 +51,16 @@ def reflow(*args: str, timeout: float = 120, check: bool = False) -> subprocess.
     return done
 
 
+def launch_recipe_text(tmp_path: Path, text: str, runs_dir: Path) -> tuple[Path, str]:
+    """Write a recipe, ``reflow launch`` it locally (returns once the ranks are up); the
+    run's folder and name."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text)
+    reflow("launch", str(recipe), "--local", check=True)
+    run_dir = next(runs_dir.iterdir())
+    return run_dir, run_dir.name
+
+
 def status_json(run: str) -> dict:
     return json.loads(reflow("status", run, "--json", check=True).stdout)
 

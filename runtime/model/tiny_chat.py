@@ -115,6 +115,8 @@ def synthetic_conversation(rng: random.Random) -> tuple[str, str]:
 def warm_start(model, tokenizer, steps: int, batch: int, lr: float, seed: int):
     import torch
 
+    from runtime.model.warm_start import sft_step
+
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -128,16 +130,6 @@ def warm_start(model, tokenizer, steps: int, batch: int, lr: float, seed: int):
             p_ids = tokenizer.encode(prompt, add_special_tokens=False)
             r_ids = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
             rows.append((p_ids, r_ids))
-        width = max(len(p) + len(r) for p, r in rows)
-        ids = torch.full((batch, width), PAD, dtype=torch.long)
-        labels = torch.full((batch, width), -100, dtype=torch.long)
-        for i, (p, r) in enumerate(rows):
-            ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-            labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(model, opt, rows, PAD)
     model.eval()
-    return model, float(loss.detach())
+    return model, float(loss)

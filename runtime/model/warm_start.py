@@ -61,18 +61,31 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
     return path
 
 
-def _batch(problems: list[Problem]):
+def packed_batch(rows: list[tuple[list[int], list[int]]], pad: int):
+    """Right-padded ids and labels for (prompt, response) pairs: only response tokens are
+    labelled (-100 elsewhere), so the loss is the response's."""
     import torch
 
-    seqs = [p.prompt_ids() + p.solution_ids() for p in problems]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, (p, s) in enumerate(zip(problems, seqs, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        n_prompt = len(p.prompt_ids())
-        labels[i, n_prompt : len(s)] = torch.tensor(s[n_prompt:])
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
     return ids, labels
+
+
+def sft_step(model, opt, rows: list[tuple[list[int], list[int]]], pad: int):
+    """One supervised step (clipped at norm 1) on (prompt, response) pairs; the loss."""
+    import torch
+
+    ids, labels = packed_batch(rows, pad)
+    loss = model(input_ids=ids, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.detach()
 
 
 def warm_start(model, settings: dict):
@@ -85,12 +98,8 @@ def warm_start(model, settings: dict):
     )
     model.train()
     for _ in range(settings["steps"]):
-        ids, labels = _batch([sample_problem(rng) for _ in range(settings["batch"])])
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        problems = [sample_problem(rng) for _ in range(settings["batch"])]
+        sft_step(model, opt, [(p.prompt_ids(), p.solution_ids()) for p in problems], PAD)
         sched.step()
     model.eval()
     return model

@@ -5,7 +5,7 @@ the trainer to the rollout pool and back, each decision visible in status and me
 import itertools
 import json
 
-from tests.conftest import reflow
+from tests.conftest import launch_recipe_text, reflow
 from tests.conftest import wait_for_status as wait_for
 
 # Rollout: a KV budget of 1024 tokens, 4 ms per token; responses grow 8x by version 12,
@@ -35,11 +35,7 @@ control: {heartbeat_interval_s: 0.25, heartbeat_timeout_s: 30}
 
 
 def test_allocator_follows_the_bottleneck_both_ways(tmp_path, runs_dir):
-    recipe = tmp_path / "alloc.yaml"
-    recipe.write_text(RECIPE)
-    reflow("launch", str(recipe), "--local", check=True)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_recipe_text(tmp_path, RECIPE, runs_dir)
     seen = wait_for(run, lambda s: s["step"] >= 8 or s["state"] != "RUNNING", 300)
     shown = reflow("status", run).stdout
     assert "allocator: auto on" in shown
@@ -70,10 +66,7 @@ def test_allocator_follows_the_bottleneck_both_ways(tmp_path, runs_dir):
 
 
 def test_manual_override_and_auto_toggle(tmp_path, runs_dir):
-    recipe = tmp_path / "alloc.yaml"
-    recipe.write_text(RECIPE.replace("steps: 36", "steps: 400"))
-    reflow("launch", str(recipe), "--local", check=True)
-    run = next(runs_dir.iterdir()).name
+    _, run = launch_recipe_text(tmp_path, RECIPE.replace("steps: 36", "steps: 400"), runs_dir)
     wait_for(run, lambda s: s["step"] >= 2 or s["state"] != "RUNNING", 300)
     assert (
         "automatic rebalancing off" in reflow("rebalance", "--auto", "off", run, check=True).stdout

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tests.conftest import reflow
+from tests.conftest import launch_recipe_text, reflow
 from tests.conftest import wait_for_status as wait_for
 
 RECIPE = """
@@ -22,11 +22,7 @@ control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 20}
 
 
 def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):
-    recipe = tmp_path / "flow.yaml"
-    recipe.write_text(RECIPE)
-    reflow("launch", str(recipe), "--local", check=True)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_recipe_text(tmp_path, RECIPE, runs_dir)
 
     wait_for(run, lambda s: s["step"] >= 20 or s["state"] != "RUNNING")
     reflow("rebalance", "--ratio", "3:1", run, check=True)
