@@ -29,6 +29,7 @@ from runtime import protocol as p
 from runtime.datasets import DatasetError, check_dataset
 from runtime.layout import LayoutError, parse_ratio
 from runtime.recipe import RecipeError, load_recipe
+from runtime.sandbox import SandboxError, check_sandbox
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
@@ -99,9 +100,10 @@ def launch(
         # Plain stdout, never wrapped: this is a script to read or copy exactly.
         typer.echo(render_sbatch(cfg, cfg.name, folder, sys.executable))
         return
-    try:  # a missing file or column should fail here, not after the engines started
+    try:  # a missing file, column or sandbox should fail here, not after the engines started
         check_dataset(cfg)
-    except DatasetError as exc:
+        check_sandbox(cfg)
+    except (DatasetError, SandboxError) as exc:
         raise UserError(str(exc)) from None
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")

@@ -285,6 +285,10 @@ class Coordinator:
                 batch_replay=batch.n_replay,
                 max_sample_age=batch.max_age,
                 reward_mean=sum(t.reward for t in batch.samples) / len(batch.samples),
+                # rewards that crashed or timed out (scored 0, recorded by the agent)
+                reward_failures=sum(
+                    1 for t in batch.samples if t.extra.get("info", {}).get("reward_error")
+                ),
                 tokens=sum(t.n_valid for t in batch.samples),
             )
         line.update(

@@ -278,3 +278,17 @@ def test_auto_without_bwrap_warns_loudly(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         assert iso.resolve("auto") == "rlimits"
     assert "SANDBOX WEAKENED" in caplog.text
+
+
+def test_launch_rejects_an_unusable_sandbox_in_one_line(runs_dir):
+    from tests.conftest import REPO, reflow
+
+    recipe = str(REPO / "recipes" / "retool_cpu.yaml")
+    for value, message in (
+        ("/usr/bin/nope", "sandbox.python: '/usr/bin/nope' is not an executable file"),
+        ("/opt/python3", "sandbox.python: '/opt/python3' must be under /usr with bwrap"),
+    ):
+        done = reflow("launch", recipe, "--local", "--set", f"sandbox.python={value}")
+        assert done.returncode == 2 and done.stderr.strip().endswith(message)
+        assert done.stderr.count("\n") == 1
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())  # nothing was created

@@ -205,12 +205,16 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
     out = c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
     assert out == [(ident(r), p.WeightSync(policy_version=1, layout_epoch=0)) for r in (0, 3)]
     for req in c.data.request_work(3, 4):
-        c.data.deliver(traj(req, version=1, worker=3, reward=float(req.sample_id % 2)))
+        t = traj(req, version=1, worker=3, reward=float(req.sample_id % 2))
+        if req.sample_id == 0:  # its reward crashed: scored 0, recorded by the agent
+            t.extra["info"] = {"reward_error": "ValueError: reward bug"}
+        c.data.deliver(t)
     out = c.handle(ident(0), p.BatchRequest(rank=0))
     assert [to for to, _ in out] == [ident(0), ident(1), ident(2)], out
     assert all(isinstance(m, p.Batch) and m == out[0][1] for _, m in out)
     batch_id = out[0][1].batch_id
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
+    assert c.metrics_log[-1]["reward_failures"] == 1
     out = c.handle(ident(0), p.StepDone(rank=0, step=3, policy_version=3, batch_id=-1, metrics={}))
     assert {type(m) for _, m in out} == {p.Stop}  # the last step: no broadcast to wait for
 
