@@ -222,6 +222,22 @@ def stop(
 
 
 @app.command()
+def export(
+    run: Annotated[str, typer.Argument(help="run name or folder")],
+    out: Annotated[Path, typer.Argument(help="folder to write (new or empty)")],
+    step: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="which saved policy version (default: the latest)"),
+    ] = None,
+) -> None:
+    """Write a run's policy as a Hugging Face folder (config, safetensors, tokenizer)."""
+    from jobs.export import export as export_run
+
+    folder = export_run(find_run(run), out, step)  # ``out`` is the folder here, not the console
+    typer.echo(f"exported to {folder}")
+
+
+@app.command()
 def logs(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
     rank: Annotated[int, typer.Option(help="which rank's log")] = 0,
