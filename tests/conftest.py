@@ -25,6 +25,8 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
         if parts[0] in ("unit", "integration", "slurm", "gpu"):
             item.add_marker(getattr(pytest.mark, parts[0]))
+        elif parts[0] == "faults":  # fault injection: real processes and sockets
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture
