@@ -23,6 +23,7 @@ from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
 from runtime.data_plane import DataPlane
+from runtime.engines import needs_collective
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
 from runtime.sample import Request
 from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
@@ -138,6 +139,7 @@ class Coordinator:
             token_admission=sch.token_admission,
         )
         self._marks: list[_Mark] = []
+        self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
         self._consumed_total = 0
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
@@ -587,12 +589,20 @@ class Coordinator:
             )
             if w.state not in GONE and now - w.last_seen > timeout:
                 w.state = "dead"
-                if self.state in ("STARTING", "RUNNING"):
-                    out += self._finish(
-                        "FAILED",
-                        f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
-                        f"for {now - w.last_seen:.1f} s",
+                why = (
+                    f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
+                    f"for {now - w.last_seen:.1f} s"
+                )
+                if self._survivable(w):
+                    # Its work goes back to the front of the queue; the other rollout
+                    # ranks take it. What it delivered before dying is in the buffer.
+                    requeued = self.data.worker_gone(w.rank)
+                    self.generation.worker_left(w.rank)
+                    self.lost_ranks.append(
+                        {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
                     )
+                elif self.state in ("STARTING", "RUNNING"):
+                    out += self._finish("FAILED", why)
         if self.state == "STARTING" and now - self.started_at > self.cfg.control.register_timeout_s:
             ready = sum(w.state not in ("starting", *GONE) for w in self.workers.values())
             out += self._finish(
@@ -606,6 +616,21 @@ class Coordinator:
             self.state, self.ended_at = "STOPPED", now
         self._check_ended()
         return out
+
+    def _survivable(self, w: WorkerInfo) -> bool:
+        """A dead rank the run can go on without: a rollout rank, other rollout ranks still
+        alive, and no process group binding it (a torch.distributed group cannot shrink:
+        its next collective would wait for the dead member)."""
+        if self.state != "RUNNING" or self.layout.role_of(w.rank) != Role.ROLLOUT:
+            return False
+        if needs_collective(self.cfg):
+            return False
+        alive = [
+            x
+            for x in self.workers.values()
+            if x.state not in GONE and self.layout.role_of(x.rank) == Role.ROLLOUT
+        ]
+        return bool(alive)
 
     def _finish(self, state: str, reason: str) -> list[Outgoing]:
         if self.state in TERMINAL:
@@ -685,6 +710,7 @@ class Coordinator:
             "eval_reward_end": self.evals.get("eval_reward_end"),
             "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
             "switches": self._switch_records(self.switches),
+            "lost_ranks": list(self.lost_ranks),
             "samples": {
                 k: ledger[k]
                 for k in (
@@ -738,6 +764,7 @@ class Coordinator:
             "metrics": dict(self.last_metrics),
             "switches": switches,
             "generation": self.generation.status(),
+            "lost_ranks": list(self.lost_ranks),
             "allocator": {
                 "auto": self.auto_rebalance,
                 "decisions": [d.as_dict() for d in self.allocator.decisions[-5:]],

@@ -308,3 +308,30 @@ def wire_done(req, rank):
 
     t = traj(req, 0, worker=rank)
     return wire.sample_done(t, rank)
+
+
+def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
+    prompts = ({"text": f"p{i}"} for i in itertools.count())
+    c = make(clock, prompts=prompts, engine={"rollout": "synthetic", "trainer": "synthetic"})
+    register_all(c)
+    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    taken = c.data.request_work(3, 4)
+    clock.t += 16.0  # past the heartbeat timeout (15 s) for rank 3 only:
+    for r in (0, 1, 2):
+        beat(c, r, clock)
+    c.tick()
+    assert c.state == "RUNNING"
+    assert c.lost_ranks[0]["rank"] == 3 and c.lost_ranks[0]["requeued"] == len(taken) == 4
+    assert len(c.data.dispatcher.pending) >= 4  # its requests are back in the queue
+    # the last rollout rank dying ends the run; so does any death with vLLM + torch
+    clock.t += 16.0
+    beat(c, 0, clock)
+    beat(c, 1, clock)
+    c.tick()
+    assert c.state == "FAILED" and "rank 2" in c.reason
+    real = make(clock)
+    register_all(real)
+    real.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    clock.t += 20.0
+    real.tick()
+    assert real.state == "FAILED" and real.lost_ranks == []
