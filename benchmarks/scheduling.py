@@ -9,8 +9,15 @@ and the router's decision latency at 1,024 workers.
    per simulated second, and the ratio. Simulated, not measured on engines.
 2. Latency of one routing decision (route + release) with 1,024 workers, real code, wall
    clock: p50 and p99 in microseconds.
+3. ``--real N``: the demo recipe on real vLLM engines (CPU build), same 4 ranks, one run
+   after the other in this invocation, with a KV cache of ``--real-kv`` bytes per engine:
+   a fixed cap (``scheduler.max_concurrency``, no token admission) against AIMD caps +
+   token admission, N training steps each; rollout tokens/s over the training window
+   (``summary.json``). Work is pulled by the ranks, so there is no round-robin here: the
+   baseline is the fixed cap alone.
 
     .venv/bin/python benchmarks/scheduling.py [--workers 8] [--groups 300] [--seed 0]
+                                              [--real 30 [--real-kv 2097152]]
 """
 
 from __future__ import annotations
@@ -118,6 +125,45 @@ def latency(workers: int = 1024, decisions: int = 50_000, seed: int = 0) -> tupl
     return lat[len(lat) // 2] / 1000, lat[int(len(lat) * 0.99)] / 1000
 
 
+def real_runs(steps: int, kv: int) -> list[tuple[str, dict]]:
+    """Two demo runs on real engines; (policy, summary) each."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    runs = Path(tempfile.mkdtemp(prefix="reflow-sched-"))
+    out = []
+    for name, adaptive in (("fixed", "false"), ("adaptive", "true")):
+        sets = [
+            f"name=sched-{name}",
+            f"train.steps={steps}",
+            f"engine.kv_cache_memory_bytes={kv}",
+            f"scheduler.adaptive_caps={adaptive}",
+            f"scheduler.token_admission={adaptive}",
+            "scheduler.cap_interval_s=1.0",
+        ]
+        cmd = [
+            sys.executable,
+            "-m",
+            "reflow_cli.main",
+            "launch",
+            str(repo / "recipes/demo.yaml"),
+            "--local",
+            "--wait",
+        ] + [a for s in sets for a in ("--set", s)]
+        env = {**os.environ, "REFLOW_RUNS_DIR": str(runs)}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo)
+        run_dir = next(runs.glob(f"sched-{name}-*"))
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: run failed; see {run_dir}")
+        out.append((name, json.loads((run_dir / "summary.json").read_text())))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=8)
@@ -125,6 +171,8 @@ def main() -> None:
     ap.add_argument("--kv", type=int, default=48_000, help="KV tokens per simulated worker")
     ap.add_argument("--fixed-cap", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real", type=int, default=0, help="steps of each real-engine run")
+    ap.add_argument("--real-kv", type=int, default=2 << 20, help="KV bytes per real engine")
     args = ap.parse_args()
     reqs = workload(args.groups, 8, args.seed)
     base, base_pre = simulate(reqs, args.workers, args.kv, False, args.fixed_cap)
@@ -139,6 +187,18 @@ def main() -> None:
     print(f"| AIMD caps + token-aware routing | {adapt:,.0f} | {adapt_pre} | {adapt / base:.2f} |")
     p50, p99 = latency()
     print(f"routing decision at 1,024 workers (wall clock): p50 {p50:.1f} us, p99 {p99:.1f} us")
+    if args.real:
+        rows = real_runs(args.real, args.real_kv)
+        base_rate = rows[0][1]["rollout_tokens_per_s"]
+        print(f"\nreal engines: demo recipe, {args.real} steps, {args.real_kv} KV bytes per engine")
+        print("| policy | rollout tokens/s | trainer tokens/s | ratio |")
+        print("|---|---|---|---|")
+        for name, s in rows:
+            rate = s["rollout_tokens_per_s"]
+            print(
+                f"| {name} | {rate:,.0f} | {s['trainer_tokens_per_s']:,.0f} | "
+                f"{rate / base_rate:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -139,7 +139,9 @@ class Coordinator:
             token_admission=sch.token_admission,
         )
         self._marks: list[_Mark] = []
-        self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
+        self.lost_ranks: list[dict[str, Any]] = []
+        self.generated_tokens = 0  # tokens of every accepted trajectory
+        self._tokens_at_first_step = 0  # dead rollout ranks the run survived
         self._consumed_total = 0
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
@@ -301,6 +303,7 @@ class Coordinator:
         )
         if not self._all_metrics:
             self._idle_at_first_step = self.data.trainer_idle_s
+            self._tokens_at_first_step = self.generated_tokens
         self.step, self.policy_version = msg.step, msg.policy_version
         self._mark(now)
         for record in self.switches:  # transitions finished since the last step
@@ -434,6 +437,7 @@ class Coordinator:
         t = wire.trajectory(msg)
         if not self.data.deliver(t):
             return []
+        self.generated_tokens += len(t.token_ids)
         self.generation.finished(t.sample_id, len(t.token_ids))
         if self.cfg.logging.samples:
             self.samples_log.append(
@@ -706,6 +710,11 @@ class Coordinator:
                 4,
             ),
             "rollout_idle_ratio": round(self.rollout_idle_ratio(), 4),
+            "rollout_tokens": self.generated_tokens,
+            # over the training window (first step to the end), as trainer idle is
+            "rollout_tokens_per_s": round(
+                (self.generated_tokens - self._tokens_at_first_step) / max(wall - first, 1e-9), 2
+            ),
             "eval_reward_start": self.evals.get("eval_reward_start"),
             "eval_reward_end": self.evals.get("eval_reward_end"),
             "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
