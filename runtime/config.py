@@ -152,7 +152,7 @@ class SchedulerConfig:
         0.1, "a new placement must beat the current one by this |log coverage| margin", ge=0
     )
     adaptive_caps: bool = opt(
-        True, "AIMD control of each rollout rank's concurrency cap from its engine's load"
+        False, "AIMD control of each rollout rank's concurrency cap from its engine's load"
     )
     cap_interval_s: float = opt(2.0, "seconds between two cap updates of a rank", gt=0)
     token_admission: bool = opt(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-FIELDS = ("kv_util", "running", "waiting", "preemptions", "generated", "kv_tokens")
+FIELDS = ("kv_util", "kv_peak", "running", "waiting", "preemptions", "generated", "kv_tokens")
 
 
 class EngineStats:
@@ -23,6 +23,8 @@ class EngineStats:
     def update(self, **values: float) -> None:
         with self._lock:
             self._values.update({k: float(v) for k, v in values.items() if k in FIELDS})
+            if "kv_util" in values:  # the highest utilisation between two snapshots
+                self._values["kv_peak"] = max(self._values["kv_peak"], float(values["kv_util"]))
 
     def add(self, **values: float) -> None:
         with self._lock:
@@ -31,7 +33,9 @@ class EngineStats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return dict(self._values)
+            out = dict(self._values)
+            self._values["kv_peak"] = self._values["kv_util"]
+            return out
 
 
 def vllm_stat_logger(stats: EngineStats) -> Any:

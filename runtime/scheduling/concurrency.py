@@ -4,8 +4,12 @@ Signals from the engine (KV-cache utilisation, waiting queue, preemptions so far
 generations) are smoothed by EWMAs. Then, per update:
 
 - multiplicative decrease (``cap *= beta``) when the smoothed preemption growth exceeds
-  ``preempt_threshold`` per update (sustained preemption, not one blip) or the utilisation
-  is at ``hard_limit``: the engine is evicting work it already computed;
+  ``preempt_threshold`` per update (sustained preemption, not one blip) while the KV
+  cache was near full (its peak utilisation since the last update reached the target
+  band), or the utilisation is at ``hard_limit``: the engine is evicting work it already
+  computed. Preemptions with an empty cache are not pressure: vLLM counts the requests
+  it recomputes after a weight update (``pause_generation(clear_cache=True)``) as
+  preempted, every sync step;
 - additive increase (``cap += alpha``) while the smoothed utilisation is below the target
   band and there is demand (requests waiting, or the cap is in use): the KV cache has room;
 - otherwise hold. The cap stays within ``[min_cap, max_cap]``.
@@ -23,6 +27,7 @@ class WorkerSignals:
     preemptions: int  # cumulative count
     active: int  # generations running now
     throughput: float = 0.0  # generated tokens/s (reported, not used by the rule)
+    kv_peak: float | None = None  # highest utilisation since the last update (None: kv_util)
 
 
 @dataclass
@@ -63,7 +68,11 @@ class ConcurrencyController:
         self._last_preemptions = sig.preemptions
         self.preempt_growth = a * grew + (1 - a) * self.preempt_growth
         demand = sig.waiting > 0 or sig.active >= self.limit
-        if self.preempt_growth > self.s.preempt_threshold or sig.kv_util >= self.s.hard_limit:
+        peak = sig.kv_util if sig.kv_peak is None else max(sig.kv_peak, sig.kv_util)
+        pressure = peak >= self.s.target_util - self.s.band
+        if (self.preempt_growth > self.s.preempt_threshold and pressure) or (
+            sig.kv_util >= self.s.hard_limit
+        ):
             self.cap = max(self.s.min_cap, self.cap * self.s.beta)
             self.last_action = "decrease"
         elif self.util < self.s.target_util - self.s.band and demand:

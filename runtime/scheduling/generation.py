@@ -55,6 +55,7 @@ class GenerationScheduler:
             waiting=int(stats.get("waiting", 0)),
             preemptions=int(stats.get("preemptions", 0)),
             active=int(stats.get("running", 0)),
+            kv_peak=stats.get("kv_peak"),
         )
         after = c.update(sig) if self.adaptive_caps else before
         if rank in self.router.workers:

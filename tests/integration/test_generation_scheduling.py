@@ -19,6 +19,8 @@ def test_aimd_caps_follow_real_engine_preemptions(runs_dir):
         "engine.kv_cache_memory_bytes=1048576",
         "--set",
         "scheduler.cap_interval_s=1.0",
+        "--set",
+        "scheduler.adaptive_caps=true",
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -274,7 +274,7 @@ def test_engine_load_in_heartbeats_sets_caps_and_token_admission(clock):
     c = make(
         clock,
         prompts=prompts,
-        scheduler={"max_concurrency": 16, "cap_interval_s": 1.0},
+        scheduler={"max_concurrency": 16, "cap_interval_s": 1.0, "adaptive_caps": True},
         algorithm={"group_size": 2},
         train={"steps": 5, "batch_size": 64},
     )

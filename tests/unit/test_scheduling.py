@@ -37,6 +37,18 @@ def test_aimd_halves_on_preemption_bursts_not_on_a_blip():
     assert c.last_action == "decrease"
 
 
+def test_aimd_ignores_preemptions_with_an_empty_cache():
+    """vLLM counts requests recomputed after a weight update (cache cleared) as preempted:
+    with the cache nearly empty that is not KV pressure, and the cap must not fall."""
+    c = ConcurrencyController(AimdSettings(initial_cap=32, max_cap=64))
+    caps = [c.update(WorkerSignals(0.01, 0, n * 30, 32, kv_peak=0.02)) for n in range(6)]
+    assert min(caps) >= 32
+    # the same preemptions with the cache near full do bring it down
+    c = ConcurrencyController(AimdSettings(initial_cap=32, max_cap=64))
+    caps = [c.update(WorkerSignals(0.3, 0, n * 30, 32, kv_peak=0.95)) for n in range(6)]
+    assert caps[-1] < 32
+
+
 def test_aimd_decreases_at_the_hard_limit_and_stays_in_bounds():
     c = ConcurrencyController(AimdSettings(min_cap=2, initial_cap=8, max_cap=12))
     assert [c.update(signals(0.99)) for _ in range(4)] == [4, 2, 2, 2]
