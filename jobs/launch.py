@@ -22,9 +22,12 @@ from jobs.control import ControlClient, ControlUnavailable
 from jobs.errors import UserError
 from jobs.runs import create_run
 from jobs.slurm import ACTIVE_STATES, job_info, slurm_parameters
+from runtime import checkpoint
 from runtime import protocol as p
+from runtime.checkpoint import CheckpointInfo
 from runtime.config import Config
 from runtime.entry import rank_main
+from runtime.recipe import dump_config
 from runtime.run_dir import RunPaths, read_json, write_json_atomic
 
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
@@ -93,6 +96,38 @@ def submit(cfg: Config, backend: str, name: str | None = None) -> Submitted:
         paths.job, {"backend": backend, "job_id": job_id, "submitted_at": time.time()}
     )
     return Submitted(paths, backend, job_id)
+
+
+def resume(paths: RunPaths, cfg: Config, backend: str) -> tuple[Submitted, CheckpointInfo]:
+    """Start a stopped, failed or preempted run again in its own folder; rank 0 continues
+    from the newest checkpoint that verifies (runtime/entry.py)."""
+    if job_alive(paths):
+        raise UserError(f"run {paths.name} is still running; `reflow stop {paths.name}` first")
+    info, rejected = checkpoint.latest_valid(paths.checkpoints)
+    if info is None:
+        why = "; ".join(rejected) if rejected else "none was written"
+        raise UserError(f"run {paths.name}: no usable checkpoint in {paths.checkpoints} ({why})")
+    job = read_json(paths.job) if paths.job.is_file() else {}
+    # The last attempt's files would answer for this one (address, state): set them aside.
+    n = len(job.get("previous", [])) + 1
+    for f in (paths.summary, paths.status):
+        if f.is_file():
+            f.rename(f.with_name(f"{f.stem}.attempt{n}{f.suffix}"))
+    paths.control.unlink(missing_ok=True)
+    dump_config(cfg, paths.config)
+    job_id = BACKENDS[backend](cfg, paths)
+    previous = [*job.get("previous", []), {k: v for k, v in job.items() if k != "previous"}]
+    write_json_atomic(
+        paths.job,
+        {
+            "backend": backend,
+            "job_id": job_id,
+            "submitted_at": time.time(),
+            "resumed_from": info.name,
+            "previous": previous,
+        },
+    )
+    return Submitted(paths, backend, job_id), info
 
 
 def job_alive(paths: RunPaths) -> bool | None:

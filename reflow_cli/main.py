@@ -45,7 +45,14 @@ def _exit_code(state: str) -> int:
 
 @app.command()
 def launch(
-    recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
+    recipe: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Argument(help="recipe YAML file (not with --resume)"),
+    ] = None,
+    resume: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="continue RUN (name or folder) from its newest valid checkpoint"),
+    ] = None,
     nodes: Annotated[Optional[int], typer.Option(help="override resources.nodes")] = None,  # noqa: UP045
     local: Annotated[bool, typer.Option("--local", help="run on this machine")] = False,
     set_: Annotated[
@@ -80,8 +87,15 @@ def launch(
     overrides += [f"{key}={value}" for key, value in flags.items() if value is not None]
     if name is not None:
         overrides.append(f"name={name}")
-    cfg = load_recipe(recipe, overrides)
     backend = "local" if local or not slurm_available() else "slurm"
+    if resume is not None:
+        if recipe is not None:
+            raise UserError("--resume continues a run with its own config.yaml: give no RECIPE")
+        _resume(resume, overrides, backend, wait)
+        return
+    if recipe is None:
+        raise UserError("missing RECIPE (a recipe YAML file), or --resume RUN")
+    cfg = load_recipe(recipe, overrides)
     if dry_run:
         layout = initial_layout(cfg)
         out.print(
@@ -108,7 +122,28 @@ def launch(
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")
     out.print(f"  folder: {sub.paths.root}")
-    if backend == "local":
+    _follow(sub, cfg, wait)
+
+
+def _resume(run: str, overrides: list[str], backend: str, wait: bool) -> None:
+    paths = find_run(run)
+    before = load_recipe(paths.config)
+    cfg = load_recipe(paths.config, overrides)  # e.g. --set train.steps=200 to go further
+    if cfg.world_size != before.world_size:
+        raise UserError(
+            f"--resume: the run has {before.world_size} ranks; a checkpoint continues only "
+            f"with the same number ({cfg.world_size} asked)"
+        )
+    sub, info = launching.resume(paths, cfg, backend)
+    out.print(
+        f"run [bold]{paths.name}[/] resumed from {info.name} (step {info.step}, policy "
+        f"v{info.policy_version}) as {backend} job {sub.job_id}"
+    )
+    _follow(sub, cfg, wait)
+
+
+def _follow(sub, cfg, wait: bool) -> None:
+    if sub.backend == "local":
         status = launching.wait_until(
             sub.paths,
             lambda s: s.get("state") != "STARTING",

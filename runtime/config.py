@@ -107,8 +107,9 @@ class TrainConfig:
     lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
     sync_every: int = opt(1, "steps between weight syncs to rollout", ge=1)
     checkpoint_every: int = opt(
-        0, "steps between checkpoints; 0 = only at stop (validated, not used yet)", ge=0
+        0, "steps between checkpoints (a multiple of sync_every); 0 = only at a stop", ge=0
     )
+    keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
     seed: int = opt(0, "global seed", ge=0)
 
 
@@ -231,6 +232,9 @@ class ControlConfig:
     heartbeat_timeout_s: float = opt(15.0, "silence after which a rank is declared dead", gt=0)
     register_timeout_s: float = opt(300.0, "time for all ranks to register", gt=0)
     stop_grace_s: float = opt(30.0, "time ranks get to leave after a stop", gt=0)
+    checkpoint_timeout_s: float = opt(
+        300.0, "time the trainer leader gets to write its part of a checkpoint", gt=0
+    )
     collective_timeout_s: float = opt(
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )

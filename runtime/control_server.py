@@ -37,8 +37,10 @@ class ControlServer:
         *,
         bind_host: str = "127.0.0.1",
         advertise_host: str | None = None,
+        publish: dict | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self._publish = dict(publish or {})  # extra control.json keys: attempt, resume
         self.paths = paths
         self._server_keys = server_keys
         self._client_public = client_public
@@ -68,6 +70,7 @@ class ControlServer:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "run": self.paths.name,
+                **self._publish,
             },
         )
         self._thread = threading.Thread(target=self._serve, name="reflow-control", daemon=True)

@@ -9,6 +9,11 @@ Run states::
     STARTING -> RUNNING -> COMPLETED        (train.steps reached)
         |          |-----> STOPPING -> STOPPED   (reflow stop, SIGTERM, SIGUSR2)
         '----------'-----> FAILED            (lost rank, registration timeout)
+
+Checkpoints (``train.checkpoint_every`` and before a graceful stop) are taken at a step
+boundary: no batch is handed out while one is pending; the trainer leader writes its state
+(``Checkpoint`` -> ``CheckpointSaved``), then the injected ``save_checkpoint`` writes this
+object's :meth:`state_dict` next to it and seals the folder (runtime/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from runtime.config import Config
 from runtime.data_plane import DataPlane
 from runtime.engines import needs_collective
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
-from runtime.sample import Request
+from runtime.sample import Request, trajectory_digest
 from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.scheduling.concurrency import AimdSettings
 from runtime.scheduling.generation import GenerationScheduler
 
 Outgoing = tuple[bytes, p.Message]
+# (step, policy_version, coordinator state) -> where it was saved; raises on failure
+SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]
+STATE_FORMAT = 1
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
 GONE = ("dead", "exited")
 
@@ -83,8 +91,10 @@ class Coordinator:
         prompts: Iterator[dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        save_checkpoint: SaveCheckpoint | None = None,
     ) -> None:
         self.cfg = cfg
+        self._save_checkpoint = save_checkpoint
         self.run = run
         self.clock = clock
         self.wall = wall
@@ -148,6 +158,11 @@ class Coordinator:
         self._all_metrics: list[dict[str, Any]] = []
         self._idle_at_first_step = 0.0
         self.evals: dict[str, float] = {}
+        self.attempt = 1  # 1 + the number of resumes of this run
+        self.resumed: dict[str, Any] | None = None
+        self.checkpoint_pending: dict[str, Any] | None = None  # step, requested_at, then_stop
+        self._stop_after_step: str | None = None  # a stop waiting for the batch in training
+        self.checkpoints: list[dict[str, Any]] = []  # saved and failed, in order
         self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
             p.Hello: self._on_hello,
             p.Ready: self._on_ready,
@@ -163,6 +178,7 @@ class Coordinator:
             p.RebalanceRequest: self._on_rebalance,
             p.AllocatorRequest: self._on_allocator,
             p.StopRequest: self._on_stop_request,
+            p.CheckpointSaved: self._on_checkpoint_saved,
         }
 
     # --- input -------------------------------------------------------------------------
@@ -237,6 +253,10 @@ class Coordinator:
         w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, "idle"
         if self.state == "STARTING" and self._all_ready():
             self.state = "RUNNING"
+            if self.policy_version > 0:
+                # Resumed: the rollout engines start from the base model; the leader
+                # restored the checkpoint's weights and broadcasts them before any work.
+                return self._weight_sync()
         return []
 
     def _all_ready(self) -> bool:
@@ -276,7 +296,11 @@ class Coordinator:
             return []
         self.training_started = True
         now = self.clock()
-        line: dict[str, Any] = {"step": msg.step, "policy_version": msg.policy_version}
+        line: dict[str, Any] = {
+            "step": msg.step,
+            "policy_version": msg.policy_version,
+            "attempt": self.attempt,
+        }
         if msg.batch_id >= 0:
             if msg.batch_id != self.batch_in_flight:
                 self.reject("unknown_batch")
@@ -331,11 +355,18 @@ class Coordinator:
         self.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval_")})
         if self.step >= self.cfg.train.steps:
             return self._finish("COMPLETED", f"reached step {self.step}")
+        out: list[Outgoing] = []
         if self.step % self.cfg.train.sync_every == 0:
             # Weights first: the sync group of the current layout takes part in the
             # broadcast, then a pending layout (if any) regroups everyone.
-            return self._weight_sync() + self._maybe_apply_layout()
-        return []
+            out = self._weight_sync() + self._maybe_apply_layout()
+        every = self.cfg.train.checkpoint_every
+        if self._stop_after_step is not None:
+            reason, self._stop_after_step = self._stop_after_step, None
+            out += self._checkpoint_then_stop(reason)
+        elif every and self.step % every == 0:
+            out += self._request_checkpoint(then_stop=None)
+        return out
 
     # --- allocation --------------------------------------------------------------------
 
@@ -469,6 +500,8 @@ class Coordinator:
             return [(identity, p.BatchWait(reason=f"run is {self.state}"))]
         if self._switch_in_progress() or self.batch_in_flight is not None:
             return [(identity, p.BatchWait(reason="sync point in progress"))]
+        if self.checkpoint_pending is not None or self._stop_after_step is not None:
+            return [(identity, p.BatchWait(reason="checkpoint in progress"))]
         batch = self.data.next_batch()
         if batch is None:
             return [(identity, p.BatchWait(reason="waiting for samples"))]
@@ -531,11 +564,140 @@ class Coordinator:
         return [(identity, p.Reply(ok=True, text="stopping")), *out]
 
     def request_stop(self, reason: str) -> list[Outgoing]:
-        """Graceful stop (CLI, SIGTERM, SIGUSR2): every rank is told to leave."""
+        """Graceful stop (CLI, SIGTERM, SIGUSR2): a checkpoint of the current step first
+        (after the batch in training, if any), then every rank is told to leave."""
+        if self.state in TERMINAL or self.state == "STOPPING":
+            return []
+        if self._stop_after_step is not None or (
+            self.checkpoint_pending is not None and self.checkpoint_pending["then_stop"]
+        ):
+            return []  # already on its way
+        if self.state == "RUNNING" and self.training_started:
+            self.reason = f"stopping after a checkpoint: {reason}"
+            if self.batch_in_flight is not None:
+                self._stop_after_step = reason
+                return []
+            return self._checkpoint_then_stop(reason)
+        return self._stop_now(reason)
+
+    def _stop_now(self, reason: str) -> list[Outgoing]:
         if self.state in TERMINAL or self.state == "STOPPING":
             return []
         self.state, self.reason = "STOPPING", reason
         return self._broadcast(p.Stop(reason=reason))
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def _leader(self) -> WorkerInfo | None:
+        w = self.workers.get(0)
+        return w if w is not None and w.state not in GONE else None
+
+    def _checkpoint_then_stop(self, reason: str) -> list[Outgoing]:
+        last = self.checkpoints[-1] if self.checkpoints else None
+        if last is not None and last["step"] == self.step and last["ok"]:
+            return self._stop_now(reason)  # this step is saved already
+        if self.checkpoint_pending is not None:  # one is being written: stop after it
+            self.checkpoint_pending["then_stop"] = reason
+            return []
+        out = self._request_checkpoint(then_stop=reason)
+        return out if self.checkpoint_pending is not None else self._stop_now(reason)
+
+    def _request_checkpoint(self, then_stop: str | None) -> list[Outgoing]:
+        leader = self._leader()
+        if self._save_checkpoint is None or leader is None or self.checkpoint_pending:
+            return []
+        self.checkpoint_pending = {
+            "step": self.step,
+            "requested_at": self.clock(),
+            "then_stop": then_stop,
+        }
+        return [(leader.identity, p.Checkpoint(step=self.step))]
+
+    def _on_checkpoint_saved(self, identity: bytes, msg: p.CheckpointSaved) -> list[Outgoing]:
+        if self._known(identity, msg.rank) is None:
+            return []
+        pending = self.checkpoint_pending
+        if msg.rank != 0 or pending is None or msg.step != pending["step"]:
+            self.reject("unexpected_checkpoint")
+            return []
+        return self._end_checkpoint(msg.ok, msg.error)
+
+    def _end_checkpoint(self, trainer_ok: bool, error: str) -> list[Outgoing]:
+        pending = self.checkpoint_pending
+        assert pending is not None
+        self.checkpoint_pending = None
+        record: dict[str, Any] = {
+            "step": pending["step"],
+            "policy_version": self.policy_version,
+            "ok": False,
+        }
+        if not trainer_ok:
+            record["error"] = f"trainer: {error}"
+        else:
+            assert self._save_checkpoint is not None
+            try:
+                record["path"] = self._save_checkpoint(
+                    pending["step"], self.policy_version, self.state_dict()
+                )
+                record["ok"] = True
+            except Exception as exc:  # disk full, permissions: the run goes on without it
+                record["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+        record["took_s"] = round(self.clock() - pending["requested_at"], 3)
+        self.checkpoints.append(record)
+        self.metrics_log.append({"event": "checkpoint", **record})
+        if pending["then_stop"] is not None:
+            return self._stop_now(pending["then_stop"])
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs from rank 0 (between batches only)."""
+        return {
+            "format": STATE_FORMAT,
+            "run": self.run,
+            "attempt": self.attempt,
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "layout": [self.layout.n_rollout_ranks, self.layout.n_trainer_ranks],
+            "data": self.data.state_dict(),
+            "consumed_total": self._consumed_total,
+            "generated_tokens": self.generated_tokens,
+            "evals": dict(self.evals),
+            "auto_rebalance": self.auto_rebalance,
+            "saved_at": self.wall(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str = "") -> None:
+        """Continue a run from :meth:`state_dict` (before any rank registers)."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"coordinator state format {state.get('format')!r}")
+        assert not self.workers, "restore before the ranks register"
+        rollout, trainer = state["layout"]
+        self.layout = self.layout.with_ratio(rollout, trainer)
+        self.data.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        self.policy_version = int(state["policy_version"])
+        self.training_started = self.step > 0
+        self.attempt = int(state["attempt"]) + 1
+        self._consumed_total = int(state["consumed_total"])
+        self.generated_tokens = int(state["generated_tokens"])
+        self.evals = dict(state["evals"])
+        self.auto_rebalance = bool(state["auto_rebalance"])
+        self.allocator.changed(self.step)
+        self.resumed = {
+            "from": source,
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "buffer": self.buffer_digest(),
+        }
+
+    def buffer_digest(self) -> dict[str, Any]:
+        """Sample ids and checksums of everything the buffer holds, and the queue."""
+        held = sorted(self.data.buffer.samples(), key=lambda t: t.sample_id)
+        return {
+            "samples": {str(t.sample_id): trajectory_digest(t) for t in held},
+            "pending": [r.sample_id for r in self.data.dispatcher.pending],
+            "prompts_drawn": self.data.dispatcher._next_prompt,
+        }
 
     def fail(self, reason: str) -> list[Outgoing]:
         return self._finish("FAILED", reason)
@@ -616,6 +778,14 @@ class Coordinator:
             )
         if self.state == "RUNNING" and not self.training_started:
             out += self._maybe_apply_layout()
+        pending = self.checkpoint_pending
+        if pending is not None:
+            if self._leader() is None:
+                out += self._end_checkpoint(False, "the trainer leader is gone")
+            elif now - pending["requested_at"] > self.cfg.control.checkpoint_timeout_s:
+                out += self._end_checkpoint(
+                    False, f"no answer within {self.cfg.control.checkpoint_timeout_s:.0f} s"
+                )
         if self.state == "STOPPING" and self._all_gone():
             self.state, self.ended_at = "STOPPED", now
         self._check_ended()
@@ -687,6 +857,16 @@ class Coordinator:
             for s in records
         ]
 
+    def _resumed_brief(self) -> dict[str, Any] | None:
+        if self.resumed is None:
+            return None
+        buf = self.resumed["buffer"]
+        return {
+            **{k: v for k, v in self.resumed.items() if k != "buffer"},
+            "samples": len(buf["samples"]),
+            "pending": len(buf["pending"]),
+        }
+
     def summary(self) -> dict[str, Any]:
         """End-of-run figures (``summary.json``)."""
         end = self.ended_at if self.ended_at is not None else self.clock()
@@ -720,6 +900,9 @@ class Coordinator:
             "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
             "switches": self._switch_records(self.switches),
             "lost_ranks": list(self.lost_ranks),
+            "attempt": self.attempt,
+            "resumed": self._resumed_brief(),
+            "checkpoints": list(self.checkpoints),
             "samples": {
                 k: ledger[k]
                 for k in (
@@ -774,6 +957,13 @@ class Coordinator:
             "switches": switches,
             "generation": self.generation.status(),
             "lost_ranks": list(self.lost_ranks),
+            "attempt": self.attempt,
+            "resumed": self._resumed_brief(),
+            "checkpoint": {
+                "pending": self.checkpoint_pending,
+                "last": next((c for c in reversed(self.checkpoints) if c["ok"]), None),
+                "failed": sum(1 for c in self.checkpoints if not c["ok"]),
+            },
             "allocator": {
                 "auto": self.auto_rebalance,
                 "decisions": [d.as_dict() for d in self.allocator.decisions[-5:]],

@@ -138,6 +138,34 @@ class DataPlane:
         self.buffer.evict_stale(self.policy_version)
         return batch
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.batches:
+            raise ValueError("a batch is in training: checkpoint at a step boundary")
+        return {
+            "policy_version": self.policy_version,
+            "buffer": self.buffer.state_dict(),
+            "dispatcher": self.dispatcher.state_dict(),
+            "rejected": dict(self.rejected),
+            "delivered_ids": sorted(self.delivered_ids),
+            "delivered_by_worker": {str(k): v for k, v in self.delivered_by_worker.items()},
+            "trainer_idle_s": self.trainer_idle_s,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy_version = int(state["policy_version"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.dispatcher.load_state_dict(state["dispatcher"])
+        self.rejected = Counter(state["rejected"])
+        self.delivered_ids = set(state["delivered_ids"])
+        self.delivered_by_worker = Counter(
+            {int(k): v for k, v in state["delivered_by_worker"].items()}
+        )
+        self.trainer_idle_s = float(state["trainer_idle_s"])
+        self._waiting_since = None
+        self.batches = {}
+
     # --- reporting ---------------------------------------------------------------------
 
     def ledger(self) -> dict[str, int]:

@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from runtime.sample import Request
+from runtime.sample import Request, request_from_state, request_state
 
 
 class Dispatcher:
@@ -146,6 +146,46 @@ class Dispatcher:
 
     def observe_step(self, n_unused: int) -> None:
         self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The queue and the data cursor. Requests out at rollout workers are saved as
+        pending (at the front, in dispatch order): after a restart nobody generates them."""
+        out = sorted(self.outstanding.values(), key=lambda x: x[0].sample_id)
+        return {
+            "pending": [request_state(r) for r, _ in out]
+            + [request_state(r) for r in self.pending],
+            "requeued_on_save": len(out),
+            "next_sample": self._next_sample,
+            "next_group": self._next_group,
+            "prompts_drawn": self._next_prompt,
+            "fresh_per_step": self.fresh_per_step,
+            "transitions": dict(self.transitions),
+            "blocked": dict(self.blocked),
+            "started_groups": sorted(self._started_groups),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore; the prompt stream (a fresh one, same seed) is advanced past the prompts
+        the saved run had already drawn, so the next prompt is the one it would have got."""
+        drawn = int(state["prompts_drawn"])
+        for _ in range(drawn):
+            try:
+                next(self._prompts)
+            except StopIteration:
+                self.exhausted = True
+                break
+        self.pending = deque(request_from_state(d) for d in state["pending"])
+        self.outstanding = {}
+        self._next_sample = int(state["next_sample"])
+        self._next_group = int(state["next_group"])
+        self._next_prompt = drawn
+        self.fresh_per_step = float(state["fresh_per_step"])
+        self.transitions = Counter(state["transitions"])
+        self.transitions["running->pending"] += int(state["requeued_on_save"])
+        self.blocked = Counter(state["blocked"])
+        self._started_groups = set(state["started_groups"])
 
     def stats(self) -> dict:
         return {

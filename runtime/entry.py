@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime import checkpoint
 from runtime.auth import CLIENT, SERVER, load_keypair
 from runtime.config import Config
 from runtime.coordinator import Coordinator
@@ -50,6 +51,20 @@ def rank_info() -> RankInfo:
 
     env = submitit.JobEnvironment()
     return RankInfo(env.global_rank, env.num_tasks, node_name())
+
+
+def attempt_id(env: dict[str, str] | os._Environ) -> str:
+    """This start of the job, the same on every rank: the job id (a resumed run is a new
+    job), and Slurm's restart count (a requeued job keeps its id)."""
+    job = env.get("REFLOW_ATTEMPT")
+    if job is None:
+        try:
+            import submitit
+
+            job = str(submitit.JobEnvironment().job_id)
+        except RuntimeError:  # not under submitit
+            job = env.get("SLURM_JOB_ID", "")
+    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}"
 
 
 def control_endpoint(env: dict[str, str] | os._Environ) -> tuple[str, str]:
@@ -94,17 +109,29 @@ def rank_main(run_root: str) -> str:
     if info.world_size != cfg.world_size:
         raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")
     bind, advertise = control_endpoint(os.environ)
+    attempt = attempt_id(os.environ)
     server = None
     if info.rank == 0:
         from runtime.control_server import ControlServer
 
+        # An earlier attempt's rendezvous must not be read by this one's ranks (they read
+        # it only after rank 0 has welcomed them, so removing it now is enough).
+        (paths.root / "dist.json").unlink(missing_ok=True)
         try:
-            coordinator = Coordinator(cfg, run=paths.name, prompts=build_prompts(cfg))
+            coordinator = Coordinator(
+                cfg,
+                run=paths.name,
+                prompts=build_prompts(cfg),
+                save_checkpoint=checkpoint.coordinator_writer(
+                    paths.checkpoints, cfg.train.keep_checkpoints
+                ),
+            )
+            resume = _resume(coordinator, paths)
         except Exception as exc:
             # Tell the other ranks (they wait for control.json) and `reflow status`.
             reason = f"rank 0 could not start: {type(exc).__name__}: {exc}"
             log.error("%s", reason)
-            write_json_atomic(paths.control, {"failed": reason})
+            write_json_atomic(paths.control, {"failed": reason, "attempt": attempt})
             write_json_atomic(
                 paths.status,
                 {
@@ -123,6 +150,7 @@ def rank_main(run_root: str) -> str:
             load_keypair(paths.keys, CLIENT).public,
             bind_host=bind,
             advertise_host=advertise,
+            publish={"attempt": attempt, "resume": resume},
         )
         server.start()
     worker = HybridWorker(
@@ -134,6 +162,7 @@ def rank_main(run_root: str) -> str:
         make_collective=lambda: join_collective(cfg, info, paths, bind, advertise),
         node=info.node,
         on_stop_signal=server.request_stop if server is not None else None,
+        attempt=attempt,
     )
     worker.install_signal_handlers()
     try:
@@ -151,6 +180,31 @@ def rank_main(run_root: str) -> str:
         if state == "FAILED":
             raise RunFailed(why)
     return reason
+
+
+def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:
+    """Continue from the newest checkpoint that verifies (a resumed or requeued run);
+    corrupt or partial ones are skipped with a line in the log. None: a fresh start."""
+    info, rejected = checkpoint.latest_valid(paths.checkpoints)
+    for line in rejected:
+        log.warning("checkpoint rejected: %s", line)
+    if info is None:
+        return None
+    coordinator.load_state_dict(checkpoint.read_coordinator_state(info), source=info.name)
+    assert coordinator.resumed is not None
+    write_json_atomic(
+        paths.root / f"resumed-{coordinator.attempt}.json",
+        {**coordinator.resumed, "rejected": rejected},
+    )
+    log.info(
+        "resuming from %s: step %d, policy v%d, %d samples in the buffer%s",
+        info.name,
+        info.step,
+        info.policy_version,
+        len(coordinator.resumed["buffer"]["samples"]),
+        f" ({len(rejected)} newer checkpoint(s) rejected)" if rejected else "",
+    )
+    return info.name
 
 
 def join_collective(

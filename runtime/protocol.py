@@ -234,6 +234,21 @@ class Bye(Message):
 
 @message
 @dataclass(frozen=True)
+class CheckpointSaved(Message):
+    """The trainer leader wrote (or failed to write) its part of checkpoint ``step``."""
+
+    TYPE: ClassVar[str] = "checkpoint_saved"
+    rank: int
+    step: int
+    ok: bool
+    error: str
+
+    def check(self) -> None:
+        _require(self.step >= 1, "checkpoint step must be positive")
+
+
+@message
+@dataclass(frozen=True)
 class HeartbeatAck(Message):
     """Answer to a heartbeat: tells a rank the coordinator is alive, and where the run is."""
 
@@ -329,6 +344,19 @@ class BatchWait(Message):
 
     TYPE: ClassVar[str] = "batch_wait"
     reason: str
+
+
+@message
+@dataclass(frozen=True)
+class Checkpoint(Message):
+    """To the trainer leader: write your state for step ``step`` into its staging folder
+    (runtime/checkpoint.py); answered by :class:`CheckpointSaved`."""
+
+    TYPE: ClassVar[str] = "checkpoint"
+    step: int
+
+    def check(self) -> None:
+        _require(self.step >= 1, "checkpoint step must be positive")
 
 
 @message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -19,6 +20,22 @@ import yaml
 
 from runtime.config import Config
 from runtime.layout import LayoutError, check_split, default_split, parse_ratio
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``24:8`` as the base-60 integer 1448; in a recipe it is a ratio."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [("tag:yaml.org,2002:str", re.compile(r"^[0-9]+:[0-9]+$")), *rules]
+    if ch in "0123456789"
+    else list(rules)
+    for ch, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
 
 
 class RecipeError(ValueError):
@@ -43,7 +60,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except OSError as exc:
         raise RecipeError(f"{source}: cannot read: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -83,7 +100,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> tuple[str, Any]:
     if not key or any(not part for part in key.split(".")):
         raise RecipeError(f"--set {item}: {key!r} is not a dotted field name")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
     node = raw

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runtime.sample import Phase, Trajectory
+from runtime.sample import Phase, Trajectory, trajectory_from_state, trajectory_state
 from runtime.samplers import BatchSampler, RandomSampler, ReplayFilter
 
 _TINY = 1e-6
@@ -185,6 +185,44 @@ class ReplayBuffer:
                 self._ids.discard(t.sample_id)
                 self.transitions["consumed->retired"] += 1
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything held, as plain data; only between batches (none in training)."""
+        if self.in_batch:
+            raise ValueError("a batch is in training: checkpoint at a step boundary")
+        return {
+            "groups": {str(g): [trajectory_state(t) for t in ts] for g, ts in self._groups.items()},
+            "group_target": {str(g): n for g, n in self._group_target.items()},
+            # lists, not maps: the pools' order feeds the sampler, so it must survive
+            "unused": [trajectory_state(t) for t in self.unused.values()],
+            "replay": [trajectory_state(t) for t in self.replay.values()],
+            "rng": _rng_state(self.rng),
+            "next_batch": self._next_batch,
+            "transitions": dict(self.transitions),
+            "evicted": dict(self.evicted),
+            "recent": [list(x) for x in self.recent],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with a :meth:`state_dict` (same batch size, sigma, delta)."""
+        self._groups = {
+            int(g): [trajectory_from_state(d) for d in ts] for g, ts in state["groups"].items()
+        }
+        self._group_target = {int(g): int(n) for g, n in state["group_target"].items()}
+        self.unused, self.replay, self.in_batch, self._by_version = {}, {}, {}, {}
+        for pool, key in ((self.unused, "unused"), (self.replay, "replay")):
+            for d in state[key]:
+                t = trajectory_from_state(d)
+                pool[t.sample_id] = t
+                self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
+        self._ids = {t.sample_id for t in self.samples()}
+        self.rng.setstate(_rng_from_state(state["rng"]))
+        self._next_batch = int(state["next_batch"])
+        self.transitions = Counter(state["transitions"])
+        self.evicted = Counter(state["evicted"])
+        self.recent = [(int(a), int(b)) for a, b in state["recent"]]
+
     # --- inspection --------------------------------------------------------------------
 
     def holds(self, sample_id: int) -> bool:
@@ -217,3 +255,13 @@ class ReplayBuffer:
             "evicted": dict(self.evicted),
             "replay_fraction_recent": round(r / (u + r), 4) if u + r else 0.0,
         }
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from_state(state: list) -> tuple:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -14,6 +14,8 @@ and :class:`runtime.dispatcher.Dispatcher`)::
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -73,3 +75,64 @@ class Trajectory:
 
     def age(self, current_version: int) -> int:
         return current_version - self.oldest_version
+
+
+def trajectory_state(t: Trajectory) -> dict[str, Any]:
+    """A trajectory as plain data (msgpack-able), for checkpoints."""
+    return {
+        "sample_id": t.sample_id,
+        "group_id": t.group_id,
+        "prompt_id": t.prompt_id,
+        "versions": [list(v) for v in t.versions],
+        "token_ids": list(t.token_ids),
+        "logprobs": list(t.logprobs),
+        "reward": t.reward,
+        "n_valid": t.n_valid,
+        "worker": t.worker,
+        "dispatched_at": t.dispatched_at,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "extra": t.extra,
+        "advantage": t.advantage,
+        "group_mean_reward": t.group_mean_reward,
+        "replay_count": t.replay_count,
+        "phase": t.phase.value,
+    }
+
+
+def trajectory_from_state(d: dict[str, Any]) -> Trajectory:
+    return Trajectory(
+        **{
+            **d,
+            "versions": [(int(a), int(b), int(c)) for a, b, c in d["versions"]],
+            "phase": Phase(d["phase"]),
+        }
+    )
+
+
+def request_state(r: Request) -> dict[str, Any]:
+    return {
+        "sample_id": r.sample_id,
+        "group_id": r.group_id,
+        "prompt_id": r.prompt_id,
+        "prompt": r.prompt,
+        "dispatched_at": r.dispatched_at,
+        "admitted_version": r.admitted_version,
+    }
+
+
+def request_from_state(d: dict[str, Any]) -> Request:
+    return Request(**d)
+
+
+def trajectory_digest(t: Trajectory) -> str:
+    """A checksum of what a sample is (ids, tokens, log-probs, reward, version spans), to
+    compare a buffer before a crash with the one restored from its checkpoint."""
+    h = hashlib.sha256()
+    h.update(struct.pack("<3q", t.sample_id, t.group_id, t.prompt_id))
+    h.update(struct.pack(f"<{len(t.token_ids)}q", *t.token_ids))
+    h.update(struct.pack(f"<{len(t.logprobs)}d", *t.logprobs))
+    h.update(struct.pack("<dq", t.reward, t.n_valid))
+    for span in t.versions:
+        h.update(struct.pack("<3q", *span))
+    return h.hexdigest()

@@ -170,7 +170,9 @@ class SyntheticTrainer(BatchConsumer):
         self.cfg: Config = cfg
         self.version = 0
         self.step_no = 0
-        self._model = None
+        # Built now, while the rank is still registering: importing torch takes seconds
+        # here, and inside the first step it would silence the rank's heartbeats.
+        self._build()
         from runtime.layout import parse_ratio
 
         assert cfg.resources.initial_ratio is not None, "config not validated"
@@ -178,6 +180,43 @@ class SyntheticTrainer(BatchConsumer):
 
     def on_layout(self, change) -> None:
         self.trainer_ranks = max(1, len(change.ranks("trainer")))
+
+    def _build(self) -> None:
+        import torch
+
+        torch.manual_seed(self.cfg.train.seed)
+        self._model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
+        self._opt = torch.optim.AdamW(self._model.parameters(), lr=self.cfg.train.lr)
+
+    def save_checkpoint(self, path, step: int) -> None:
+        import torch
+
+        if self.step_no != step:
+            raise RuntimeError(f"asked for step {step}, the trainer is at {self.step_no}")
+        tmp = path.with_suffix(".tmp")
+        torch.save(
+            {
+                "step": self.step_no,
+                "version": self.version,
+                "model": self._model.state_dict(),
+                "optimizer": self._opt.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+            },
+            tmp,
+        )
+        tmp.rename(path)
+
+    def restore(self, folder) -> None:
+        import torch
+
+        from runtime.checkpoint import TRAINER_FILE
+
+        state = torch.load(folder / TRAINER_FILE, weights_only=False)
+        self._build()
+        self._model.load_state_dict(state["model"])
+        self._opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step_no, self.version = state["step"], state["version"]
 
     def observe(self, step: int, policy_version: int) -> None:
         self.step_no = max(self.step_no, step)
@@ -191,12 +230,6 @@ class SyntheticTrainer(BatchConsumer):
         if not self.leader:
             return  # one replica, no process group: the other trainer ranks stand by
         start = time.perf_counter()
-        if self._model is None:
-            torch.manual_seed(self.cfg.train.seed)
-            self._model = torch.nn.Sequential(
-                torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB)
-            )
-            self._opt = torch.optim.AdamW(self._model.parameters(), lr=self.cfg.train.lr)
         samples = wire.batch_samples(msg)
         width = max(len(s["token_ids"]) for s in samples)
         tokens = torch.zeros(len(samples), width + 1, dtype=torch.long)

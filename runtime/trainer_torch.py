@@ -219,6 +219,18 @@ class TorchTrainerSide(BatchConsumer):
         self._eval_start: float | None = None
         self._last_sync_s: float | None = None
 
+    def save_checkpoint(self, path: Path, step: int) -> None:
+        """Rank 0 asked for checkpoint ``step``: model, AdamW, RNG, step and version."""
+        if self.trainer.step != step:
+            raise RuntimeError(f"asked for step {step}, the trainer is at {self.trainer.step}")
+        self.trainer.save_state(path)
+
+    def restore(self, folder: Path) -> None:
+        from runtime.checkpoint import TRAINER_FILE
+
+        self.trainer.load_state(folder / TRAINER_FILE)
+        log.info("trainer state restored: step %d, v%d", self.trainer.step, self.trainer.version)
+
     def observe(self, step: int, policy_version: int) -> None:
         self.trainer.step = max(self.trainer.step, step)
         self.trainer.version = max(self.trainer.version, policy_version)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from runtime import checkpoint
 from runtime import protocol as p
 from runtime.auth import CLIENT, load_keypair, secure_client
 from runtime.config import Config
@@ -35,12 +36,17 @@ class WorkerError(RuntimeError):
     """The rank cannot take part in the run (no coordinator, rejected, lost contact)."""
 
 
-def wait_for_control(paths: RunPaths, timeout_s: float) -> dict:
-    """Rank 0 publishes control.json once it listens; other ranks wait for it."""
+def wait_for_control(paths: RunPaths, timeout_s: float, attempt: str = "") -> dict:
+    """Rank 0 publishes control.json once it listens; other ranks wait for it.
+
+    ``attempt`` names this start of the job (a requeued or resumed run has a new one):
+    a control.json left by an earlier attempt is not ours, so we wait for rank 0's."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             control = read_json(paths.control)
+            if control.get("attempt", "") != attempt:
+                raise ValueError("an earlier attempt's")
             if "failed" in control:
                 raise WorkerError(control["failed"])
             return control
@@ -64,7 +70,10 @@ class HybridWorker:
         make_collective: Callable[[], Collective | None] = lambda: None,
         node: str | None = None,
         on_stop_signal=None,
+        attempt: str = "",
     ) -> None:
+        self.attempt = attempt
+        self.resume: str | None = None  # checkpoint folder rank 0 resumes from
         self.rank = rank
         self.world_size = world_size
         self.paths = paths
@@ -102,7 +111,8 @@ class HybridWorker:
 
     def run(self) -> str:
         """Serve until told to stop; returns the coordinator's stop reason."""
-        control = wait_for_control(self.paths, self.cfg.control.register_timeout_s)
+        control = wait_for_control(self.paths, self.cfg.control.register_timeout_s, self.attempt)
+        self.resume = control.get("resume")
         keys = load_keypair(self.paths.keys, CLIENT)
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
@@ -194,6 +204,8 @@ class HybridWorker:
                     self.sides = self._make_sides(self.collective)
                     for side in self.sides.values():
                         side.attach(self._send, self.rank)
+                    if self.resume:
+                        self._restore(self.resume)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     self._send(p.Bye(rank=self.rank, reason=reason))
@@ -208,6 +220,32 @@ class HybridWorker:
                 return
             if isinstance(msg, p.Stop):
                 raise WorkerError(f"rank {self.rank}: refused by rank 0: {msg.reason}")
+
+    def _restore(self, name: str) -> None:
+        """Sides with state (trainers) load it from the checkpoint rank 0 resumes from."""
+        info = checkpoint.find(self.paths.checkpoints, name)
+        for side in self.sides.values():
+            restore = getattr(side, "restore", None)
+            if restore is not None:
+                restore(info.path)
+        log.info("rank %d restored %s (step %d)", self.rank, info.name, info.step)
+
+    def _checkpoint(self, step: int) -> None:
+        """Rank 0 asks the trainer leader (us) for its part of checkpoint ``step``."""
+        side = self.sides.get("trainer")
+        save = getattr(side, "save_checkpoint", None)
+        ok, error = False, ""
+        if save is None:
+            error = f"engine.trainer {self.cfg.engine.trainer!r} cannot checkpoint"
+        else:
+            try:
+                staging = checkpoint.start(self.paths.checkpoints, step)
+                save(staging / checkpoint.TRAINER_FILE, step)
+                ok = True
+            except Exception as exc:  # reported; the run goes on without this checkpoint
+                log.exception("checkpoint %d failed", step)
+                error = f"{type(exc).__name__}: {exc}"[:1000]
+        self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
 
     def _enter(self, role: str) -> None:
         if self.role == role:
@@ -229,6 +267,10 @@ class HybridWorker:
         lost_after = self.cfg.control.heartbeat_timeout_s
         while self.stop_reason is None:
             now = time.monotonic()
+            if now - last_tick > self.heartbeat_interval:
+                # We were busy (a long step, an engine call), not listening: that time is
+                # not silence from rank 0.
+                self.last_ack += now - last_tick
             if self._signal_reason is not None and not asked_stop:
                 # Ask rank 0 to stop the whole run; we leave when it says so.
                 self._send(p.StopRequest(reason=self._signal_reason))
@@ -296,6 +338,8 @@ class HybridWorker:
                     rank=self.rank, role=self.role, layout_epoch=self.layout_epoch, duration_s=took
                 )
             )
+        elif isinstance(msg, p.Checkpoint):
+            self._checkpoint(msg.step)
         elif isinstance(msg, p.Stop):
             log.info("rank %d stopping: %s", self.rank, msg.reason)
             self.stop_reason = msg.reason

@@ -62,6 +62,8 @@ EXAMPLES = [
     p.AllocatorRequest(auto=False),
     p.StopRequest(reason="reflow stop"),
     p.Reply(ok=True, text="fine"),
+    p.Checkpoint(step=10),
+    p.CheckpointSaved(rank=0, step=10, ok=False, error="disk full"),
 ]
 
 

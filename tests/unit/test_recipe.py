@@ -134,3 +134,13 @@ def test_cluster_recipes_use_the_paper_settings(name):
     assert cfg.reflow.sigma == cfg.reflow.tau == 0.5
     assert cfg.reflow.delta == 1
     assert "Qwen3" in cfg.model.path
+
+
+def test_a_ratio_is_a_ratio_not_a_base_60_number(tmp_path):
+    # YAML 1.1 reads 2:2 as 122; in a recipe or a --set it means 2 rollout : 2 trainer.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("resources: {gpus_per_node: 4, initial_ratio: 3:1}\n")
+    assert load_recipe(recipe).resources.initial_ratio == "3:1"
+    cfg = load_recipe(recipe, ["resources.initial_ratio=2:2"])
+    assert cfg.resources.initial_ratio == "2:2"
+    assert load_recipe(recipe, ["train.lr=1e-5"]).train.lr == 1e-5

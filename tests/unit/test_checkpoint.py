@@ -1,0 +1,354 @@
+"""Checkpoints: the folder format (atomic, checksummed, last K kept), the data plane's and
+the coordinator's state across a save/restore, and the checkpoint/stop protocol."""
+
+import random
+
+import msgpack
+import pytest
+
+from runtime import checkpoint as ck
+from runtime import protocol as p
+from runtime.data_plane import DataPlane
+from runtime.recipe import build_config
+from runtime.sample import Request
+from runtime.wire import sample_done
+from tests.unit.test_coordinator import Clock, clock, ident, make, register_all
+from tests.unit.test_data_plane import prompts, traj
+
+__all__ = ["clock"]  # the fake-clock fixture, shared with test_coordinator
+
+# --- the folder format -----------------------------------------------------------------
+
+
+def write(root, step, payload=b"weights"):
+    staging = ck.start(root, step)
+    (staging / ck.TRAINER_FILE).write_bytes(payload * 100)
+    save = ck.coordinator_writer(root, keep=3)
+    return save(step, step, {"format": 1, "step": step})
+
+
+def test_a_sealed_checkpoint_verifies_and_the_newest_wins(tmp_path):
+    for step in (2, 4, 6):
+        write(tmp_path, step)
+    info, rejected = ck.latest_valid(tmp_path)
+    assert info is not None and info.step == 6 and rejected == []
+    assert ck.read_coordinator_state(info) == {"format": 1, "step": 6}
+
+
+def test_only_the_last_k_are_kept_and_a_staging_folder_is_ignored(tmp_path):
+    for step in (2, 4, 6, 8):
+        write(tmp_path, step)
+    assert sorted(d.name for d in tmp_path.iterdir()) == [
+        "step-00000004",
+        "step-00000006",
+        "step-00000008",
+    ]
+    ck.start(tmp_path, 10)  # a crash mid-write leaves this behind
+    (ck.staging_dir(tmp_path, 10) / ck.TRAINER_FILE).write_bytes(b"half")
+    info, rejected = ck.latest_valid(tmp_path)
+    assert info.step == 8 and rejected == []
+
+
+def _zero(f):
+    """Same size, other bytes: only the checksum can tell."""
+    f.write_bytes(b"\x00" * f.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / ck.TRAINER_FILE).write_bytes(b"weights" * 50), "truncated"),
+        (lambda d: _zero(d / ck.COORDINATOR_FILE), "checksum mismatch"),
+        (lambda d: (d / ck.MANIFEST).unlink(), "no manifest.json"),
+        (lambda d: (d / ck.MANIFEST).write_text("{"), "unreadable"),
+        (lambda d: (d / ck.TRAINER_FILE).unlink(), "missing"),
+    ],
+)
+def test_a_damaged_checkpoint_is_rejected_and_the_previous_one_used(tmp_path, damage, message):
+    write(tmp_path, 2)
+    newest = write(tmp_path, 4)
+    damage(tmp_path / "step-00000004")
+    info, rejected = ck.latest_valid(tmp_path)
+    assert info is not None and info.step == 2
+    assert len(rejected) == 1 and message in rejected[0] and "step-00000004" in rejected[0]
+    assert newest.endswith("step-00000004")
+    with pytest.raises(ck.CheckpointError):
+        ck.find(tmp_path, "step-00000004")
+
+
+def test_a_flipped_byte_is_caught(tmp_path):
+    write(tmp_path, 2)
+    write(tmp_path, 4)
+    f = tmp_path / "step-00000004" / ck.TRAINER_FILE
+    data = bytearray(f.read_bytes())
+    data[100] ^= 0x01
+    f.write_bytes(bytes(data))
+    info, rejected = ck.latest_valid(tmp_path)
+    assert info.step == 2 and "checksum mismatch" in rejected[0]
+
+
+def test_names_from_the_control_file_cannot_escape_the_folder(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="not a checkpoint folder name"):
+        ck.find(tmp_path, "../../etc")
+
+
+def test_sealing_without_the_trainer_part_fails(tmp_path):
+    ck.start(tmp_path, 3)
+    with pytest.raises(ck.CheckpointError, match=r"trainer\.pt is missing"):
+        ck.coordinator_writer(tmp_path, 3)(3, 3, {})
+
+
+# --- the data plane across a save/restore ----------------------------------------------
+
+
+CFG = build_config(
+    {
+        "train": {"batch_size": 8, "seed": 7},
+        "algorithm": {"group_size": 4},
+        "reflow": {"mode": "reflow", "sigma": 0.5, "delta": 2, "B_max": 12},
+        "resources": {"gpus_per_node": 4, "initial_ratio": "2:2"},
+    }
+)
+
+
+def drive(dp: DataPlane, rng: random.Random, steps: int, *, drain: bool) -> list[list[int]]:
+    """Scripted rollout workers and trainer; the sample ids of every batch trained.
+    ``drain``: finish all outstanding work before returning (a quiescent point)."""
+    batches = []
+    held: list = []
+    while len(batches) < steps:
+        worker = rng.choice((2, 3))
+        held += [(r, worker) for r in dp.request_work(worker, rng.randint(1, 4))]
+        rng.shuffle(held)
+        for _ in range(rng.randint(0, len(held))):
+            req, w = held.pop()
+            dp.deliver(traj(req, dp.policy_version, worker=w))
+        batch = dp.next_batch()
+        if batch is not None:
+            batches.append(sorted(t.sample_id for t in batch.samples))
+            dp.finish_step(batch.batch_id, dp.policy_version + 1)
+    if drain:
+        for req, w in held:
+            dp.deliver(traj(req, dp.policy_version, worker=w))
+    return batches
+
+
+def roundtrip(state):
+    return msgpack.unpackb(msgpack.packb(state, use_bin_type=True), raw=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_restored_data_plane_makes_the_same_batches_and_requests(seed):
+    clock = Clock()
+    original = DataPlane(CFG, prompts(), clock)
+    drive(original, random.Random(seed), 5, drain=True)
+    state = roundtrip(original.state_dict())
+    restored = DataPlane(CFG, prompts(), clock)  # a fresh prompt stream, as after a crash
+    restored.load_state_dict(state)
+    assert restored.ledger() == original.ledger()
+    # Same seed for the drivers from here: the sampler's RNG, the pools' order and the data
+    # cursor must make the uninterrupted and the resumed run identical.
+    a = drive(original, random.Random(1000 + seed), 6, drain=False)
+    b = drive(restored, random.Random(1000 + seed), 6, drain=False)
+    assert a == b
+    assert [r.prompt for r in original.dispatcher.pending] == [
+        r.prompt for r in restored.dispatcher.pending
+    ]
+    assert original.dispatcher._next_prompt == restored.dispatcher._next_prompt
+    assert restored.ledger()["lost"] == 0 and restored.ledger()["duplicated"] == 0
+
+
+def test_work_out_at_rollout_when_saved_comes_back_first_and_nothing_is_lost():
+    clock = Clock()
+    dp = DataPlane(CFG, prompts(), clock)
+    out = dp.request_work(2, 6)
+    dp.deliver(traj(out[0], 0, worker=2))
+    restored = DataPlane(CFG, prompts(), clock)
+    restored.load_state_dict(roundtrip(dp.state_dict()))
+    assert [r.sample_id for r in list(restored.dispatcher.pending)[:5]] == [
+        r.sample_id for r in out[1:]
+    ]
+    again = restored.request_work(3, 5)
+    assert [r.sample_id for r in again] == [r.sample_id for r in out[1:]]
+    for r in again:
+        assert restored.deliver(traj(r, 0, worker=3))
+    ledger = restored.ledger()
+    assert ledger["delivered"] == 6 and ledger["lost"] == 0 and ledger["duplicated"] == 0
+    # the one delivered before the save is not taken twice
+    assert not restored.deliver(traj(out[0], 0, worker=2))
+
+
+def test_a_batch_in_training_cannot_be_saved():
+    clock = Clock()
+    dp = DataPlane(CFG, prompts(), clock)
+    for r in dp.request_work(2, 8):
+        dp.deliver(traj(r, 0, worker=2))
+    assert dp.next_batch() is not None
+    with pytest.raises(ValueError, match="step boundary"):
+        dp.state_dict()
+
+
+# --- the coordinator's checkpoint protocol ---------------------------------------------
+
+
+class Saves:
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.fail = False
+
+    def __call__(self, step, version, state):
+        if self.fail:
+            raise OSError("disk full")
+        self.calls.append((step, version, roundtrip(state)))
+        return f"ckpt/step-{step:08d}"
+
+
+def coordinator(clock, saves, **train):
+    c = make(
+        clock,
+        prompts=prompts(),
+        train={"steps": 20, "batch_size": 4, "sync_every": 2, "checkpoint_every": 2, **train},
+        algorithm={"group_size": 2},
+    )
+    c._save_checkpoint = saves
+    return c
+
+
+def one_step(c, clock) -> list:
+    """Deliver enough samples, hand the leader a batch and report the step."""
+    for _ in range(10):
+        work = c.handle(ident(2), p.WorkRequest(rank=2, slots=4))
+        for req in work[0][1].requests:
+            r = Request(req["sample_id"], req["group_id"], req["prompt_id"], req["prompt"])
+            t = traj(r, c.policy_version, worker=2)
+            c.handle(ident(2), sample_done(t, 2))
+        out = c.handle(ident(0), p.BatchRequest(rank=0))
+        if isinstance(out[0][1], p.Batch):
+            batch = out[0][1]
+            clock.t += 1
+            return c.handle(
+                ident(0),
+                p.StepDone(
+                    rank=0,
+                    step=c.step + 1,
+                    policy_version=c.step + 1,
+                    batch_id=batch.batch_id,
+                    metrics={"loss": 0.5},
+                ),
+            )
+    raise AssertionError("no batch")
+
+
+def test_checkpoints_are_taken_every_n_steps_and_hold_batches_meanwhile(clock):
+    saves = Saves()
+    c = coordinator(clock, saves)
+    register_all(c)
+    assert not [m for _, m in one_step(c, clock) if isinstance(m, p.Checkpoint)]
+    out = one_step(c, clock)
+    ((to, ask),) = [(i, m) for i, m in out if isinstance(m, p.Checkpoint)]
+    assert to == ident(0) and ask.step == 2
+    ((_, wait),) = c.handle(ident(0), p.BatchRequest(rank=0))
+    assert isinstance(wait, p.BatchWait) and "checkpoint" in wait.reason
+    assert c.handle(ident(1), p.CheckpointSaved(rank=1, step=2, ok=True, error="")) == []
+    assert c.rejected["unexpected_checkpoint"] == 1  # only the leader's answer counts
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
+    ((step, version, state),) = saves.calls
+    assert (step, version, state["step"], state["policy_version"]) == (2, 2, 2, 2)
+    assert c.status()["checkpoint"]["last"]["step"] == 2
+    assert isinstance(c.handle(ident(0), p.BatchRequest(rank=0))[0][1], (p.Batch, p.BatchWait))
+    assert c.checkpoint_pending is None
+
+
+def test_a_failed_checkpoint_is_recorded_and_the_run_goes_on(clock):
+    saves = Saves()
+    c = coordinator(clock, saves)
+    register_all(c)
+    one_step(c, clock)
+    one_step(c, clock)
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=False, error="OSError: disk full"))
+    saves.fail = True
+    one_step(c, clock)
+    one_step(c, clock)
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=4, ok=True, error=""))
+    one_step(c, clock)
+    out = one_step(c, clock)  # step 6: the leader never answers
+    assert any(isinstance(m, p.Checkpoint) for _, m in out)
+    clock.t += c.cfg.control.checkpoint_timeout_s + 1
+    for w in c.workers.values():  # the ranks are alive, only the answer is missing
+        w.last_seen = clock.t
+    c.tick()
+    errors = [x.get("error", "") for x in c.checkpoints]
+    assert [x["ok"] for x in c.checkpoints] == [False, False, False]
+    assert "trainer: OSError: disk full" in errors[0] and "disk full" in errors[1]
+    assert "no answer" in errors[2]
+    assert c.state == "RUNNING" and c.checkpoint_pending is None
+
+
+def test_a_stop_waits_for_the_batch_in_training_then_checkpoints_then_stops(clock):
+    saves = Saves()
+    c = coordinator(clock, saves, checkpoint_every=0)
+    register_all(c)
+    one_step(c, clock)
+    # a batch goes out, then the stop arrives
+    for _ in range(10):
+        out = c.handle(ident(0), p.BatchRequest(rank=0))
+        if isinstance(out[0][1], p.Batch):
+            break
+        for req in c.handle(ident(2), p.WorkRequest(rank=2, slots=4))[0][1].requests:
+            r = Request(req["sample_id"], req["group_id"], req["prompt_id"], req["prompt"])
+            c.handle(ident(2), sample_done(traj(r, c.policy_version, worker=2), 2))
+    batch = out[0][1]
+    assert c.request_stop("reflow stop") == []  # not yet: the batch is in training
+    assert c.state == "RUNNING" and "after a checkpoint" in c.reason
+    out = c.handle(
+        ident(0),
+        p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch.batch_id, metrics={}),
+    )
+    assert [m.step for _, m in out if isinstance(m, p.Checkpoint)] == [2]
+    assert not any(isinstance(m, p.Stop) for _, m in out)
+    out = c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
+    assert c.state == "STOPPING" and len([m for _, m in out if isinstance(m, p.Stop)]) == 4
+    assert saves.calls[0][0] == 2
+
+
+def test_a_stop_before_training_started_does_not_checkpoint(clock):
+    saves = Saves()
+    c = coordinator(clock, saves)
+    register_all(c)
+    out = c.request_stop("SIGTERM")
+    assert c.state == "STOPPING" and saves.calls == []
+    assert all(isinstance(m, p.Stop) for _, m in out)
+
+
+def test_a_restored_coordinator_continues_the_run(clock):
+    saves = Saves()
+    c = coordinator(clock, saves)
+    register_all(c)
+    for _ in range(2):
+        one_step(c, clock)
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
+    state = saves.calls[-1][2]
+    digest = c.buffer_digest()
+
+    fresh = coordinator(Clock(), Saves())
+    fresh.load_state_dict(state, source="step-00000002")
+    assert (fresh.step, fresh.policy_version, fresh.attempt) == (2, 2, 2)
+    assert fresh.buffer_digest() == digest
+    assert fresh.resumed["from"] == "step-00000002"
+    # When every rank is back, the restored weights go to the rollout ranks first.
+    out = []
+    for r in range(4):
+        ((_, welcome),) = fresh.handle(ident(r), p.Hello(rank=r, world_size=4, node="n", pid=9))
+        out = fresh.handle(ident(r), p.Ready(rank=r, role=welcome.role, layout_epoch=0))
+    assert fresh.state == "RUNNING"
+    syncs = {to for to, m in out if isinstance(m, p.WeightSync) and m.policy_version == 2}
+    assert syncs == {ident(0), ident(2), ident(3)}
+    one_step(fresh, clock)
+    line = fresh.metrics_log[-1]
+    assert line["step"] == 3 and line["attempt"] == 2
+
+
+def test_a_foreign_state_format_is_refused(clock):
+    c = coordinator(clock, Saves())
+    with pytest.raises(ValueError, match="format"):
+        c.load_state_dict({"format": 99})
