@@ -26,7 +26,7 @@ from runtime import checkpoint
 from runtime import protocol as p
 from runtime.checkpoint import CheckpointInfo
 from runtime.config import Config
-from runtime.entry import rank_main
+from runtime.entry import RankMain
 from runtime.recipe import dump_config
 from runtime.run_dir import RunPaths, read_json, write_json_atomic
 
@@ -71,7 +71,7 @@ def _submit_local(cfg: Config, paths: RunPaths) -> str:
         signal_delay_s=60,
     )
     with _stdio_to(paths.logs / "controller.log"):
-        job = executor.submit(rank_main, str(paths.root))
+        job = executor.submit(RankMain(), str(paths.root))
     return str(job.job_id)
 
 
@@ -79,7 +79,7 @@ def _submit_slurm(cfg: Config, paths: RunPaths) -> str:
     executor = submitit.AutoExecutor(folder=paths.submitit, cluster="slurm")
     params = slurm_parameters(cfg, paths.name)
     executor.update_parameters(**{f"slurm_{k}": v for k, v in params.items()})
-    job = executor.submit(rank_main, str(paths.root))
+    job = executor.submit(RankMain(), str(paths.root))
     return str(job.job_id)
 
 

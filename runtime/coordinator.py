@@ -163,6 +163,7 @@ class Coordinator:
         self.checkpoint_pending: dict[str, Any] | None = None  # step, requested_at, then_stop
         self._stop_after_step: str | None = None  # a stop waiting for the batch in training
         self.checkpoints: list[dict[str, Any]] = []  # saved and failed, in order
+        self._unreported_checkpoints: list[dict[str, Any]] = []
         self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
             p.Hello: self._on_hello,
             p.Ready: self._on_ready,
@@ -340,6 +341,8 @@ class Coordinator:
                         "duration_s": round(record.done_at - record.applied_at, 4),
                     }
                 )
+        if self._unreported_checkpoints:
+            line["checkpoints"], self._unreported_checkpoints = self._unreported_checkpoints, []
         decision = None
         if (
             self.auto_rebalance
@@ -644,7 +647,7 @@ class Coordinator:
                 record["error"] = f"{type(exc).__name__}: {exc}"[:1000]
         record["took_s"] = round(self.clock() - pending["requested_at"], 3)
         self.checkpoints.append(record)
-        self.metrics_log.append({"event": "checkpoint", **record})
+        self._unreported_checkpoints.append(record)  # into the next step's metrics line
         if pending["then_stop"] is not None:
             return self._stop_now(pending["then_stop"])
         return []

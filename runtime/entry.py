@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -179,7 +180,34 @@ def rank_main(run_root: str) -> str:
         log.info("run ended %s: %s", state, why)
         if state == "FAILED":
             raise RunFailed(why)
+        if worker.preempted and state == "STOPPED":
+            _requeue(worker.preempt_handler)
     return reason
+
+
+class RankMain:
+    """What submitit runs on every task. ``checkpoint`` is submitit's hook, called on rank 0
+    when Slurm warns of preemption or the time limit (USR2): the run has saved its
+    checkpoint by then, so the requeued job is the same call, and rank 0 resumes from the
+    newest checkpoint in the run folder."""
+
+    def __call__(self, run_root: str) -> str:
+        return rank_main(run_root)
+
+    def checkpoint(self, run_root: str):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, run_root)
+
+
+def _requeue(handler: object) -> None:
+    """After a preempted run stopped with its checkpoint: submitit's USR2 handler calls
+    :meth:`RankMain.checkpoint` and requeues the job (``scontrol requeue``), then exits."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or not callable(handler):
+        log.info("preempted outside Slurm: stopped with a checkpoint, not requeued")
+        return
+    log.info("preempted: requeueing the job through submitit")
+    handler(signal.SIGUSR2, None)
 
 
 def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:

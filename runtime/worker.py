@@ -95,14 +95,21 @@ class HybridWorker:
         self.unsent = 0
         self.rollout_active_s = 0.0
         self.rollout_busy_s = 0.0
+        self.preempted = False
+        self.preempt_handler: object = None
 
     # --- signals -----------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
+        # submitit's own USR2 handler (checkpoint + requeue on Slurm) is kept for later:
+        # the run saves its checkpoint first, then rank 0 hands over to it.
+        self.preempt_handler = signal.getsignal(signal.SIGUSR2)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGUSR2:  # Slurm's warning: preemption or the time limit
+            self.preempted = True
         self._signal_reason = f"rank {self.rank} got {signal.Signals(signum).name}"
         if self._on_stop_signal is not None:
             self._on_stop_signal(self._signal_reason)

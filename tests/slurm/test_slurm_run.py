@@ -129,3 +129,64 @@ def test_real_engines_train_across_two_nodes(runs_dir):
     while squeue_state(job_id) not in ("COMPLETED", ""):
         assert time.monotonic() < deadline, squeue_state(job_id)
         time.sleep(1)
+
+
+PREEMPTIBLE = """
+name: preempt
+data: {train: "embedded:synthetic"}
+workload: {max_response_tokens: 64}
+algorithm: {group_size: 4}
+train: {steps: 400, batch_size: 16, lr: 0.001, sync_every: 2, checkpoint_every: 0}
+reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
+resources: {nodes: 1, gpus_per_node: 2, initial_ratio: "2:2", device: cpu}
+engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.004}
+control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 30}
+slurm: {cpus_per_task: 1, time_min: 15}
+"""
+
+
+def test_preemption_checkpoints_requeues_and_continues(tmp_path, runs_dir):
+    """submitit's preemption signal (SIGTERM + USR2, as ``job._interrupt()`` sends): the
+    coordinator checkpoints the step it is at, rank 0 hands over to submitit, which calls
+    ``RankMain.checkpoint`` and requeues the job; the job runs again and continues from
+    the saved step. There are no periodic checkpoints here: the one used is the signal's."""
+    import submitit
+
+    recipe = tmp_path / "preempt.yaml"
+    recipe.write_text(PREEMPTIBLE)
+    reflow("launch", str(recipe), "--nodes", "2", check=True, timeout=120)
+    run_dir = next(runs_dir.iterdir())
+    run = run_dir.name
+    job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
+    s = wait_for(run, lambda s: s.get("step", 0) >= 4 or s["state"] in ("FAILED", "STOPPED"), 300)
+    assert s["state"] == "RUNNING", s.get("reason")
+
+    submitit.SlurmJob(run_dir / "submitit", job_id)._interrupt()
+
+    # The requeued job's rank 0 resumes: a new attempt, from the checkpoint of the signal.
+    s = wait_for(
+        run,
+        lambda s: (
+            (s.get("attempt") == 2 and s.get("step", 0) > (s["resumed"] or {}).get("step", 0))
+            or s["state"] == "FAILED"
+        ),
+        600,
+    )
+    assert s["state"] == "RUNNING", s.get("reason")
+    saved = s["resumed"]["step"]
+    assert saved >= 4 and s["resumed"]["from"] == f"step-{saved:08d}"
+    restarts = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True
+    ).stdout
+    assert "Restarts=1" in restarts, restarts
+    rank0 = "".join(p.read_text() for p in (run_dir / "logs").glob("rank0.log"))
+    assert "requeueing the job through submitit" in rank0 and "resuming from" in rank0
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    second = [x["step"] for x in lines if x.get("attempt") == 2]
+    assert second[0] == saved + 1  # the step curve continues from the saved step
+
+    reflow("stop", run, check=True, timeout=180)
+    deadline = time.monotonic() + 60
+    while squeue_state(job_id) not in ("COMPLETED", "CANCELLED", ""):
+        assert time.monotonic() < deadline, squeue_state(job_id)
+        time.sleep(1)
