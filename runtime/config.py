@@ -232,6 +232,12 @@ class ControlConfig:
     heartbeat_timeout_s: float = opt(15.0, "silence after which a rank is declared dead", gt=0)
     register_timeout_s: float = opt(300.0, "time for all ranks to register", gt=0)
     stop_grace_s: float = opt(30.0, "time ranks get to leave after a stop", gt=0)
+    max_restarts: int = opt(
+        0,
+        "automatic restarts from the last checkpoint after a rank is lost mid-training "
+        "(Slurm: requeue; local: resubmit)",
+        ge=0,
+    )
     checkpoint_timeout_s: float = opt(
         300.0, "time the trainer leader gets to write its part of a checkpoint", gt=0
     )

@@ -91,6 +91,12 @@ class ControlServer:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def amend_reason(self, note: str) -> None:
+        """After the run ended: add to its reason (e.g. a restart) in status and summary."""
+        self.coordinator.reason += note
+        self._snapshot()
+        write_json_atomic(self.paths.summary, self.coordinator.summary())
+
     def _send(self, out: list[Outgoing]) -> None:
         for identity, msg in out:
             try:

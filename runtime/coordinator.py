@@ -159,6 +159,7 @@ class Coordinator:
         self._idle_at_first_step = 0.0
         self.evals: dict[str, float] = {}
         self.attempt = 1  # 1 + the number of resumes of this run
+        self.failed_while_training = False
         self.resumed: dict[str, Any] | None = None
         self.checkpoint_pending: dict[str, Any] | None = None  # step, requested_at, then_stop
         self._stop_after_step: str | None = None  # a stop waiting for the batch in training
@@ -812,6 +813,9 @@ class Coordinator:
     def _finish(self, state: str, reason: str) -> list[Outgoing]:
         if self.state in TERMINAL:
             return []
+        # A rank lost or failing mid-training is what a restart from the last checkpoint
+        # is for; failing to start (or a bad recipe) would fail the same way again.
+        self.failed_while_training = state == "FAILED" and self.training_started
         self.state, self.reason = state, reason
         self.ended_at = self.clock()
         return self._broadcast(p.Stop(reason=reason))
@@ -906,6 +910,7 @@ class Coordinator:
             "attempt": self.attempt,
             "resumed": self._resumed_brief(),
             "checkpoints": list(self.checkpoints),
+            "failed_while_training": self.failed_while_training,
             "samples": {
                 k: ledger[k]
                 for k in (

@@ -22,6 +22,7 @@ from runtime.config import Config
 from runtime.coordinator import Coordinator
 from runtime.engines import build_prompts, build_sides, needs_collective
 from runtime.recipe import load_recipe
+from runtime.restart import restart_job, restarts_so_far
 from runtime.run_dir import RunPaths, write_json_atomic
 from runtime.worker import HybridWorker, WorkerError, node_name
 
@@ -179,10 +180,34 @@ def rank_main(run_root: str) -> str:
         state, why = server.coordinator.state, server.coordinator.reason
         log.info("run ended %s: %s", state, why)
         if state == "FAILED":
-            raise RunFailed(why)
+            note = _maybe_restart(server.coordinator, cfg, paths)
+            if note:
+                server.amend_reason(note)
+            raise RunFailed(why + note)
         if worker.preempted and state == "STOPPED":
             _requeue(worker.preempt_handler)
     return reason
+
+
+def _maybe_restart(coordinator: Coordinator, cfg: Config, paths: RunPaths) -> str:
+    """A run that failed mid-training starts again from its last checkpoint, up to
+    ``control.max_restarts`` times; the text is added to the failure reason."""
+    if not coordinator.failed_while_training or cfg.control.max_restarts == 0:
+        return ""
+    done = restarts_so_far(paths, os.environ)
+    if done >= cfg.control.max_restarts:
+        return f" (no restart: {done} of {cfg.control.max_restarts} used)"
+    info, _ = checkpoint.latest_valid(paths.checkpoints)
+    if info is None:
+        return " (no restart: no checkpoint yet)"
+    try:
+        how = restart_job(paths, os.environ)
+    except Exception as exc:  # say why and fail as before
+        log.exception("restart failed")
+        return f" (restart failed: {type(exc).__name__}: {exc})"
+    note = f"; restart {done + 1} of {cfg.control.max_restarts} from {info.name}: {how}"
+    log.warning("run failed: %s%s", coordinator.reason, note)
+    return note
 
 
 class RankMain:
