@@ -66,6 +66,19 @@ def status_view(s: dict[str, Any]) -> Group:
                 f"{d['trainer_rate']:.2f}/rank-s"
             )
         parts.append(Text(line, "dim"))
+    ckpt = s.get("checkpoint") or {}
+    resumed = s.get("resumed")
+    if ckpt.get("last") or resumed or ckpt.get("pending"):
+        line = f"attempt {s.get('attempt', 1)}"
+        if resumed:
+            line += f" (resumed from {resumed['from']})"
+        last = ckpt.get("last")
+        line += f"; last checkpoint: step {last['step']}" if last else "; no checkpoint yet"
+        if ckpt.get("failed"):
+            line += f"; {ckpt['failed']} failed"
+        if ckpt.get("pending"):
+            line += f"; writing step {ckpt['pending']['step']}"
+        parts.append(Text(line, "dim"))
     if s.get("reason"):
         parts.append(Text(f"reason: {s['reason']}", "red" if state == "FAILED" else "dim"))
     if s.get("stale"):

@@ -167,14 +167,15 @@ def rank_main(run_root: str) -> str:
         attempt=attempt,
     )
     worker.install_signal_handlers()
+    failure: str | None = None
     try:
         reason = worker.run()
     except WorkerError as exc:
         log.error("%s", exc)
-        if server is not None:
-            server.fail(str(exc))
-            server.join(cfg.control.stop_grace_s + 5)
-        raise RunFailed(str(exc)) from None
+        if server is None:
+            raise RunFailed(str(exc)) from None
+        server.fail(str(exc))  # rank 0's own side failed (e.g. a collective with a dead rank)
+        reason = failure = str(exc)
     if server is not None:
         server.join(cfg.control.stop_grace_s + 5)
         state, why = server.coordinator.state, server.coordinator.reason
@@ -184,6 +185,8 @@ def rank_main(run_root: str) -> str:
             if note:
                 server.amend_reason(note)
             raise RunFailed(why + note)
+        if failure is not None:
+            raise RunFailed(failure)
         if worker.preempted and state == "STOPPED":
             _requeue(worker.preempt_handler)
     return reason

@@ -1,0 +1,59 @@
+"""kill -9 of a trainer replica on the real engines (vLLM CPU build + torch, one gloo group
+for gradients and weights): the step fails cleanly instead of hanging, the run restarts
+from its last checkpoint, the torch trainer gets its model and AdamW state back, the
+rollout engines get the checkpoint's weights before any work, and the run reaches its
+target step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from tests.conftest import REPO, reflow
+from tests.conftest import wait_for_status as wait_for
+from tests.faults.test_resume import metrics, wait_gone
+
+
+def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs_dir):
+    sets = [
+        "train.steps=14",
+        "train.checkpoint_every=4",
+        "control.max_restarts=1",
+        "control.heartbeat_timeout_s=120",
+        "control.collective_timeout_s=60",
+    ]
+    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "realfail"]
+    for s in sets:
+        args += ["--set", s]
+    reflow(*args, check=True, timeout=900)
+    run_dir = next(runs_dir.iterdir())
+    run = run_dir.name
+    s = wait_for(
+        run,
+        lambda s: (s["checkpoint"]["last"] or {}).get("step", 0) >= 4 or s["state"] != "RUNNING",
+        600,
+    )
+    assert s["state"] == "RUNNING", s.get("reason")
+    saved = s["checkpoint"]["last"]["step"]
+    pids = [w["pid"] for w in s["workers"]]
+    os.kill(next(w["pid"] for w in s["workers"] if w["rank"] == 1), signal.SIGKILL)
+    wait_gone(pids, 240)  # the collective fails (or times out): nobody hangs
+
+    wait_for(run, lambda s: s.get("attempt") == 2, 300)
+    first = json.loads((run_dir / "summary.attempt1.json").read_text())
+    assert first["state"] == "FAILED" and "restart 1 of 1" in first["reason"], first["reason"]
+    saved = max(c["step"] for c in first["checkpoints"] if c["ok"])
+    final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 900)
+    assert final["state"] == "COMPLETED", final.get("reason")
+    assert final["step"] == 14 and final["resumed"]["step"] == saved
+
+    second = [m for m in metrics(run_dir) if m.get("attempt") == 2]
+    assert [m["step"] for m in second] == list(range(saved + 1, 15))
+    # The restored trainer and the rollout engines hold the same policy: behaviour
+    # log-probs from vLLM match the trainer's (a stale engine would be far off).
+    assert all(0.8 < m["mean_ratio"] < 1.25 for m in second)
+    assert all(m["trainer_replicas"] == 2 and m["replica_spread"] == 0.0 for m in second)
+    ledger = final["buffer"]["ledger"]
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0
+    assert "trainer state restored" in (run_dir / "logs" / "rank1.log").read_text()
