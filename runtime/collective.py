@@ -12,9 +12,11 @@ Tensors travel in fixed-size buckets (one flat tensor per bucket, per dtype). Me
 (names, shapes, dtypes, versions) travels as a JSON header in a ``uint8`` tensor, never
 pickled: a process group's peers are not authenticated the way the control plane is.
 
-Rendezvous: rank 0 hosts a ``TCPStore`` on a free port and publishes ``host:port`` in
-``<run>/dist.json``; the other ranks wait for that file (the run folder is on the shared
-file system under Slurm).
+Rendezvous: rank 0 hosts a ``TCPStore``. Under submitit (Slurm or local) its address comes
+from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port derived from
+the job id, ``MASTER_PORT`` to override), which every rank computes alike. Outside submitit
+rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the other
+ranks wait for that file.
 """
 
 from __future__ import annotations
@@ -87,9 +89,20 @@ class Collective:
         backend: str,
         bucket_bytes: int,
         timeout_s: float,
+        endpoint: tuple[str, int] | None = None,
     ) -> Collective:
         timeout = timedelta(seconds=timeout_s)
-        if rank == 0:
+        if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
+            host, port = endpoint
+            store = dist.TCPStore(
+                bind_host if rank == 0 else host,
+                port,
+                world_size,
+                is_master=rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+        elif rank == 0:
             store = dist.TCPStore(
                 bind_host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
             )

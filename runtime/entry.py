@@ -263,6 +263,20 @@ def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:
     return info.name
 
 
+def _torch_endpoint(advertise: str) -> tuple[str, int] | None:
+    """The process group's address from submitit's TorchDistributedEnvironment: the job's
+    first node (rank 0's) and a port from the job id. A local run stays on loopback.
+    None outside submitit (the dist.json rendezvous is used then)."""
+    import submitit
+
+    try:
+        env = submitit.helpers.TorchDistributedEnvironment()
+    except RuntimeError:
+        return None
+    on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    return (env.master_addr if on_slurm else advertise), env.master_port
+
+
 def join_collective(
     cfg: Config, info: RankInfo, paths: RunPaths, bind: str, advertise: str
 ) -> Collective | None:
@@ -277,6 +291,7 @@ def join_collective(
         rank=info.rank,
         world_size=info.world_size,
         rendezvous=paths.root / "dist.json",
+        endpoint=_torch_endpoint(advertise),
         bind_host=bind,
         advertise_host=advertise,
         # On GPU nodes CUDA tensors go over NCCL and CPU ones (headers) over gloo.
