@@ -30,13 +30,14 @@ from runtime.datasets import DatasetError, check_dataset
 from runtime.layout import LayoutError, parse_ratio
 from runtime.recipe import RecipeError, load_recipe
 from runtime.sandbox import SandboxError, check_sandbox
+from runtime.sim.profile import ProfileError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
 out = Console()
 err = Console(stderr=True)
 
-USER_ERRORS = (UserError, RecipeError, LayoutError)
+USER_ERRORS = (UserError, RecipeError, LayoutError, ProfileError)
 
 
 def _exit_code(state: str) -> int:
@@ -270,6 +271,90 @@ def export(
 
     folder = export_run(find_run(run), out, step)  # ``out`` is the folder here, not the console
     typer.echo(f"exported to {folder}")
+
+
+@app.command()
+def simulate(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
+    gpus: Annotated[int, typer.Option(help="GPUs of the simulated cluster (whole nodes)")],
+    mode: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(help="execution mode(s) to compare; default the recipe's"),
+    ] = None,
+    steps: Annotated[Optional[int], typer.Option(help="override train.steps")] = None,  # noqa: UP045
+    model: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="model profile, e.g. qwen3-8b (default: from model.path)"),
+    ] = None,
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="workload profile: math, apps_agent (default: from workload.kind)"),
+    ] = None,
+    profiles: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="profile YAML (default runtime/sim/profiles.yaml)"),
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="override a recipe field, e.g. --set reflow.sigma=0.3"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per mode")] = False,
+) -> None:
+    """Simulate RECIPE on a cluster of --gpus GPUs: the real control plane (coordinator,
+    buffer, dispatcher, schedulers, allocator) against modelled engines and a simulated
+    clock; prints throughput, idle ratios and the ideal-throughput bound per mode."""
+    from rich.table import Table
+
+    from runtime.sim.profile import DEFAULT_PROFILES, load_profiles
+    from runtime.sim.run import figures, plan
+    from runtime.sim.run import simulate as run_sim
+
+    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    cfg = load_recipe(recipe, overrides)
+    path = profiles or DEFAULT_PROFILES
+    profs = load_profiles(path)
+    rows = []
+    for m in mode or [cfg.reflow.mode]:
+        sim_plan = plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs)
+        row = figures(run_sim(sim_plan, seed=seed, profiles_path=path), gpus)
+        row.update(model=sim_plan.model, workload=sim_plan.workload, gpus=gpus)
+        rows.append(row)
+        if as_json:
+            typer.echo(json.dumps(row))
+    if as_json:
+        return
+    base = rows[0]["trainer_tokens_per_s"] or 1.0
+    table = Table(title=f"{cfg.name}: {rows[0]['model']}, {rows[0]['workload']}, {gpus} GPUs")
+    for col in (
+        "mode",
+        "steps",
+        "sim h",
+        "tokens/s",
+        "vs first",
+        "trainer idle",
+        "rollout idle",
+        "X*",
+        "X/X*",
+        "placements",
+        "real s",
+    ):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["mode"],
+            str(r["steps"]),
+            f"{r['sim_hours']:.2f}",
+            f"{r['trainer_tokens_per_s']:.0f}",
+            f"{r['trainer_tokens_per_s'] / base:.2f}x",
+            f"{r['trainer_idle_ratio']:.1%}",
+            f"{r['rollout_idle_ratio']:.1%}",
+            f"{r['bound_tokens_per_s']:.0f}",
+            f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-",
+            " -> ".join(r["placements"]),
+            f"{r['real_s']:.1f}",
+        )
+    out.print(table)
 
 
 @app.command()

@@ -446,7 +446,7 @@ class Coordinator:
         requests = []
         if self.state == "RUNNING" and self.layout.role_of(msg.rank).value == "rollout":
             gen = self.generation
-            running = sum(1 for _, w in self.data.dispatcher.outstanding.values() if w == msg.rank)
+            running = self.data.dispatcher.running_at(msg.rank)
             slots = gen.grant(msg.rank, msg.slots, running)
             if slots < msg.slots:
                 self.data.dispatcher.blocked["concurrency_cap"] += 1

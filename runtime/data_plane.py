@@ -94,7 +94,7 @@ class DataPlane:
             return False
         if (req.group_id, req.prompt_id) != (t.group_id, t.prompt_id):
             self.rejected["mismatched_ids"] += 1
-            self.dispatcher.outstanding[t.sample_id] = (req, t.worker)  # still owed
+            self.dispatcher.reinstate(req, t.worker)  # still owed
             return False
         t.dispatched_at = req.dispatched_at
         # Each extra version span is one pause across a weight sync (partial rollout).

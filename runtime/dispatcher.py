@@ -40,6 +40,7 @@ class Dispatcher:
         self.clock = clock
         self.pending: deque[Request] = deque()
         self.outstanding: dict[int, tuple[Request, int]] = {}  # sample_id -> (request, worker)
+        self._at_worker: Counter[int] = Counter()  # outstanding per worker, kept in step
         self.fresh_per_step = float(batch_size)  # EWMA of unused samples consumed per step
         self._next_sample = 0
         self._next_group = 0
@@ -109,6 +110,7 @@ class Dispatcher:
                 req.sample_id, req.group_id, req.prompt_id, req.prompt, self.clock(), version
             )
             self.outstanding[req.sample_id] = (req, worker)
+            self._at_worker[worker] += 1
             self._started_groups.add(req.group_id)
             self.transitions["pending->running"] += 1
             out.append(req)
@@ -122,12 +124,24 @@ class Dispatcher:
         if entry is None or entry[1] != worker:
             return None
         del self.outstanding[sample_id]
+        self._at_worker[worker] -= 1
         self.transitions["running->finished"] += 1
         return entry[0]
+
+    def reinstate(self, req: Request, worker: int) -> None:
+        """Undo :meth:`finished` (the result turned out not to match the request)."""
+        self.outstanding[req.sample_id] = (req, worker)
+        self._at_worker[worker] += 1
+        self.transitions["running->finished"] -= 1
+
+    def running_at(self, worker: int) -> int:
+        """Requests outstanding at ``worker`` (O(1): the dispatcher's hot path)."""
+        return self._at_worker[worker]
 
     def requeue_worker(self, worker: int) -> list[Request]:
         """A worker is gone or left the rollout pool: its requests go back to the front."""
         back = [req for req, w in self.outstanding.values() if w == worker]
+        self._at_worker.pop(worker, None)
         for req in reversed(back):
             del self.outstanding[req.sample_id]
             self.pending.appendleft(req)
@@ -140,6 +154,7 @@ class Dispatcher:
         if entry is None or entry[1] != worker:
             return False
         del self.outstanding[sample_id]
+        self._at_worker[worker] -= 1
         self.pending.appendleft(entry[0])
         self.transitions["running->pending"] += 1
         return True
@@ -178,6 +193,7 @@ class Dispatcher:
                 break
         self.pending = deque(request_from_state(d) for d in state["pending"])
         self.outstanding = {}
+        self._at_worker = Counter()
         self._next_sample = int(state["next_sample"])
         self._next_group = int(state["next_group"])
         self._next_prompt = drawn

@@ -92,6 +92,16 @@ def build_config(
     return cfg
 
 
+def recheck(cfg: Config) -> Config:
+    """Run the cross-field rules again on a config changed in code (e.g. resized by the
+    simulator); a violation is a :class:`RecipeError` naming the field."""
+    try:
+        check_feasible(cfg)
+    except _FieldError as err:
+        raise RecipeError(str(err)) from None
+    return cfg
+
+
 def _apply_override(raw: dict[str, Any], item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise RecipeError(f"--set {item}: expected KEY=VALUE, e.g. reflow.sigma=0.3")

@@ -63,6 +63,7 @@ class ReplayBuffer:
         self.rng = random.Random(seed)
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
         self._groups: dict[int, list[Trajectory]] = {}
+        self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
         self._group_target: dict[int, int] = {}
         self.unused: dict[int, Trajectory] = {}
         self.replay: dict[int, Trajectory] = {}
@@ -84,6 +85,7 @@ class ReplayBuffer:
         self._ids.add(t.sample_id)
         t.phase = Phase.FINISHED
         group.append(t)
+        self._n_waiting += 1
         if len(group) >= self._group_target.get(t.group_id, self.group_size):
             self._complete(t.group_id)
 
@@ -98,6 +100,7 @@ class ReplayBuffer:
 
     def _complete(self, group_id: int) -> None:
         group = self._groups.pop(group_id)
+        self._n_waiting -= len(group)
         self._group_target.pop(group_id, None)
         rewards = [t.reward for t in group]
         mean = statistics.fmean(rewards)
@@ -210,6 +213,7 @@ class ReplayBuffer:
             int(g): [trajectory_from_state(d) for d in ts] for g, ts in state["groups"].items()
         }
         self._group_target = {int(g): int(n) for g, n in state["group_target"].items()}
+        self._n_waiting = sum(len(g) for g in self._groups.values())
         self.unused, self.replay, self.in_batch, self._by_version = {}, {}, {}, {}
         for pool, key in ((self.unused, "unused"), (self.replay, "replay")):
             for d in state[key]:
@@ -230,7 +234,7 @@ class ReplayBuffer:
 
     @property
     def n_waiting_for_group(self) -> int:
-        return sum(len(g) for g in self._groups.values())
+        return self._n_waiting
 
     def samples(self) -> Iterable[Trajectory]:
         """Every sample the buffer holds, in any phase."""

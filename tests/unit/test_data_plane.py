@@ -3,6 +3,7 @@
 import itertools
 import math
 import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -145,6 +146,9 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
                 ghosts.append(running.pop(s))
         assert len(dp.dispatcher.outstanding) <= cfg.reflow.B_max
         assert len(dp.dispatcher.outstanding) == len(running)
+        per_worker = Counter(w for _, w in dp.dispatcher.outstanding.values())
+        assert all(dp.dispatcher.running_at(w) == per_worker[w] for w in range(4))
+        assert dp.buffer.n_waiting_for_group == sum(len(g) for g in dp.buffer._groups.values())
     ledger = dp.ledger()
     assert ledger["lost"] == 0 and ledger["duplicated"] == duplicates
     assert ledger["delivered"] == len(dp.delivered_ids)

@@ -1,0 +1,461 @@
+"""A discrete-event simulation of a whole cluster around the real coordinator.
+
+The control plane is not modelled: it is :class:`runtime.coordinator.Coordinator` itself
+(and through it the replay buffer and sampler, the dispatcher's B_max and staleness
+admission, the generation scheduler's AIMD caps and token admission, the producer/consumer
+allocator with its cooldown, role switches at sync points), driven with a simulated clock
+and fed the same protocol messages the real ranks send. Only the engines are models:
+rollout replicas (:mod:`runtime.sim.replica`), trainer replicas (tokens per second per
+GPU), weight syncs and role switches (fixed times), and the workload (response lengths
+drifting over training, tool calls between turns), from :mod:`runtime.sim.profile`.
+
+Each simulated rank answers the coordinator as a real one would: a rollout replica's
+leader asks for work up to its sequence limit and reports finished samples; the trainer
+leader asks for batches and reports steps after the modelled training time; every rank
+heartbeats (with its engine's load) and acknowledges role switches after the switch time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import protocol as p
+from runtime.config import Config
+from runtime.coordinator import Coordinator
+from runtime.layout import Role
+from runtime.sim.profile import ModelProfile, WorkloadProfile
+from runtime.sim.replica import RolloutReplica
+from runtime.wire import pack
+
+
+def sim_config(cfg: Config) -> Config:
+    """The recipe as the simulator runs it: no checkpoints, and no timeouts meant for real
+    processes (simulated ranks never die)."""
+    cfg = dataclasses.replace(
+        cfg,
+        train=dataclasses.replace(cfg.train, checkpoint_every=0),
+        control=dataclasses.replace(
+            cfg.control,
+            heartbeat_timeout_s=1e12,
+            register_timeout_s=1e12,
+            checkpoint_timeout_s=1e12,
+            stop_grace_s=0.0,
+        ),
+    )
+    return cfg
+
+
+@dataclass
+class _Sample:
+    prompt_blocks: int
+    turns: list[int]  # blocks to generate per turn
+    version: int  # policy version when dispatched
+    group_id: int
+    prompt_id: int
+    replica: int
+    dispatched_at: float
+    turn: int = 0
+    context: int = 0  # blocks generated in earlier turns
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    sim_s: float
+    real_s: float
+    block: int
+    rollout_tokens: float
+    trained_tokens: float
+    rollout_gpu_busy_s: float
+    trainer_gpu_busy_s: float
+    placements: list[tuple[float, int, str]] = field(default_factory=list)  # (time, step, R:T)
+
+
+class SimCluster:
+    def __init__(
+        self,
+        cfg: Config,
+        model: ModelProfile,
+        workload: WorkloadProfile,
+        *,
+        seed: int = 0,
+        block: int = 16,
+        heartbeat_s: float = 30.0,
+        max_seqs: int | None = None,
+    ) -> None:
+        self.cfg = sim_config(cfg)
+        self.model, self.workload = model, workload
+        self.block = block
+        self.heartbeat_s = heartbeat_s
+        self.max_seqs = max_seqs or cfg.engine.max_num_seqs  # per rollout replica
+        self.seed = seed
+        # One stream, drawn in event order: the event order is deterministic, so is a run.
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self._seq = itertools.count()
+        self.coord = Coordinator(
+            self.cfg, run="sim", prompts=self._prompts(), clock=self._clock, wall=self._clock
+        )
+        self.world = self.cfg.world_size
+        self.ident = [f"rank-{r}".encode() for r in range(self.world)]
+        self.roles: list[str] = []
+        self.epoch = 0
+        self.replicas: dict[int, RolloutReplica] = {}  # leader rank -> replica
+        self._replica_event: dict[int, int] = {}  # leader -> token of its scheduled event
+        self._asking: dict[int, float] = {}  # leaders waiting for a retry after empty work
+        self._backoff: dict[int, float] = {}  # their next retry delay (a real rank polls)
+        self.samples: dict[int, _Sample] = {}
+        self.version = 0
+        self.trainer_busy_until = 0.0
+        self.trainer_waiting = False
+        self.trainer_busy_s = 0.0
+        self.trained_blocks = 0
+        self.rollout_active: list[float] = [0.0] * self.world
+        self.rollout_busy: list[float] = [0.0] * self.world
+        self._last_account = 0.0
+        self._accounted: dict[int, float] = {}
+        self.finished = False
+        self.placements: list[tuple[float, int, str]] = []
+        self._blobs: dict[int, tuple[bytes, bytes]] = {}
+        prompt_blocks = max(1, workload.prompt_tokens // block)
+        self._prompt_ids = [0] * prompt_blocks
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _clock(self) -> float:
+        return self.now
+
+    def _at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn, args))
+
+    def _prompts(self) -> Iterator[dict[str, Any]]:
+        for i in itertools.count():
+            yield {"prompt_ids": self._prompt_ids, "index": i}
+
+    def _send(self, rank: int, msg: p.Message) -> None:
+        for identity, out in self.coord.handle(self.ident[rank], msg):
+            self._deliver(int(identity.decode().rsplit("-", 1)[1]), out)
+
+    def _progress(self) -> float:
+        return self.coord.step / max(self.cfg.train.steps, 1)
+
+    # --- coordinator -> ranks ----------------------------------------------------------
+
+    def _deliver(self, rank: int, msg: p.Message) -> None:
+        if isinstance(msg, p.Work):
+            self._on_work(rank, msg)
+        elif isinstance(msg, p.Batch):
+            if rank == 0:
+                self._on_batch(msg)
+        elif isinstance(msg, p.BatchWait):
+            self.trainer_waiting = True
+        elif isinstance(msg, p.WeightSync):
+            self._on_weight_sync(rank, msg)
+        elif isinstance(msg, p.RoleSwitch):
+            self._on_role_switch(rank, msg)
+        elif isinstance(msg, p.Stop):
+            self.finished = True
+        # Welcome, HeartbeatAck, Checkpoint (off in simulation): nothing to do
+
+    def _on_work(self, rank: int, msg: p.Work) -> None:
+        replica = self.replicas.get(rank)
+        if replica is None:
+            return
+        if not msg.requests:
+            # Nothing now (B_max, staleness, a barrier): ask again a little later, and at
+            # every step (what a step frees is what the barriers wait for).
+            if rank not in self._asking:  # one retry timer per replica
+                backoff = self._backoff.get(rank, 0.25)
+                self._asking[rank] = backoff
+                self._at(self.now + backoff, self._retry_work, rank)
+            return
+        self._asking.pop(rank, None)
+        self._backoff.pop(rank, None)
+        for req in msg.requests:
+            sid = req["sample_id"]
+            total = self.workload.response_tokens(self.rng, self._progress())
+            n_turns = self.workload.turns
+            per = [max(1, total // n_turns // self.block)] * n_turns
+            self.samples[sid] = _Sample(
+                prompt_blocks=len(self._prompt_ids),
+                turns=per,
+                version=msg.policy_version,
+                group_id=req["group_id"],
+                prompt_id=req["prompt_id"],
+                replica=rank,
+                dispatched_at=self.now,
+            )
+            replica.submit(sid, len(self._prompt_ids), per[0])
+        replica.on_event(self.now)
+        self._schedule(rank)
+
+    def _on_batch(self, msg: p.Batch) -> None:
+        self.trainer_waiting = False
+        blocks = sum(s["n_valid"] for s in msg.samples)
+        gpus = self.coord.layout.n_trainer_ranks
+        seconds = blocks * self.block / (self.model.train_tok_s * gpus)
+        start = max(self.now, self.trainer_busy_until)
+        self.trainer_busy_until = start + seconds
+        self.trainer_busy_s += seconds * gpus
+        self.trained_blocks += blocks
+        self._at(self.trainer_busy_until, self._step_done, msg.batch_id)
+
+    def _step_done(self, batch_id: int) -> None:
+        self._heartbeat_all()  # rollout busy time up to now, for the allocator's window
+        step = self.coord.step + 1
+        self._send(
+            0,
+            p.StepDone(
+                rank=0,
+                step=step,
+                policy_version=step,
+                batch_id=batch_id,
+                metrics={"step_time_s": 0.0},
+            ),
+        )
+        if self.coord.layout.ratio != (self.placements[-1][2] if self.placements else ""):
+            self.placements.append((self.now, self.coord.step, self.coord.layout.ratio))
+        for leader in list(self._asking):  # a step is what most barriers wait for
+            self._asking.pop(leader)
+            self._backoff.pop(leader, None)
+            self._ask_work(leader)
+        self._ask_batch()
+
+    def _ask_batch(self) -> None:
+        if self.finished or self.now < self.trainer_busy_until:
+            return
+        if self.roles and self.roles[0] != Role.TRAINER.value:
+            return
+        self.trainer_waiting = False
+        self._send(0, p.BatchRequest(rank=0))
+
+    def _on_weight_sync(self, rank: int, msg: p.WeightSync) -> None:
+        self.version = max(self.version, msg.policy_version)
+        if rank == 0:  # the leader broadcasts: its next step starts after the sync
+            self.trainer_busy_until = max(self.trainer_busy_until, self.now) + (
+                self.model.weight_sync_s
+            )
+            self._at(self.trainer_busy_until, self._ask_batch)
+        replica = self.replicas.get(rank)
+        if replica is not None:
+            replica.stall(self.now, self.model.weight_sync_s)  # held, resumed after
+            self._schedule(rank)
+
+    def _on_role_switch(self, rank: int, msg: p.RoleSwitch) -> None:
+        if rank == 0:  # once per switch: rebuild the replicas of the new layout
+            self._apply_layout(msg)
+        self._at(self.now + self.model.switch_s, self._switch_done, rank, msg.layout_epoch)
+
+    def _switch_done(self, rank: int, epoch: int) -> None:
+        self._send(
+            rank,
+            p.RoleSwitchDone(
+                rank=rank,
+                role=self.roles[rank],
+                layout_epoch=epoch,
+                duration_s=self.model.switch_s,
+            ),
+        )
+        if rank == 0:
+            self._ask_batch()
+        if rank in self.replicas:
+            self._ask_work(rank)
+
+    def _apply_layout(self, msg: p.RoleSwitch) -> None:
+        self._account()
+        self.roles, self.epoch = list(msg.roles), msg.layout_epoch
+        leaders = {g[0] for g in self.coord.layout.groups(Role.ROLLOUT)}
+        for gone in set(self.replicas) - leaders:
+            # the coordinator requeued its requests; whatever it was generating is dropped
+            del self.replicas[gone]
+            self._replica_event.pop(gone, None)
+            self._accounted.pop(gone, None)
+            self._asking.pop(gone, None)
+        for new in leaders - set(self.replicas):
+            replica = self._new_replica()
+            replica.t = replica.frozen_until = self.now + self.model.switch_s
+            self.replicas[new] = replica
+
+    def _new_replica(self) -> RolloutReplica:
+        return RolloutReplica(self.model, block=self.block, max_seqs=self.max_seqs)
+
+    # --- rollout events ----------------------------------------------------------------
+
+    def _schedule(self, leader: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None:
+            return
+        t = replica.next_event()
+        token = next(self._seq)
+        self._replica_event[leader] = token
+        if t < math.inf:
+            self._at(max(t, self.now), self._replica_tick, leader, token)
+
+    def _replica_tick(self, leader: int, token: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None or self._replica_event.get(leader) != token:
+            return  # superseded by a later schedule, or the replica is gone
+        for sid in replica.on_event(self.now):
+            self._turn_finished(leader, sid)
+        if leader not in self._asking:  # blocked ones wait for their retry or a step
+            self._ask_work(leader)
+        self._schedule(leader)
+
+    def _turn_finished(self, leader: int, sid: int) -> None:
+        s = self.samples.get(sid)
+        if s is None:
+            return
+        s.context += s.turns[s.turn]
+        s.turn += 1
+        if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
+            delay = self.workload.tool_s(self.rng)
+            self._at(self.now + delay, self._next_turn, leader, sid)
+            return
+        del self.samples[sid]
+        n = s.context
+        spans = (
+            [[s.version, 0, n]]
+            if self.version <= s.version
+            else [[s.version, 0, n // 2], [self.version, n // 2, n]]
+        )
+        reward = float(self.rng.random() < self.workload.reward_p(self._progress()))
+        self._send(
+            leader,
+            p.SampleDone(
+                rank=leader,
+                sample_id=sid,
+                group_id=s.group_id,
+                prompt_id=s.prompt_id,
+                versions=spans,
+                reward=reward,
+                n_valid=n,
+                started_at=s.dispatched_at,
+                finished_at=self.now,
+                extra={},
+                blobs=self._blob(n),
+            ),
+        )
+        if self.trainer_waiting:
+            self._ask_batch()
+
+    def _next_turn(self, leader: int, sid: int) -> None:
+        replica, s = self.replicas.get(leader), self.samples.get(sid)
+        if replica is None or s is None or s.replica != leader:
+            return
+        replica.advance(self.now)
+        replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
+        replica.on_event(self.now)
+        self._schedule(leader)
+
+    def _retry_work(self, leader: int) -> None:
+        backoff = self._asking.pop(leader, None)
+        if backoff is None:
+            return  # asked (and answered) in the meantime
+        self._backoff[leader] = min(backoff * 2, 8.0)
+        self._ask_work(leader)
+
+    def _ask_work(self, leader: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None or self.finished:
+            return
+        free = self.max_seqs - replica.outstanding
+        if free > 0:
+            self._send(leader, p.WorkRequest(rank=leader, slots=free))
+
+    def _blob(self, n: int) -> tuple[bytes, bytes]:
+        b = self._blobs.get(n)
+        if b is None:
+            b = self._blobs[n] = (pack([0] * n, "i"), pack([-1.0] * n, "f"))
+        return b
+
+    # --- heartbeats --------------------------------------------------------------------
+
+    def _account(self) -> None:
+        """Rollout active/busy seconds per rank since the last call (for the heartbeats)."""
+        dt = self.now - self._last_account
+        self._last_account = self.now
+        size = self.cfg.resources.rollout_gpus_per_replica
+        for leader, replica in self.replicas.items():
+            replica.advance(self.now)
+            busy = replica.busy_s - self._accounted.get(leader, 0.0)
+            self._accounted[leader] = replica.busy_s
+            for r in range(leader, leader + size):
+                self.rollout_active[r] += dt
+                self.rollout_busy[r] += busy
+
+    def _heartbeat_all(self) -> None:
+        self._account()
+        for r in range(self.world):
+            role = self.roles[r] if self.roles else "trainer"
+            replica = self.replicas.get(r)
+            self._send(
+                r,
+                p.Heartbeat(
+                    rank=r,
+                    role=role,
+                    state="busy" if replica is not None and replica.running else "idle",
+                    layout_epoch=self.epoch,
+                    rollout_active_s=self.rollout_active[r],
+                    rollout_busy_s=self.rollout_busy[r],
+                    engine=replica.stats() if replica is not None else {},
+                ),
+            )
+
+    def _periodic(self) -> None:
+        if self.finished:
+            return
+        self._heartbeat_all()
+        for identity, out in self.coord.tick():
+            self._deliver(int(identity.decode().rsplit("-", 1)[1]), out)
+        self._ask_batch()
+        self._at(self.now + self.heartbeat_s, self._periodic)
+
+    # --- run ---------------------------------------------------------------------------
+
+    def run(self, max_sim_s: float = 1e9) -> SimResult:
+        started = time.perf_counter()
+        for r in range(self.world):
+            out = self.coord.handle(
+                self.ident[r], p.Hello(rank=r, world_size=self.world, node="sim", pid=r + 1)
+            )
+            (_, welcome) = out[0]
+            assert isinstance(welcome, p.Welcome)
+            self.roles = list(welcome.roles)
+        for g in self.coord.layout.groups(Role.ROLLOUT):
+            self.replicas[g[0]] = self._new_replica()
+        for r in range(self.world):
+            self._send(r, p.Ready(rank=r, role=self.roles[r], layout_epoch=0))
+        for leader in list(self.replicas):
+            self._ask_work(leader)
+        self._ask_batch()
+        self._at(self.heartbeat_s, self._periodic)
+        while self._events and not self.finished:
+            t, _, fn, args = heapq.heappop(self._events)
+            if t > max_sim_s:
+                break
+            self.now = max(self.now, t)
+            fn(*args)
+        self._account()
+        summary = self.coord.summary()
+        return SimResult(
+            summary=summary,
+            metrics=list(self.coord.metrics_log),
+            sim_s=self.now,
+            real_s=time.perf_counter() - started,
+            block=self.block,
+            rollout_tokens=self.coord.generated_tokens * self.block,
+            trained_tokens=self.trained_blocks * self.block,
+            rollout_gpu_busy_s=sum(self.rollout_busy),
+            trainer_gpu_busy_s=self.trainer_busy_s,
+            placements=self.placements,
+        )

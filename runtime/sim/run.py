@@ -1,0 +1,110 @@
+"""From a recipe and a GPU count to a simulated run and its figures (``reflow simulate``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.config import Config
+from runtime.recipe import RecipeError, recheck
+from runtime.sim.cluster import SimCluster, SimResult
+from runtime.sim.profile import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
+
+# The workload model a recipe's agent loop maps to, when --workload is not given.
+WORKLOAD_OF_KIND = {"math": "math", "arith": "math", "code_agent": "apps_agent"}
+
+
+def model_name(cfg: Config) -> str:
+    """qwen3-8b for model.path .../Qwen3-8B; the profile key of a recipe's model."""
+    tail = cfg.model.path.rstrip("/").rsplit("/", 1)[-1].lower()
+    return tail.replace("-instruct", "").replace("-base", "")
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    cfg: Config
+    model: str
+    workload: str
+
+
+def plan(
+    cfg: Config,
+    gpus: int,
+    *,
+    mode: str | None = None,
+    model: str | None = None,
+    workload: str | None = None,
+    profiles: Profiles | None = None,
+) -> SimPlan:
+    """The recipe resized to ``gpus`` (whole nodes) with the model's replica sizes."""
+    profiles = profiles or load_profiles()
+    name = model or model_name(cfg)
+    m = profiles.model(name)
+    kind = workload or WORKLOAD_OF_KIND.get(cfg.workload.kind)
+    if kind is None:
+        raise ProfileError(f"workload.kind {cfg.workload.kind!r} has no model: pass --workload")
+    profiles.workload(kind)
+    per_node = cfg.resources.gpus_per_node
+    if gpus % per_node:
+        raise RecipeError(f"--gpus {gpus}: not a multiple of resources.gpus_per_node={per_node}")
+    res = dataclasses.replace(
+        cfg.resources,
+        nodes=gpus // per_node,
+        trainer_gpus_per_replica=m.trainer_gpus_per_replica,
+        rollout_gpus_per_replica=m.rollout_gpus_per_replica,
+        initial_ratio=None,
+    )
+    rf = cfg.reflow
+    if mode is not None and mode != rf.mode:
+        # a baseline mode replays nothing (sigma must be 0 outside reflow)
+        rf = dataclasses.replace(rf, mode=mode, sigma=None if mode == "reflow" else 0.0)
+    new = dataclasses.replace(cfg, resources=res, reflow=rf)
+    try:
+        new = recheck(new)
+    except RecipeError as exc:
+        raise RecipeError(f"--gpus {gpus}: {exc}") from None
+    return SimPlan(new, name, kind)
+
+
+def simulate(
+    sim_plan: SimPlan, *, seed: int = 0, profiles_path: Path | str = DEFAULT_PROFILES
+) -> SimResult:
+    profiles = load_profiles(profiles_path)
+    return SimCluster(
+        sim_plan.cfg,
+        profiles.model(sim_plan.model),
+        profiles.workload(sim_plan.workload),
+        seed=seed,
+    ).run()
+
+
+def figures(result: SimResult, gpus: int) -> dict[str, Any]:
+    """Throughput, idle ratios and the ideal-throughput bound of one simulated run.
+
+    Bound: with r the tokens one rollout GPU generates per busy second, t the tokens one
+    trainer GPU trains per busy second, and a the tokens trained per token generated
+    (replay reuses samples, staleness evicts some), a split of G GPUs is balanced when
+    rollout supply meets trainer demand, which gives X* = G·r·a·t / (r·a + t).
+    """
+    s = result.summary
+    x = result.trained_tokens / max(result.sim_s, 1e-9)
+    r = result.rollout_tokens / max(result.rollout_gpu_busy_s, 1e-9)
+    t = result.trained_tokens / max(result.trainer_gpu_busy_s, 1e-9)
+    a = result.trained_tokens / max(result.rollout_tokens, 1e-9)
+    bound = gpus * r * a * t / (r * a + t) if r > 0 and t > 0 else 0.0
+    return {
+        "mode": s["mode"],
+        "steps": s["steps"],
+        "sim_hours": round(result.sim_s / 3600, 3),
+        "trainer_tokens_per_s": round(x, 1),
+        "trainer_idle_ratio": s["trainer_idle_ratio"],
+        "rollout_idle_ratio": s["rollout_idle_ratio"],
+        "bound_tokens_per_s": round(bound, 1),
+        "efficiency": round(x / bound, 4) if bound else None,
+        "placements": [p[2] for p in result.placements],
+        "lost": s["samples"]["lost"],
+        "evicted": s["samples"]["evicted"],
+        "real_s": round(result.real_s, 2),
+    }

@@ -1,0 +1,154 @@
+"""The cluster simulator: its control plane is the runtime's own classes, its engine models
+behave as documented, and simulated runs keep the runtime's invariants."""
+
+import math
+
+import pytest
+
+from runtime import coordinator, data_plane, dispatcher, replay_buffer
+from runtime.recipe import RecipeError, load_recipe
+from runtime.scheduling import allocator, generation
+from runtime.sim import cluster as sim_cluster
+from runtime.sim.profile import ModelProfile, ProfileError, load_profiles
+from runtime.sim.replica import RolloutReplica
+from runtime.sim.run import figures, plan, simulate
+from tests.conftest import REPO
+
+PROFILES = load_profiles()
+
+
+def small(recipe="dapo_math.yaml", steps=6, *sets):
+    return load_recipe(REPO / "recipes" / recipe, [f"train.steps={steps}", *sets])
+
+
+def test_the_simulated_control_plane_is_the_runtime_itself():
+    sim = sim_cluster.SimCluster(
+        plan(small(), 32).cfg, PROFILES.model("qwen3-8b"), PROFILES.workload("math")
+    )
+    c = sim.coord
+    assert type(c) is coordinator.Coordinator
+    assert type(c.data) is data_plane.DataPlane
+    assert type(c.data.buffer) is replay_buffer.ReplayBuffer
+    assert type(c.data.dispatcher) is dispatcher.Dispatcher
+    assert type(c.generation) is generation.GenerationScheduler
+    assert type(c.allocator) is allocator.ProducerConsumerAllocator
+    # and the module uses them, it does not define look-alikes
+    assert sim_cluster.Coordinator is coordinator.Coordinator
+
+
+def model(**kw) -> ModelProfile:
+    base = PROFILES.model("qwen3-8b")
+    fields = {**base.__dict__, **kw}
+    return ModelProfile(**fields)
+
+
+def test_processor_sharing_finishes_at_the_computed_times():
+    m = model(step_base_s=0.01, step_per_seq_s=0.0, prefill_tok_s=1e12, kv_tokens=10**9)
+    r = RolloutReplica(m, block=1, max_seqs=8)
+    r.submit(1, 10, 100)
+    r.submit(2, 10, 300)
+    r.on_event(0.0)
+    # both run: 1 token per 0.01 s each
+    assert r.next_event() == pytest.approx(1.0)
+    assert r.on_event(r.next_event()) == [1]
+    assert r.next_event() == pytest.approx(3.0)
+    assert r.on_event(r.next_event()) == [2]
+    assert r.next_event() == math.inf
+
+
+def test_a_batching_curve_slows_each_sequence_but_raises_throughput():
+    m = model(step_base_s=0.01, step_per_seq_s=0.001, prefill_tok_s=1e12, kv_tokens=10**9)
+    one = RolloutReplica(m, block=1, max_seqs=64)
+    one.submit(1, 1, 100)
+    one.on_event(0.0)
+    many = RolloutReplica(m, block=1, max_seqs=64)
+    for i in range(32):
+        many.submit(i, 1, 100)
+    many.on_event(0.0)
+    t1, t32 = one.next_event(), many.next_event()
+    assert t32 > t1 and 32 * 100 / t32 > 100 / t1
+
+
+def test_a_weight_sync_holds_generation_and_resumes_it():
+    m = model(step_base_s=0.01, step_per_seq_s=0.0, prefill_tok_s=1e12, kv_tokens=10**9)
+    r = RolloutReplica(m, block=1, max_seqs=8)
+    r.submit(1, 10, 100)
+    r.on_event(0.0)
+    r.stall(0.5, 2.0)  # half way, a 2 s sync
+    assert r.next_event() == pytest.approx(3.0)  # 0.5 s before + 2 s held + 0.5 s after
+    assert r.on_event(r.next_event()) == [1]
+
+
+def test_a_full_kv_cache_preempts_the_newest_and_recomputes_it():
+    m = model(step_base_s=0.01, step_per_seq_s=0.0, prefill_tok_s=1e12, kv_tokens=300)
+    r = RolloutReplica(m, block=1, max_seqs=8)
+    r.submit(1, 50, 200)
+    r.submit(2, 50, 200)
+    r.on_event(0.0)
+    assert len(r.running) == 2
+    t = r.next_event()  # 100 + 2 x S = 300 -> S = 100 tokens each, at 1 s
+    assert t == pytest.approx(1.0)
+    r.on_event(t)
+    # the newest lost its 100 tokens; it is back at once (there is room) from scratch
+    assert r.preemptions == 1 and r.running[2].start == pytest.approx(r.S)
+    assert r.running[1].start == 0.0 and r.kv_used() == pytest.approx(50 + 100 + 50)
+    done = []
+    while r.running or r.waiting:
+        done += r.on_event(r.next_event())
+    assert sorted(done) == [1, 2] and r.preemptions >= 1
+
+
+def test_a_simulated_run_keeps_the_ledger_and_is_deterministic():
+    a = simulate(plan(small(), 32, mode="reflow"), seed=3)
+    b = simulate(plan(small(), 32, mode="reflow"), seed=3)
+    assert a.summary["state"] == "COMPLETED" and a.summary["steps"] == 6
+    samples = a.summary["samples"]
+    assert samples["lost"] == 0 and samples["duplicated"] == 0
+    assert [m["tokens"] for m in a.metrics] == [m["tokens"] for m in b.metrics]
+    assert a.sim_s == b.sim_s
+    assert any(m["batch_replay"] > 0 for m in a.metrics)
+    row = figures(a, 32)
+    assert 0 < row["trainer_tokens_per_s"] <= row["bound_tokens_per_s"] * 1.0001
+    assert 0 <= row["trainer_idle_ratio"] <= 1 and 0 <= row["rollout_idle_ratio"] <= 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+def test_baseline_modes_run_the_runtime_gates(mode):
+    res = simulate(plan(small(), 32, mode=mode))
+    assert res.summary["mode"] == mode and res.summary["steps"] == 6
+    assert all(m["batch_replay"] == 0 for m in res.metrics)
+    if mode == "sync":  # one batch at a time: nothing is ever stale
+        assert res.summary["samples"]["evicted"] == 0
+        assert all(m["max_sample_age"] == 0 for m in res.metrics)
+
+
+def test_agent_workloads_have_turns_and_tool_time():
+    res = simulate(plan(small("apps_coding.yaml", 4), 32))
+    assert res.summary["steps"] == 4 and res.summary["samples"]["lost"] == 0
+
+
+def test_the_allocator_moves_replica_groups_in_simulation():
+    # 64 GPUs of Qwen3-8B with the trainer far slower than the profile: the run is
+    # trainer-bound at 48:16, and the allocator gives the trainer whole 8-GPU groups.
+    cfg = small("apps_coding.yaml", 40, "scheduler.cooldown_steps=2", "scheduler.window_steps=3")
+    res = sim_cluster.SimCluster(
+        plan(cfg, 64).cfg, model(train_tok_s=300.0), PROFILES.workload("apps_agent")
+    ).run()
+    ratios = [p[2] for p in res.placements]
+    assert ratios[0] == "48:16" and len(ratios) > 1
+    assert all(int(r.split(":")[1]) % 8 == 0 for r in ratios)
+    assert int(ratios[-1].split(":")[1]) > 16
+    decisions = [m["placement"] for m in res.metrics if "placement" in m]
+    assert any(d["applied"] for d in decisions)
+    assert res.summary["samples"]["lost"] == 0
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(RecipeError, match="--gpus 30: not a multiple"):
+        plan(small(), 30)
+    with pytest.raises(ProfileError, match="no model 'qwen3-99b'"):
+        plan(small(), 32, model="qwen3-99b")
+    bad = tmp_path / "p.yaml"
+    bad.write_text("models: {m: {params_b: 1}}\nworkloads: {}\n")
+    with pytest.raises(ProfileError, match=r"p\.yaml: m: missing \['kv_bytes_per_token'"):
+        load_profiles(bad)
