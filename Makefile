@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ENGINE  := $(if $(HAS_GPU),gpu,cpu)
 
-.PHONY: install demo test test-unit lint format clean slurm-up slurm-down
+.PHONY: install demo test test-unit lint format clean slurm-up slurm-down bench
 
 install: $(STAMP)
 
@@ -37,8 +37,16 @@ endif
 demo: install
 	$(BIN)/reflow launch recipes/demo.yaml --local --wait
 
+# The benchmark report: the four modes on the CPU demo (real engines, ~15 min here) and the
+# paper's grid in simulation; tables and plots go to reports/.
+bench: install
+	$(BIN)/pip install -q -e '.[bench]'
+	mkdir -p reports/cpu
+	$(BIN)/python benchmarks/modes.py | tee reports/cpu/modes.txt
+	$(BIN)/python benchmarks/sim_grid.py --out reports/sim
+
 test: install
-	$(BIN)/pytest -m "not gpu"
+	$(BIN)/pytest -m "not gpu" --durations=15
 
 test-unit: install
 	$(BIN)/pytest -m unit

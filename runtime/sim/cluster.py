@@ -112,8 +112,10 @@ class SimCluster:
         self.epoch = 0
         self.replicas: dict[int, RolloutReplica] = {}  # leader rank -> replica
         self._replica_event: dict[int, int] = {}  # leader -> token of its scheduled event
-        self._asking: dict[int, float] = {}  # leaders waiting for a retry after empty work
-        self._backoff: dict[int, float] = {}  # their next retry delay (a real rank polls)
+        # Leaders whose last work request got nothing (B_max, staleness, a barrier, the
+        # token budget), oldest first. They ask again when something that lifts those
+        # limits happens: a step (all), a delivery (the oldest one), the periodic tick.
+        self._blocked: dict[int, None] = {}
         self.samples: dict[int, _Sample] = {}
         self.version = 0
         self.trainer_busy_until = 0.0
@@ -174,13 +176,9 @@ class SimCluster:
         if not msg.requests:
             # Nothing now (B_max, staleness, a barrier): ask again a little later, and at
             # every step (what a step frees is what the barriers wait for).
-            if rank not in self._asking:  # one retry timer per replica
-                backoff = self._backoff.get(rank, 0.25)
-                self._asking[rank] = backoff
-                self._at(self.now + backoff, self._retry_work, rank)
+            self._blocked[rank] = None
             return
-        self._asking.pop(rank, None)
-        self._backoff.pop(rank, None)
+        self._blocked.pop(rank, None)
         for req in msg.requests:
             sid = req["sample_id"]
             total = self.workload.response_tokens(self.rng, self._progress())
@@ -225,10 +223,7 @@ class SimCluster:
         )
         if self.coord.layout.ratio != (self.placements[-1][2] if self.placements else ""):
             self.placements.append((self.now, self.coord.step, self.coord.layout.ratio))
-        for leader in list(self._asking):  # a step is what most barriers wait for
-            self._asking.pop(leader)
-            self._backoff.pop(leader, None)
-            self._ask_work(leader)
+        self._retry_blocked()  # a step is what most limits wait for
         self._ask_batch()
 
     def _ask_batch(self) -> None:
@@ -280,7 +275,7 @@ class SimCluster:
             del self.replicas[gone]
             self._replica_event.pop(gone, None)
             self._accounted.pop(gone, None)
-            self._asking.pop(gone, None)
+            self._blocked.pop(gone, None)
         for new in leaders - set(self.replicas):
             replica = self._new_replica()
             replica.t = replica.frozen_until = self.now + self.model.switch_s
@@ -307,7 +302,7 @@ class SimCluster:
             return  # superseded by a later schedule, or the replica is gone
         for sid in replica.on_event(self.now):
             self._turn_finished(leader, sid)
-        if leader not in self._asking:  # blocked ones wait for their retry or a step
+        if leader not in self._blocked:  # blocked ones wait for a step or a delivery
             self._ask_work(leader)
         self._schedule(leader)
 
@@ -345,6 +340,10 @@ class SimCluster:
                 blobs=self._blob(n),
             ),
         )
+        if self._blocked:  # a slot under B_max is free now: the longest-waiting asks
+            oldest = next(iter(self._blocked))
+            del self._blocked[oldest]
+            self._ask_work(oldest)
         if self.trainer_waiting:
             self._ask_batch()
 
@@ -357,12 +356,10 @@ class SimCluster:
         replica.on_event(self.now)
         self._schedule(leader)
 
-    def _retry_work(self, leader: int) -> None:
-        backoff = self._asking.pop(leader, None)
-        if backoff is None:
-            return  # asked (and answered) in the meantime
-        self._backoff[leader] = min(backoff * 2, 8.0)
-        self._ask_work(leader)
+    def _retry_blocked(self) -> None:
+        for leader in list(self._blocked):
+            self._blocked.pop(leader, None)
+            self._ask_work(leader)
 
     def _ask_work(self, leader: int) -> None:
         replica = self.replicas.get(leader)
@@ -415,6 +412,7 @@ class SimCluster:
         if self.finished:
             return
         self._heartbeat_all()
+        self._retry_blocked()
         for identity, out in self.coord.tick():
             self._deliver(int(identity.decode().rsplit("-", 1)[1]), out)
         self._ask_batch()

@@ -1,0 +1,156 @@
+"""The paper's grid in simulation: every mode on every (model, workload, GPUs) cell, plus
+ablations of ReFlow's parts, with the ideal-throughput bound per run.
+
+    .venv/bin/python benchmarks/sim_grid.py [--steps 60] [--out reports/sim] [--quick]
+
+Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
+recipes/apps_coding.yaml for the APPS agent) resized to the cell's GPUs, with the model's
+profile from runtime/sim/profiles.yaml. ``reflow`` runs with adaptive caps on; the
+ablations turn replay (sigma = 0), the allocator, or adaptive caps off. Output: a
+Markdown report (and ``grid.json``) in --out, plus PNG plots when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from runtime.recipe import load_recipe
+from runtime.sim.run import figures, plan, simulate
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("sync", "one_step_off", "async", "reflow")
+GRID = [
+    *[("math", m, g) for m in ("qwen3-8b", "qwen3-14b", "qwen3-32b") for g in (16, 32, 64, 128)],
+    *[("apps_agent", m, g) for m in ("qwen3-4b", "qwen3-8b", "qwen3-14b") for g in (8, 16, 32, 64)],
+]
+QUICK = [("math", "qwen3-8b", 32), ("apps_agent", "qwen3-8b", 16)]
+RECIPES = {"math": "dapo_math.yaml", "apps_agent": "apps_coding.yaml"}
+ABLATIONS = {
+    "replay off": ["reflow.sigma=0"],
+    "allocator off": ["scheduler.auto_rebalance=false"],
+    "adaptive caps off": ["scheduler.adaptive_caps=false"],
+}
+
+
+def run_cell(workload: str, model: str, gpus: int, steps: int, mode: str, sets: list[str]):
+    sets = [f"train.steps={steps}", *sets]
+    if mode == "reflow" and "scheduler.adaptive_caps=false" not in sets:
+        sets.append("scheduler.adaptive_caps=true")  # ReFlow with every part on
+    if mode != "reflow":  # the baselines keep their initial placement and fixed caps
+        sets += ["scheduler.auto_rebalance=false", "scheduler.adaptive_caps=false"]
+    cfg = load_recipe(REPO / "recipes" / RECIPES[workload], sets)
+    row = figures(simulate(plan(cfg, gpus, mode=mode, model=model, workload=workload)), gpus)
+    row.update(workload=workload, model=model, gpus=gpus)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--out", type=Path, default=REPO / "reports" / "sim")
+    ap.add_argument("--quick", action="store_true", help="two cells only")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cells = QUICK if args.quick else GRID
+    started = time.perf_counter()
+    rows = []
+    for workload, model, gpus in cells:
+        for mode in MODES:
+            rows.append(run_cell(workload, model, gpus, args.steps, mode, []))
+            print(json.dumps(rows[-1]), flush=True)
+        for name, sets in ABLATIONS.items():
+            row = run_cell(workload, model, gpus, args.steps, "reflow", sets)
+            row["mode"] = f"reflow, {name}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (args.out / "grid.json").write_text(json.dumps(rows, indent=1))
+    report = render(rows, args.steps, time.perf_counter() - started)
+    (args.out / "report.md").write_text(report)
+    plots(rows, args.out)
+    print(report)
+
+
+def render(rows: list[dict], steps: int, seconds: float) -> str:
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+    lines = [
+        f"Simulated {steps} steps per run ({len(rows)} runs, {seconds:.0f} s of wall time); "
+        "profiles: runtime/sim/profiles.yaml.",
+        "",
+        "| workload | model | GPUs | reflow tokens/s | vs sync | vs one-step-off | vs async "
+        "| trainer idle sync / async / reflow | X/X* reflow | final placement |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    wins = 0
+    for (workload, model, gpus), by in cells.items():
+        rf = by["reflow"]
+        x = rf["trainer_tokens_per_s"]
+        ratios = [x / max(by[m]["trainer_tokens_per_s"], 1e-9) for m in MODES[:3]]
+        wins += all(q > 1 for q in ratios)
+        idle = " / ".join(f"{by[m]['trainer_idle_ratio']:.0%}" for m in ("sync", "async", "reflow"))
+        lines.append(
+            f"| {workload} | {model} | {gpus} | {x:.0f} | "
+            + " | ".join(f"{q:.2f}x" for q in ratios)
+            + f" | {idle} | {rf['efficiency']:.2f} | {rf['placements'][-1]} |"
+        )
+    lines += [
+        "",
+        f"reflow fastest in {wins} of {len(cells)} cells.",
+        "",
+        "Ablations (tokens/s relative to reflow with every part on):",
+        "",
+        "| workload | model | GPUs | " + " | ".join(ABLATIONS) + " |",
+        "|---|---|---|" + "---|" * len(ABLATIONS),
+    ]
+    for (workload, model, gpus), by in cells.items():
+        x = by["reflow"]["trainer_tokens_per_s"]
+        lines.append(
+            f"| {workload} | {model} | {gpus} | "
+            + " | ".join(
+                f"{by[f'reflow, {a}']['trainer_tokens_per_s'] / max(x, 1e-9):.2f}x"
+                for a in ABLATIONS
+            )
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (make bench installs it)")
+        return
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+    labels = [f"{w}\n{m}\n{g}" for (w, m, g) in cells]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(cells) * 0.9), 8))
+    width = 0.2
+    for i, mode in enumerate(MODES):
+        xs = [j + (i - 1.5) * width for j in range(len(cells))]
+        axes[0].bar(
+            xs, [by[mode]["trainer_tokens_per_s"] for by in cells.values()], width, label=mode
+        )
+        axes[1].bar(
+            xs, [by[mode]["trainer_idle_ratio"] for by in cells.values()], width, label=mode
+        )
+    for ax, title in zip(axes, ("trainer tokens/s", "trainer idle ratio"), strict=True):
+        ax.set_title(title)
+        ax.set_xticks(range(len(cells)))
+        ax.set_xticklabels(labels, fontsize=6)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "throughput_idle.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
