@@ -1,6 +1,7 @@
 """The cluster simulator: its control plane is the runtime's own classes, its engine models
 behave as documented, and simulated runs keep the runtime's invariants."""
 
+import json
 import math
 
 import pytest
@@ -152,3 +153,30 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     bad.write_text("models: {m: {params_b: 1}}\nworkloads: {}\n")
     with pytest.raises(ProfileError, match=r"p\.yaml: m: missing \['kv_bytes_per_token'"):
         load_profiles(bad)
+
+
+def test_reflow_simulate_on_the_command_line():
+    from tests.conftest import reflow
+
+    recipe = str(REPO / "recipes" / "dapo_math.yaml")
+    done = reflow(
+        "simulate",
+        recipe,
+        "--gpus",
+        "32",
+        "--steps",
+        "3",
+        "--mode",
+        "sync",
+        "--mode",
+        "reflow",
+        "--json",
+        check=True,
+    )
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["mode"] for r in rows] == ["sync", "reflow"]
+    assert all(r["steps"] == 3 and r["model"] == "qwen3-8b" and r["lost"] == 0 for r in rows)
+    table = reflow("simulate", recipe, "--gpus", "32", "--steps", "2", check=True).stdout
+    assert "qwen3-8b, math, 32 GPUs" in table and "X/X*" in table
+    bad = reflow("simulate", recipe, "--gpus", "20")
+    assert bad.returncode == 2 and "--gpus 20: not a multiple" in bad.stderr
