@@ -52,11 +52,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", type=Path, default=REPO / "reports" / "sim")
     ap.add_argument("--quick", action="store_true", help="two cells only")
+    ap.add_argument("--part", default="1/1", help="K/N: every N-th cell from the K-th")
+    ap.add_argument("--merge", nargs="*", type=Path, help="grid.json files to report on")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cells = QUICK if args.quick else GRID
+    k, n = (int(x) for x in args.part.split("/"))
+    cells = cells[k - 1 :: n]
     started = time.perf_counter()
     rows = []
+    if args.merge:
+        rows = [r for f in args.merge for r in json.loads(f.read_text())]
+        cells = []
     for workload, model, gpus in cells:
         for mode in MODES:
             rows.append(run_cell(workload, model, gpus, args.steps, mode, []))

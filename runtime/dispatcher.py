@@ -6,9 +6,15 @@ Rollout workers ask for work; a request is handed out only if
 - fewer than ``B_max`` samples are outstanding (running or held) at rollout workers, and
 - its trajectory can still be consumed within ``delta`` policy versions: with ``ahead``
   samples in front of it (unused in the buffer, waiting for their group, outstanding) and
-  an observed consumption of ``rate`` fresh samples per step, admission needs
-  ``ahead + 1 <= rate * (delta + 1)`` (StaleFlow-style consistency; otherwise the work
+  a trainer that takes up to ``b`` fresh samples per step, admission needs
+  ``ahead + 1 <= b * (delta + 1)`` (StaleFlow-style consistency; otherwise the work
   would be generated only to be evicted).
+
+The bound is the trainer's capacity for fresh samples, not their observed consumption: in
+``reflow`` mode a batch takes fewer fresh samples exactly when fewer arrive (replay fills
+the rest), so a bound on the observed rate throttled rollout further whenever it fell
+behind. The cluster simulator showed the loop (rollout idle 73% against async's 40% on the
+APPS agent at 64 GPUs); ``fresh_per_step`` is still tracked, for status.
 
 Pure logic: the coordinator passes in the current buffer occupancy and version.
 """
@@ -41,6 +47,7 @@ class Dispatcher:
         self.pending: deque[Request] = deque()
         self.outstanding: dict[int, tuple[Request, int]] = {}  # sample_id -> (request, worker)
         self._at_worker: Counter[int] = Counter()  # outstanding per worker, kept in step
+        self.batch_size = batch_size
         self.fresh_per_step = float(batch_size)  # EWMA of unused samples consumed per step
         self._next_sample = 0
         self._next_group = 0
@@ -77,7 +84,7 @@ class Dispatcher:
         return n
 
     def admissible(self, ahead: int) -> bool:
-        return ahead + 1 <= self.fresh_per_step * (self.delta + 1)
+        return ahead + 1 <= self.batch_size * (self.delta + 1)
 
     def take(
         self,
@@ -211,5 +218,6 @@ class Dispatcher:
             "delivered": self.transitions["running->finished"],
             "requeued": self.transitions["running->pending"],
             "held_across_sync": self.transitions["running->held"],
+            "fresh_per_step": round(self.fresh_per_step, 2),
             "blocked": dict(self.blocked),
         }

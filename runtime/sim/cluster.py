@@ -209,7 +209,8 @@ class SimCluster:
         self._at(self.trainer_busy_until, self._step_done, msg.batch_id)
 
     def _step_done(self, batch_id: int) -> None:
-        self._heartbeat_all()  # rollout busy time up to now, for the allocator's window
+        if self.coord.auto_rebalance:  # rollout busy time up to now: the allocator's window
+            self._heartbeat_all(rollout_only=True)
         step = self.coord.step + 1
         self._send(
             0,
@@ -390,10 +391,12 @@ class SimCluster:
                 self.rollout_active[r] += dt
                 self.rollout_busy[r] += busy
 
-    def _heartbeat_all(self) -> None:
+    def _heartbeat_all(self, rollout_only: bool = False) -> None:
         self._account()
         for r in range(self.world):
             role = self.roles[r] if self.roles else "trainer"
+            if rollout_only and role != "rollout":
+                continue
             replica = self.replicas.get(r)
             self._send(
                 r,
@@ -443,7 +446,7 @@ class SimCluster:
                 break
             self.now = max(self.now, t)
             fn(*args)
-        self._account()
+        self._heartbeat_all()  # the rollout time of the last stretch, for the idle ratio
         summary = self.coord.summary()
         return SimResult(
             summary=summary,
