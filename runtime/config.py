@@ -124,6 +124,12 @@ class ReflowConfig:
     delta: int = opt(1, "max policy-version age of a sample", ge=0)
     sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
     replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
+    admission: str = opt(
+        "observed",
+        "staleness admission bound: observed fresh samples per step x (delta+1) (fresher), "
+        "or the trainer's capacity b x (delta+1) (more rollout in flight)",
+        choices=("observed", "capacity"),
+    )
 
 
 @dataclass

@@ -46,6 +46,7 @@ class DataPlane:
             delta=rf.delta,
             batch_size=train.batch_size,
             clock=clock,
+            admission=rf.admission,
         )
         self.policy_version = 0
         self.rejected: Counter[str] = Counter()

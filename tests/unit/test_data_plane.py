@@ -305,3 +305,20 @@ def test_the_batch_barrier_never_strands_a_started_group(mode):
     assert [r.group_id for r in rest] == [1, 1]
     _fill(dp, clock, got + rest, 0)
     assert dp.next_batch() is not None
+
+
+@pytest.mark.parametrize("admission, admitted", [("observed", 2), ("capacity", 8)])
+def test_admission_bound_observed_or_capacity(admission, admitted):
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4},
+            "algorithm": {"group_size": 1},
+            "reflow": {"delta": 1, "B_max": 100, "mode": "reflow", "admission": admission},
+        }
+    )
+    dp = DataPlane(cfg, prompts(), Clock())
+    for _ in range(40):  # batches that took one fresh sample each (replay filled the rest)
+        dp.dispatcher.observe_step(1)
+    got = dp.request_work(1, 100)
+    # observed: ~1 fresh per step x (delta + 1); capacity: b x (delta + 1)
+    assert len(got) == admitted
