@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from runtime.recipe import load_recipe
@@ -61,7 +60,6 @@ def main() -> None:
     cells = QUICK if args.quick else GRID
     k, n = (int(x) for x in args.part.split("/"))
     cells = cells[k - 1 :: n]
-    started = time.perf_counter()
     rows = []
     if args.merge:
         rows = [r for f in args.merge for r in json.loads(f.read_text())]
@@ -76,7 +74,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "grid.json").write_text(json.dumps(rows, indent=1))
-    report = render(rows, args.steps, time.perf_counter() - started)
+    report = render(rows, args.steps)
     (args.out / "report.md").write_text(report)
     plots(rows, args.out)
     print(report)
@@ -87,7 +85,7 @@ def in_grid_order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: order.get((r["workload"], r["model"], r["gpus"]), -1))
 
 
-def render(rows: list[dict], steps: int, seconds: float) -> str:
+def render(rows: list[dict], steps: int) -> str:
     cells: dict[tuple, dict[str, dict]] = {}
     for r in in_grid_order(rows):
         cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r

@@ -38,14 +38,15 @@ def restart_job(paths: RunPaths, env: Mapping[str, str]) -> str:
         job = env["SLURM_JOB_ID"]
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
         return f"Slurm job {job} requeued"
-    out = (paths.logs / "restart.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.restart", str(paths.root)],
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # outlives this job's processes
-        cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
+    repo = Path(__file__).resolve().parents[1]
+    with (paths.logs / "restart.log").open("ab") as out:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobs.restart", str(paths.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this job's processes
+            cwd=repo,
+            env={**os.environ, "PYTHONPATH": str(repo)},
+        )
     return f"local restart process {proc.pid} (logs/restart.log)"

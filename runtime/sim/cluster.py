@@ -108,6 +108,7 @@ class SimCluster:
         )
         self.world = self.cfg.world_size
         self.ident = [f"rank-{r}".encode() for r in range(self.world)]
+        self._rank_of = {identity: r for r, identity in enumerate(self.ident)}
         self.roles: list[str] = []
         self.epoch = 0
         self.replicas: dict[int, RolloutReplica] = {}  # leader rank -> replica
@@ -146,7 +147,7 @@ class SimCluster:
 
     def _send(self, rank: int, msg: p.Message) -> None:
         for identity, out in self.coord.handle(self.ident[rank], msg):
-            self._deliver(int(identity.decode().rsplit("-", 1)[1]), out)
+            self._deliver(self._rank_of[identity], out)
 
     def _progress(self) -> float:
         return self.coord.step / max(self.cfg.train.steps, 1)
@@ -417,7 +418,7 @@ class SimCluster:
         self._heartbeat_all()
         self._retry_blocked()
         for identity, out in self.coord.tick():
-            self._deliver(int(identity.decode().rsplit("-", 1)[1]), out)
+            self._deliver(self._rank_of[identity], out)
         self._ask_batch()
         self._at(self.now + self.heartbeat_s, self._periodic)
 
