@@ -484,7 +484,7 @@ class Coordinator:
                     "n_valid": t.n_valid,
                     "versions": [list(v) for v in t.versions],
                     "prompt_ids": t.extra.get("prompt_ids", []),
-                    "token_ids": t.token_ids,
+                    "token_ids": list(t.token_ids),
                     "loss_mask": t.extra.get("loss_mask"),
                     "info": t.extra.get("info", {}),
                 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -51,8 +52,8 @@ class Trajectory:
     # (policy_version, first_token, end_token) per span: a partial rollout resumed after a
     # weight sync has several spans. Staleness counts the oldest.
     versions: list[tuple[int, int, int]]
-    token_ids: list[int]
-    logprobs: list[float]
+    token_ids: Sequence[int]  # a list, or at rank 0 the array that came over the wire
+    logprobs: Sequence[float]
     reward: float
     n_valid: int
     worker: int
@@ -67,7 +68,8 @@ class Trajectory:
 
     @property
     def oldest_version(self) -> int:
-        return min(v for v, _, _ in self.versions)
+        vs = self.versions  # one span unless a weight sync cut the generation (hot path)
+        return vs[0][0] if len(vs) == 1 else min(v for v, _, _ in vs)
 
     @property
     def is_replay(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from runtime import protocol as p
@@ -13,7 +14,9 @@ from runtime.sample import Trajectory
 _LITTLE = sys.byteorder == "little"
 
 
-def pack(values: list[int] | list[float], typecode: str) -> bytes:
+def pack(values: Sequence[int] | Sequence[float], typecode: str) -> bytes:
+    if isinstance(values, array) and values.typecode == typecode and _LITTLE:
+        return values.tobytes()  # a trajectory rank 0 received: its frame as it came
     a = array(typecode, values)
     if not _LITTLE:
         a.byteswap()
@@ -44,14 +47,25 @@ def sample_done(t: Trajectory, rank: int) -> p.SampleDone:
     )
 
 
+def _frame(data: bytes, typecode: str) -> array:
+    a = array(typecode)
+    a.frombytes(data)
+    if not _LITTLE:
+        a.byteswap()
+    return a
+
+
 def trajectory(msg: p.SampleDone) -> Trajectory:
+    """Rank 0's copy of a finished sample. Token ids and log-probs stay typed arrays (a
+    sequence like a list): rank 0 only counts, stores and forwards them, and turning every
+    frame into a list and back was a fifth of its time per sample."""
     return Trajectory(
         sample_id=msg.sample_id,
         group_id=msg.group_id,
         prompt_id=msg.prompt_id,
         versions=[(v[0], v[1], v[2]) for v in msg.versions],
-        token_ids=unpack(msg.blobs[0], "i"),
-        logprobs=unpack(msg.blobs[1], "f"),
+        token_ids=_frame(msg.blobs[0], "i"),
+        logprobs=_frame(msg.blobs[1], "f"),
         reward=msg.reward,
         n_valid=msg.n_valid,
         worker=msg.rank,

@@ -18,6 +18,7 @@ heartbeats (with its engine's load) and acknowledges role switches after the swi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import heapq
 import itertools
 import math
@@ -121,6 +122,8 @@ class SimCluster:
         self.version = 0
         self.trainer_busy_until = 0.0
         self.trainer_waiting = False
+        self._available_seen = 0
+        self._stale_at: int | None = None  # see _stale_limited
         self.trainer_busy_s = 0.0
         self.trained_blocks = 0
         self.rollout_active: list[float] = [0.0] * self.world
@@ -130,6 +133,14 @@ class SimCluster:
         self.finished = False
         self.placements: list[tuple[float, int, str]] = []
         self._blobs: dict[int, tuple[bytes, bytes]] = {}
+        self._handlers: dict[type, Callable[[int, Any], None]] = {
+            p.Work: self._on_work,
+            p.Batch: self._on_batch,
+            p.BatchWait: self._on_batch_wait,
+            p.WeightSync: self._on_weight_sync,
+            p.RoleSwitch: self._on_role_switch,
+            p.Stop: self._on_stop,
+        }
         prompt_blocks = max(1, workload.prompt_tokens // block)
         self._prompt_ids = [0] * prompt_blocks
 
@@ -155,20 +166,15 @@ class SimCluster:
     # --- coordinator -> ranks ----------------------------------------------------------
 
     def _deliver(self, rank: int, msg: p.Message) -> None:
-        if isinstance(msg, p.Work):
-            self._on_work(rank, msg)
-        elif isinstance(msg, p.Batch):
-            if rank == 0:
-                self._on_batch(msg)
-        elif isinstance(msg, p.BatchWait):
-            self.trainer_waiting = True
-        elif isinstance(msg, p.WeightSync):
-            self._on_weight_sync(rank, msg)
-        elif isinstance(msg, p.RoleSwitch):
-            self._on_role_switch(rank, msg)
-        elif isinstance(msg, p.Stop):
-            self.finished = True
-        # Welcome, HeartbeatAck, Checkpoint (off in simulation): nothing to do
+        handler = self._handlers.get(type(msg))
+        if handler is not None:  # Welcome, HeartbeatAck, Checkpoint (off here): nothing
+            handler(rank, msg)
+
+    def _on_batch_wait(self, rank: int, msg: p.BatchWait) -> None:
+        self.trainer_waiting = True
+
+    def _on_stop(self, rank: int, msg: p.Stop) -> None:
+        self.finished = True
 
     def _on_work(self, rank: int, msg: p.Work) -> None:
         replica = self.replicas.get(rank)
@@ -198,7 +204,9 @@ class SimCluster:
         replica.on_event(self.now)
         self._schedule(rank)
 
-    def _on_batch(self, msg: p.Batch) -> None:
+    def _on_batch(self, rank: int, msg: p.Batch) -> None:
+        if rank != 0:
+            return
         self.trainer_waiting = False
         blocks = sum(s["n_valid"] for s in msg.samples)
         gpus = self.coord.layout.n_trainer_ranks
@@ -304,7 +312,9 @@ class SimCluster:
             return  # superseded by a later schedule, or the replica is gone
         for sid in replica.on_event(self.now):
             self._turn_finished(leader, sid)
-        if leader not in self._blocked:  # blocked ones wait for a step or a delivery
+        if self._stale_limited():
+            self._blocked.setdefault(leader, None)
+        elif leader not in self._blocked:  # blocked ones wait for a step or a delivery
             self._ask_work(leader)
         self._schedule(leader)
 
@@ -342,12 +352,22 @@ class SimCluster:
                 blobs=self._blob(n),
             ),
         )
-        if self._blocked:  # a slot under B_max is free now: the longest-waiting asks
+        if self._blocked and not self._stale_limited():
+            # a slot under B_max is free now: the longest-waiting asks
             oldest = next(iter(self._blocked))
             del self._blocked[oldest]
             self._ask_work(oldest)
-        if self.trainer_waiting:
+        if self.trainer_waiting and self._groups_arrived():
             self._ask_batch()
+
+    def _groups_arrived(self) -> bool:
+        """Whether a group became available since the trainer last asked. Only a whole
+        group can make a batch possible; asking after every sample cost a fifth of a run."""
+        n = self.coord.data.buffer.transitions["finished->available"]
+        if n == self._available_seen:
+            return False
+        self._available_seen = n
+        return True
 
     def _next_turn(self, leader: int, sid: int) -> None:
         replica, s = self.replicas.get(leader), self.samples.get(sid)
@@ -358,8 +378,25 @@ class SimCluster:
         replica.on_event(self.now)
         self._schedule(leader)
 
+    def _settled_groups(self) -> int:
+        t = self.coord.data.buffer.transitions
+        return t["finished->available"] + t["finished->evicted"]
+
+    def _stale_limited(self) -> bool:
+        """Whether the last work request was refused by staleness admission and nothing
+        that lifts it has happened since. Its bound counts buffered + outstanding samples,
+        which a delivery does not change: only a step (a batch consumed, a new version) or
+        a group leaving the buffer does. Asking again after every delivery while it holds
+        was nine in ten of all work requests at 128 GPUs."""
+        if self._stale_at is not None and self._stale_at != self._settled_groups():
+            self._stale_at = None
+        return self._stale_at is not None
+
     def _retry_blocked(self) -> None:
+        self._stale_at = None
         for leader in list(self._blocked):
+            if self._stale_limited():  # the rest would be refused the same way
+                break
             self._blocked.pop(leader, None)
             self._ask_work(leader)
 
@@ -369,7 +406,10 @@ class SimCluster:
             return
         free = self.max_seqs - replica.outstanding
         if free > 0:
+            refused = self.coord.data.dispatcher.blocked["staleness"]
             self._send(leader, p.WorkRequest(rank=leader, slots=free))
+            if self.coord.data.dispatcher.blocked["staleness"] != refused:
+                self._stale_at = self._settled_groups()
 
     def _blob(self, n: int) -> tuple[bytes, bytes]:
         b = self._blobs.get(n)
@@ -415,7 +455,10 @@ class SimCluster:
     def _periodic(self) -> None:
         if self.finished:
             return
-        self._heartbeat_all()
+        # Rollout ranks only: their engine load feeds the caps and the router. A trainer
+        # rank's heartbeat only says it is alive, which simulated ranks always are; the
+        # trainers were a fifth of all messages at 128 GPUs.
+        self._heartbeat_all(rollout_only=True)
         self._retry_blocked()
         for identity, out in self.coord.tick():
             self._deliver(self._rank_of[identity], out)
@@ -425,6 +468,17 @@ class SimCluster:
     # --- run ---------------------------------------------------------------------------
 
     def run(self, max_sim_s: float = 1e9) -> SimResult:
+        # Millions of short-lived messages, and a buffer of long-lived samples that every
+        # full pass of the cycle collector walks again: with the default thresholds the
+        # collector took a tenth of a long run. Nothing here builds cycles worth chasing.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(200_000, 50, 100)
+        try:
+            return self._run(max_sim_s)
+        finally:
+            gc.set_threshold(*thresholds)
+
+    def _run(self, max_sim_s: float) -> SimResult:
         started = time.perf_counter()
         for r in range(self.world):
             out = self.coord.handle(
