@@ -256,7 +256,14 @@ class ControlConfig:
 class LoggingConfig:
     runs_dir: str = opt("runs", "where run folders are created (env REFLOW_RUNS_DIR wins)")
     level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    tensorboard: bool = opt(False, "write TensorBoard event files (validated, not used yet)")
+    tensorboard: bool = opt(False, "write TensorBoard event files to the run's tensorboard/")
+    wandb: bool = opt(False, "log each step to Weights & Biases (needs the wandb package)")
+    wandb_project: str = opt("reflow", "W&B project")
+    wandb_mode: str = opt(
+        "online",
+        "W&B mode: offline keeps the run under the run folder",
+        choices=("online", "offline"),
+    )
     samples: bool = opt(
         False, "write every delivered trajectory (tokens, loss mask, reward) to samples.jsonl"
     )

@@ -18,6 +18,7 @@ import zmq
 
 from runtime.auth import KeyPair, secure_server, start_authenticator
 from runtime.coordinator import Coordinator, Outgoing
+from runtime.metrics_sinks import MetricsWriter
 from runtime.protocol import encode
 from runtime.run_dir import RunPaths, write_json_atomic
 
@@ -48,6 +49,7 @@ class ControlServer:
         self._advertise_host = advertise_host or bind_host
         self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._metrics = MetricsWriter(coordinator.cfg, paths)
         self.address = ""
 
     def start(self) -> str:
@@ -143,6 +145,7 @@ class ControlServer:
                     break
         finally:
             self._flush_metrics()
+            self._metrics.close()
             self._snapshot()
             write_json_atomic(self.paths.summary, self.coordinator.summary())
             self._sock.close(linger=500)
@@ -152,14 +155,11 @@ class ControlServer:
     def _flush_metrics(self) -> None:
         lines, self.coordinator.metrics_log = self.coordinator.metrics_log, []
         samples, self.coordinator.samples_log = self.coordinator.samples_log, []
-        for path, rows in (
-            (self.paths.metrics, lines),
-            (self.paths.root / "samples.jsonl", samples),
-        ):
-            if rows:
-                with path.open("a") as fh:
-                    for row in rows:
-                        fh.write(json.dumps(row) + "\n")
+        self._metrics.write(lines)
+        if samples:
+            with (self.paths.root / "samples.jsonl").open("a") as fh:
+                for row in samples:
+                    fh.write(json.dumps(row) + "\n")
 
     def _snapshot(self) -> None:
         try:

@@ -299,6 +299,12 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.control.heartbeat_timeout_s} must exceed twice heartbeat_interval_s="
             f"{cfg.control.heartbeat_interval_s}",
         )
+    from runtime.metrics_sinks import missing_packages
+
+    for switch, package in missing_packages(cfg):
+        raise _FieldError(
+            f"logging.{switch}", f"true needs the {package!r} package (pip install {package})"
+        )
     if not cfg.name or any(c in cfg.name for c in "/\\ ") or cfg.name.startswith("."):
         raise _FieldError("name", f"{cfg.name!r} must be a non-empty name without spaces or /")
 

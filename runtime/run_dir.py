@@ -8,6 +8,8 @@
         control.json       coordinator address + server public key, written by rank 0
         status.json        the coordinator's last status snapshot (kept after the run)
         metrics.jsonl      one line per training step
+        tensorboard/       the same, as TensorBoard scalars (logging.tensorboard)
+        wandb/             the W&B run's local files (logging.wandb)
         summary.json       end-of-run figures
         logs/rank<K>.log   per-rank logs
         dist.json          rank 0's torch.distributed rendezvous (host, port)
