@@ -30,10 +30,12 @@ from pathlib import Path
 
 from jobs.launch import wait_until
 from runtime.run_dir import RunPaths
+from runtime.sim.fit import fit_run, simulate_fit
 
 REPO = Path(__file__).resolve().parents[1]
 
 MODES = ("sync", "one_step_off", "async", "reflow")
+SMOOTH = 10  # steps in the reward's trailing mean
 
 
 def cli(*args: str, runs: Path, **kw) -> subprocess.CompletedProcess:
@@ -79,7 +81,26 @@ def summarize(mode: str, run_dir: Path) -> dict:
         "reward_last": statistics.fmean(x["reward_mean"] for x in tail),
         "eval_end": summary.get("eval_reward_end"),
         "sync_s": summary.get("weight_sync_s_median"),
+        "run_dir": str(run_dir),
+        # per step, from the first step on: for the reward and placement plots
+        "t": [x["wall_s"] - lines[0]["wall_s"] for x in lines],
+        "reward": smoothed([x["reward_mean"] for x in lines]),
+        "layout": [x["layout"] for x in lines],
     }
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """Trailing mean over ``window`` steps (batch rewards are noisy at b = 32)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v - (values[i - window] if i >= window else 0.0)
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def time_to(target: float, r: dict) -> float | None:
+    """Seconds from the first step until the smoothed batch reward first reaches target."""
+    return next((t for t, v in zip(r["t"], r["reward"], strict=True) if v >= target), None)
 
 
 def run_switches(steps: int, runs: Path) -> list[dict]:
@@ -109,7 +130,18 @@ def run_switches(steps: int, runs: Path) -> list[dict]:
     summary = json.loads((run / "summary.json").read_text())
     if summary["state"] != "COMPLETED":
         raise SystemExit(f"switch run {summary['state']} ({summary.get('reason')})")
-    return [x for x in summary["switches"] if x["applied"]]
+    return switch_records(run)
+
+
+def switch_records(run: Path) -> list[dict]:
+    """The applied switches of a run, the first carrying the run's placement per step."""
+    summary = json.loads((run / "summary.json").read_text())
+    records = [x for x in summary.get("switches", []) if x["applied"]]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    if records and lines:
+        t0 = lines[0]["wall_s"]
+        records[0]["series"] = ([x["wall_s"] - t0 for x in lines], [x["layout"] for x in lines])
+    return records
 
 
 def main() -> None:
@@ -117,6 +149,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--switch-steps", type=int, default=60)
+    ap.add_argument("--out", type=Path, help="write report.md, modes.json and PNG plots here")
+    ap.add_argument(
+        "--target-reward",
+        type=float,
+        help="reward level for 'time to reward' (default: the lowest final level of the modes)",
+    )
+    ap.add_argument(
+        "--no-fit", dest="fit", action="store_false", help="skip the simulation of each run"
+    )
     ap.add_argument(
         "--report-only",
         metavar="RUNS_DIR",
@@ -137,36 +178,149 @@ def main() -> None:
     if args.report_only:
         newest = sorted(runs.glob("bench-switch-*"), key=lambda d: d.stat().st_mtime)
         if newest and (newest[-1] / "summary.json").exists():
-            summary = json.loads((newest[-1] / "summary.json").read_text())
-            switches = [x for x in summary.get("switches", []) if x["applied"]]
+            switches = switch_records(newest[-1])
     elif args.switch_steps:
         switches = run_switches(args.switch_steps, runs)
+    fits = fitted(results) if args.fit else {}
+    report = render(results, switches, fits, args, target=args.target_reward)
+    print(report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.md").write_text(report)
+        (args.out / "modes.json").write_text(
+            json.dumps({"results": results, "switches": switches, "fits": fits}, indent=1)
+        )
+        plots(results, switches, args.out)
+
+
+def fitted(results: list[dict]) -> dict[str, dict]:
+    """Each mode's run simulated with parameters fitted from that run (runtime/sim/fit.py):
+    the simulator against the real vLLM/torch engines."""
+    out = {}
+    for r in results:
+        try:
+            fit = fit_run(r["run_dir"])
+            sim = simulate_fit(fit)
+        except (ValueError, KeyError) as exc:
+            print(f"{r['mode']}: no fit ({exc})", file=sys.stderr)
+            continue
+        out[r["mode"]] = {
+            "real_tokens_per_s": round(fit.tokens_per_s, 1),
+            "sim_tokens_per_s": round(sim, 1),
+            "ratio": round(sim / fit.tokens_per_s, 3),
+            "rollout_tok_s_per_rank": round(1 / fit.model.step_per_seq_s, 1),
+            "train_tok_s_per_rank": round(fit.model.train_tok_s, 1),
+        }
+    return out
+
+
+def render(results, switches, fits, args, *, target: float | None) -> str:
+    out: list[str] = []
     base = next((r for r in results if r["mode"] == "sync"), results[0] if results else None)
     if results:
+        if target is None:  # the level every mode reached: the lowest final smoothed reward
+            target = round(min(r["reward"][-1] for r in results), 3)
         steps = "steps per mode as run" if args.report_only else f"{args.steps} steps per mode"
-        print(f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer)")
-        print(
-            "| mode | trainer tok/s (training window) | ratio to sync | trainer idle | "
-            "rollout idle | wall s (training window) | batch reward, last 20% | eval end | "
-            "weight sync s (median) |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
+        out += [
+            f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer). Throughput over "
+            f"the training window (first to last step); time to reward = seconds from the "
+            f"first step until the batch reward ({SMOOTH}-step trailing mean) reaches "
+            f"{target}.",
+            "",
+            "| mode | trainer tok/s | ratio to sync | trainer idle | rollout idle | "
+            f"wall s (training window) | time to reward {target} | batch reward, last 20% | "
+            "eval end | weight sync s (median) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in results:
             ratio = r["tokens_per_s"] / base["tokens_per_s"]
             sync = "-" if r["sync_s"] is None else f"{r['sync_s']:.3f}"
-            print(
+            reach = time_to(target, r)
+            out.append(
                 f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratio:.2f}"
                 f" | {100 * r['trainer_idle']:.1f}% | {100 * r['rollout_idle']:.1f}% | "
-                f"{r['wall_s']:.0f} ({r['train_wall_s']:.0f}) | {r['reward_last']:.3f} | "
+                f"{r['wall_s']:.0f} ({r['train_wall_s']:.0f}) | "
+                f"{'not reached' if reach is None else f'{reach:.0f} s'} | "
+                f"{r['reward_last']:.3f} | "
                 f"{r['eval_end'] if r['eval_end'] is None else round(r['eval_end'], 3)} | "
                 f"{sync} |"
             )
     if switches:
-        print()
-        print("| role switch | whole switch s (RoleSwitch to last done) | slowest rank s |")
-        print("|---|---|---|")
+        out += [
+            "",
+            "| role switch | whole switch s (RoleSwitch to last done) | slowest rank s |",
+            "|---|---|---|",
+        ]
         for x in switches:
-            print(f"| to {x['ratio']} | {x['duration_s']:.3f} | {x['max_rank_switch_s']:.3f} |")
+            out.append(
+                f"| to {x['ratio']} | {x['duration_s']:.3f} | {x['max_rank_switch_s']:.3f} |"
+            )
+    if fits:
+        out += [
+            "",
+            "Each run simulated with parameters fitted from it (runtime/sim/fit.py: rollout "
+            "and trainer tokens per busy rank-second, weight sync, response lengths):",
+            "",
+            "| mode | rollout tok/s per rank | train tok/s per rank | real tok/s | "
+            "simulated tok/s | simulated / real |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mode, f in fits.items():
+            out.append(
+                f"| {mode} | {f['rollout_tok_s_per_rank']:.0f} | {f['train_tok_s_per_rank']:.0f}"
+                f" | {f['real_tokens_per_s']:.0f} | {f['sim_tokens_per_s']:.0f} | "
+                f"{f['ratio']:.2f} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def plots(results: list[dict], switches: list[dict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (make bench installs it)", file=sys.stderr)
+        return
+    modes = [r["mode"] for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    axes[0].bar(modes, [r["tokens_per_s"] for r in results])
+    axes[0].set_title("trainer tokens/s (training window)")
+    xs = range(len(results))
+    axes[1].bar([x - 0.2 for x in xs], [r["trainer_idle"] for r in results], 0.4, label="trainer")
+    axes[1].bar([x + 0.2 for x in xs], [r["rollout_idle"] for r in results], 0.4, label="rollout")
+    axes[1].set_xticks(list(xs))
+    axes[1].set_xticklabels(modes)
+    axes[1].set_title("idle ratio")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(out / "throughput_idle.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in results:
+        ax.plot(r["t"], r["reward"], label=r["mode"])
+    ax.set_xlabel("seconds since the first step")
+    ax.set_ylabel(f"batch reward ({SMOOTH}-step mean)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "reward_vs_time.png", dpi=120)
+    plt.close(fig)
+
+    series = [(r["mode"], r["t"], r["layout"]) for r in results if r["mode"] == "reflow"]
+    if switches and switches[0].get("series"):
+        series.append(("reflow, rebalanced by hand", *switches[0]["series"]))
+    if series:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        for name, t, layout in series:
+            ax.step(t, [int(x.split(":")[0]) for x in layout], where="post", label=name)
+        ax.set_xlabel("seconds since the first step")
+        ax.set_ylabel("rollout ranks")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "placement.png", dpi=120)
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 ablations of ReFlow's parts, with the ideal-throughput bound per run.
 
     .venv/bin/python benchmarks/sim_grid.py [--steps 60] [--out reports/sim] [--quick]
+        [--jobs N] [--set reflow.delta=2 ...]
 
 Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
 recipes/apps_coding.yaml for the APPS agent) resized to the cell's GPUs, with the model's
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from runtime.recipe import load_recipe
@@ -44,7 +47,7 @@ def run_cell(workload: str, model: str, gpus: int, steps: int, mode: str, sets: 
         sets += ["scheduler.auto_rebalance=false", "scheduler.adaptive_caps=false"]
     cfg = load_recipe(REPO / "recipes" / RECIPES[workload], sets)
     row = figures(simulate(plan(cfg, gpus, mode=mode, model=model, workload=workload)), gpus)
-    row.update(workload=workload, model=model, gpus=gpus)
+    row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
     return row
 
 
@@ -55,6 +58,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="two cells only")
     ap.add_argument("--part", default="1/1", help="K/N: every N-th cell from the K-th")
     ap.add_argument("--merge", nargs="*", type=Path, help="grid.json files to report on")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a recipe field in every run, e.g. --set reflow.delta=2",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cells = QUICK if args.quick else GRID
@@ -64,13 +75,21 @@ def main() -> None:
     if args.merge:
         rows = [r for f in args.merge for r in json.loads(f.read_text())]
         cells = []
+    runs = []  # (label, workload, model, gpus, mode, sets)
     for workload, model, gpus in cells:
-        for mode in MODES:
-            rows.append(run_cell(workload, model, gpus, args.steps, mode, []))
-            print(json.dumps(rows[-1]), flush=True)
-        for name, sets in ABLATIONS.items():
-            row = run_cell(workload, model, gpus, args.steps, "reflow", sets)
-            row["mode"] = f"reflow, {name}"
+        runs += [(mode, workload, model, gpus, mode, args.set) for mode in MODES]
+        runs += [
+            (f"reflow, {name}", workload, model, gpus, "reflow", [*args.set, *sets])
+            for name, sets in ABLATIONS.items()
+        ]
+    with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
+        futures = [
+            pool.submit(run_cell, w, m, g, args.steps, mode, sets)
+            for _, w, m, g, mode, sets in runs
+        ]
+        for (label, *_), future in zip(runs, futures, strict=True):
+            row = future.result()
+            row["mode"] = label
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "grid.json").write_text(json.dumps(rows, indent=1))
@@ -89,11 +108,13 @@ def render(rows: list[dict], steps: int) -> str:
     cells: dict[tuple, dict[str, dict]] = {}
     for r in in_grid_order(rows):
         cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+    common = sorted(set.intersection(*(set(r.get("overrides", [])) for r in rows)))
     lines = [
         f"Simulated {steps} steps per run ({len(rows)} runs); profiles: "
-        "runtime/sim/profiles.yaml. Speed-ups of reflow in trained tokens/s, and in steps "
-        "per hour in brackets (replayed samples are older, so often shorter: fewer tokens "
-        "per step).",
+        "runtime/sim/profiles.yaml; overrides in every run: "
+        f"{', '.join(common) or 'none'}. Speed-ups of reflow in trained tokens/s, and in "
+        "steps per hour in brackets (replayed samples are older, so often shorter: fewer "
+        "tokens per step).",
         "",
         "| workload | model | GPUs | reflow tokens/s | vs sync | vs one-step-off | vs async "
         "| trainer idle sync / async / reflow | X/X* reflow | final placement |",

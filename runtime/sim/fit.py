@@ -7,11 +7,26 @@ log-normal lengths (median ``max_response_tokens / 8``, sigma 0.8); a training s
 ``tokens * engine.synthetic_train_token_s / trainer ranks``. Comparing a real run of them
 with its simulation measures what the simulator leaves out (messaging, scheduling delays,
 the trainer's own compute), which is what ``tests/integration/test_sim_vs_real.py`` does.
+
+:func:`fit_run` does the same for any finished run, the vLLM/torch ones included, from
+what its folder recorded: trainer tokens per busy rank-second (``step_time_s``), rollout
+tokens per busy rank-second (the summary's rollout rate and idle ratio), the weight-sync
+median and the response lengths at the start and the end of training. One operating point
+per run: the rollout rate is taken as independent of concurrency, which is close on a CPU
+(compute-bound at the demo's batch sizes) and would not be on a GPU.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
 from runtime.config import Config
+from runtime.recipe import load_recipe
 from runtime.sim.profile import ModelProfile, WorkloadProfile
 
 SYNTHETIC_SLOTS = 16  # runtime.synthetic.SyntheticRollout: min(max_concurrency, 16)
@@ -48,3 +63,105 @@ def synthetic_profiles(cfg: Config) -> tuple[ModelProfile, WorkloadProfile]:
         reward_end=0.5,
     )
     return model, workload
+
+
+LENGTH_SIGMA = 0.5  # log-normal spread assumed for response lengths (runs log only means)
+
+
+@dataclass(frozen=True)
+class RunFit:
+    cfg: Config
+    model: ModelProfile
+    workload: WorkloadProfile
+    max_seqs: int
+    tokens_per_s: float  # the run's trainer throughput over its training window
+
+
+def window_throughput(lines: list[dict]) -> float:
+    """Trained tokens per second between the first and the last step."""
+    steps = [m for m in lines if "tokens" in m]
+    if len(steps) < 2:
+        raise ValueError("fewer than two training steps")
+    tokens = sum(m["tokens"] for m in steps[1:])
+    return tokens / max(steps[-1]["wall_s"] - steps[0]["wall_s"], 1e-9)
+
+
+def fit_run(run_dir: Path | str) -> RunFit:
+    """Simulator parameters measured from a finished run's folder (see the module doc)."""
+    run_dir = Path(run_dir)
+    cfg = load_recipe(run_dir / "config.yaml")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "tokens" in m and m.get("step_time_s")]
+    if len(steps) < 5:
+        raise ValueError(f"{run_dir}: fewer than 5 timed training steps to fit")
+    trainer_rank_s = sum(
+        m["step_time_s"] * m.get("trainer_replicas", 1) * cfg.resources.trainer_gpus_per_replica
+        for m in steps
+    )
+    train_tok_s = sum(m["tokens"] for m in steps) / trainer_rank_s
+    rollout_ranks = int(steps[0]["layout"].split(":")[0])
+    busy = max(1.0 - summary["rollout_idle_ratio"], 1e-3)
+    rollout_tok_s = summary["rollout_tokens_per_s"] / (rollout_ranks * busy)
+    syncs = [m["weight_sync_s"] for m in lines if "weight_sync_s" in m]
+    model = ModelProfile(
+        name="cpu-fitted",
+        params_b=0.0,
+        kv_bytes_per_token=0,
+        rollout_gpus_per_replica=cfg.resources.rollout_gpus_per_replica,
+        trainer_gpus_per_replica=cfg.resources.trainer_gpus_per_replica,
+        step_base_s=0.0,
+        step_per_seq_s=1.0 / rollout_tok_s,  # throughput rollout_tok_s at any concurrency
+        prefill_tok_s=1e12,
+        kv_tokens=10**12,
+        train_tok_s=train_tok_s,
+        weight_sync_s=statistics.median(syncs) if syncs else 0.0,
+        switch_s=0.0,
+    )
+    fifth = max(1, len(steps) // 5)
+    b = cfg.train.batch_size
+
+    def median_len(part: list[dict]) -> float:  # from the mean tokens per sample
+        return statistics.fmean(m["tokens"] / b for m in part) / math.exp(LENGTH_SIGMA**2 / 2)
+
+    prompts = [len(p.get("prompt_ids") or ()) for p in _first_prompts(cfg, 64)]
+    workload = WorkloadProfile(
+        name="cpu-fitted",
+        prompt_tokens=max(1, round(statistics.fmean(prompts))) if prompts else 1,
+        median_start=median_len(steps[:fifth]),
+        median_end=median_len(steps[-fifth:]),
+        sigma=LENGTH_SIGMA,
+        max_tokens=cfg.workload.max_response_tokens,
+        turns=cfg.workload.max_turns,
+        tool_s_median=0.0,
+        # the fraction of rewards 1 decides how many groups a reward-filtering sampler drops
+        reward_start=statistics.fmean(m["reward_mean"] for m in steps[:fifth]),
+        reward_end=statistics.fmean(m["reward_mean"] for m in steps[-fifth:]),
+    )
+    max_seqs = min(cfg.engine.max_num_seqs, cfg.scheduler.max_concurrency)
+    return RunFit(cfg, model, workload, max_seqs, window_throughput(lines))
+
+
+def _first_prompts(cfg: Config, n: int) -> list[dict]:
+    from runtime.engines import build_prompts
+
+    try:
+        return list(itertools.islice(build_prompts(cfg), n))
+    except Exception:  # no tokenizer or data here: the prompt length stays a guess
+        return []
+
+
+def simulate_fit(fit: RunFit, *, seed: int = 0) -> float:
+    """The fitted run simulated: its trainer tokens/s over the training window."""
+    from runtime.sim.cluster import SimCluster
+
+    result = SimCluster(
+        fit.cfg,
+        fit.model,
+        fit.workload,
+        seed=seed,
+        block=1,
+        heartbeat_s=fit.cfg.control.heartbeat_interval_s,
+        max_seqs=fit.max_seqs,
+    ).run()
+    return window_throughput(result.metrics)

@@ -6,9 +6,17 @@ trainer's own compute)."""
 
 import json
 
+import pytest
+
 from runtime.recipe import load_recipe
 from runtime.sim.cluster import SimCluster
-from runtime.sim.fit import SYNTHETIC_SLOTS, synthetic_profiles
+from runtime.sim.fit import (
+    SYNTHETIC_SLOTS,
+    fit_run,
+    simulate_fit,
+    synthetic_profiles,
+    window_throughput,
+)
 from tests.conftest import launch_recipe_text
 from tests.conftest import wait_for_status as wait_for
 
@@ -24,13 +32,6 @@ engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.004,
          synthetic_train_token_s: 0.0004}
 control: {heartbeat_interval_s: 0.25}
 """
-
-
-def window_throughput(lines: list[dict]) -> float:
-    """Trained tokens per second between the first and the last step."""
-    steps = [m for m in lines if "tokens" in m]
-    tokens = sum(m["tokens"] for m in steps[1:])
-    return tokens / (steps[-1]["wall_s"] - steps[0]["wall_s"])
 
 
 def test_a_simulation_matches_a_real_cpu_run_within_25_percent(tmp_path, runs_dir):
@@ -49,3 +50,15 @@ def test_a_simulation_matches_a_real_cpu_run_within_25_percent(tmp_path, runs_di
     x_real, x_sim = window_throughput(real), window_throughput(simulated.metrics)
     print(f"trainer tokens/s: real {x_real:.0f}, simulated {x_sim:.0f}, ratio {x_sim / x_real:.3f}")
     assert abs(x_sim / x_real - 1) < 0.25, (x_real, x_sim)
+
+    # The same run fitted from its folder alone, as benchmarks/modes.py does for the vLLM
+    # and torch engines: the measured rates must recover the engines' known ones (the
+    # trainer sleeps 0.0004 s per token split over its ranks: 2,500 tokens/s per rank,
+    # plus its own compute) and the fitted simulation must still agree with the run.
+    fit = fit_run(run_dir)
+    assert fit.tokens_per_s == pytest.approx(x_real)
+    assert 0.6 < fit.model.train_tok_s / 2500 <= 1.05, fit.model.train_tok_s
+    assert fit.model.step_per_seq_s > 0 and fit.workload.median_end > 1
+    x_fit = simulate_fit(fit)
+    print(f"fitted from the run's folder: simulated {x_fit:.0f}, ratio {x_fit / x_real:.3f}")
+    assert abs(x_fit / x_real - 1) < 0.25, (x_real, x_fit)
