@@ -64,9 +64,27 @@ def build_model(
 
 
 def save_pretrained(model, tokenizer, path: Path) -> Path:
+    """An HF folder (config, weights, tokenizer) written from any rank.
+
+    Not ``model.save_pretrained``: since transformers 5 it writes nothing on a process
+    whose torch.distributed rank is not 0, and the embedded model is built by whichever
+    rank gets there first, after the ranks joined their process group."""
+    from safetensors.torch import save_file
+
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    model.config.save_pretrained(path)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(path)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    weights = {
+        k: v.detach().contiguous().clone()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")  # as HF saves tied embeddings
+    }
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(path)
+    if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():
+        raise RuntimeError(f"{path}: model files were not written")
     return path
 
 

@@ -55,6 +55,8 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
         try:
             build(tmp)
             (tmp / "warm_start.json").write_text(json.dumps(settings, indent=1))
+            # an incomplete folder from an older build (one that left its weights out)
+            shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
