@@ -247,6 +247,9 @@ class ControlConfig:
     checkpoint_timeout_s: float = opt(
         300.0, "time the trainer leader gets to write its part of a checkpoint", gt=0
     )
+    max_generation_failures: int = opt(
+        64, "a rank's generations failing in a row that fail the run (0: never)", ge=0
+    )
     collective_timeout_s: float = opt(
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )

@@ -54,6 +54,7 @@ class WorkerInfo:
     layout_epoch: int = 0
     last_seen: float = 0.0
     rollout_time: tuple[float, float] = (0.0, 0.0)  # cumulative (active, busy) seconds
+    failures_in_a_row: int = 0  # generations that failed since its last delivered sample
 
 
 @dataclass
@@ -472,6 +473,7 @@ class Coordinator:
         t = wire.trajectory(msg)
         if not self.data.deliver(t):
             return []
+        self.workers[msg.rank].failures_in_a_row = 0
         self.generated_tokens += len(t.token_ids)
         self.generation.finished(t.sample_id, len(t.token_ids))
         if self.cfg.logging.samples:
@@ -492,9 +494,20 @@ class Coordinator:
         return []
 
     def _on_sample_failed(self, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
-        known = self._known(identity, msg.rank) is not None
-        if known and self.data.failed(msg.sample_id, msg.rank):
-            self.generation.finished(msg.sample_id, None)
+        w = self._known(identity, msg.rank)
+        if w is None or not self.data.failed(msg.sample_id, msg.rank):
+            return []
+        self.generation.finished(msg.sample_id, None)
+        # The sample is requeued. An engine that fails every generation (a model it cannot
+        # serve) would requeue forever; past a limit the run fails and says why.
+        w.failures_in_a_row += 1
+        limit = self.cfg.control.max_generation_failures
+        if limit and w.failures_in_a_row >= limit and self.state not in TERMINAL:
+            return self._finish(
+                "FAILED",
+                f"rank {msg.rank}: {w.failures_in_a_row} generations in a row failed, "
+                f"last: {msg.reason}",
+            )
         return []
 
     def _on_batch_request(self, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:

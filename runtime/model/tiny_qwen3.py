@@ -72,6 +72,8 @@ def save_pretrained(model, tokenizer, path: Path) -> Path:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
+    # what lets loaders (vLLM among them) pick the architecture: save_pretrained sets it
+    model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(path)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(path)

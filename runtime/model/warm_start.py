@@ -43,13 +43,13 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
     """``build(folder)`` once per ``settings`` into the cache; later calls find it there."""
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_root() / f"{prefix}-{key}"
-    if (path / "model.safetensors").is_file():
+    if _complete(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     # Every rank of a first run asks at once: one builds, the others wait on the lock.
     with open(path.parent / f".{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / "model.safetensors").is_file():
+        if _complete(path):
             return path
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".build-"))
         try:
@@ -61,6 +61,16 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _complete(path: Path) -> bool:
+    """A cached folder a loader can use: weights, and a config naming the architecture
+    (folders that older builds left without either are built again)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("architectures")) and (path / "model.safetensors").is_file()
 
 
 def packed_batch(rows: list[tuple[list[int], list[int]]], pad: int):

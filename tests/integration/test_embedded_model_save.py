@@ -4,6 +4,7 @@ transformers 5 skips writing weights on a torch.distributed rank other than 0; r
 the embedded model after joining their process group, so a rank 1 builder once left a
 folder with a tokenizer and no weights in the shared cache."""
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -42,6 +43,8 @@ def test_a_non_zero_rank_writes_a_loadable_model(tmp_path):
     out = tmp_path / "model"
     mp.spawn(_save_on, args=(_free_port(), str(out)), nprocs=2, join=True)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]  # what vLLM picks the model by
     loaded = AutoModelForCausalLM.from_pretrained(out)
     expected = torch.load(out / "expected.pt")
     for name, tensor in loaded.state_dict().items():

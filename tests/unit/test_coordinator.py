@@ -335,3 +335,30 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     clock.t += 20.0
     real.tick()
     assert real.state == "FAILED" and real.lost_ranks == []
+
+
+def test_an_engine_that_fails_every_generation_fails_the_run(clock):
+    prompts = ({"text": f"p{i}"} for i in itertools.count())
+    c = make(clock, prompts=prompts, control={"max_generation_failures": 3})
+    register_all(c)
+    reason = "VLLMValidationError('This model does not support generation')"
+
+    def fail_one(rank: int) -> None:
+        ((_, work),) = c.handle(ident(rank), p.WorkRequest(rank=rank, slots=1))
+        sid = work.requests[0]["sample_id"]
+        c.handle(ident(rank), p.SampleFailed(rank=rank, sample_id=sid, reason=reason))
+
+    # failures are requeued; a delivered sample resets the count
+    fail_one(2)
+    fail_one(2)
+    ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=1))
+    sid = work.requests[0]["sample_id"]
+    req = next(r for r, _ in c.data.dispatcher.outstanding.values() if r.sample_id == sid)
+    c.handle(ident(2), wire_done(req, 2))
+    fail_one(2)
+    fail_one(2)
+    fail_one(3)
+    assert c.state == "RUNNING" and len(c.data.dispatcher.pending) > 0
+    fail_one(2)  # the third in a row at rank 2
+    assert c.state == "FAILED"
+    assert c.reason == f"rank 2: 3 generations in a row failed, last: {reason}"
