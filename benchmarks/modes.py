@@ -208,7 +208,7 @@ def fitted(results: list[dict]) -> dict[str, dict]:
             "real_tokens_per_s": round(fit.tokens_per_s, 1),
             "sim_tokens_per_s": round(sim, 1),
             "ratio": round(sim / fit.tokens_per_s, 3),
-            "rollout_tok_s_per_rank": round(1 / fit.model.step_per_seq_s, 1),
+            "decode_step_s": [round(fit.model.step_base_s, 5), round(fit.model.step_per_seq_s, 6)],
             "train_tok_s_per_rank": round(fit.model.train_tok_s, 1),
         }
     return out
@@ -258,16 +258,19 @@ def render(results, switches, fits, args, *, target: float | None) -> str:
     if fits:
         out += [
             "",
-            "Each run simulated with parameters fitted from it (runtime/sim/fit.py: rollout "
-            "and trainer tokens per busy rank-second, weight sync, response lengths):",
+            "Each run simulated with parameters fitted from it (runtime/sim/fit.py: the "
+            "rollout engines' decode step base + per_seq * c fitted to their tokens/s by "
+            "concurrency, trainer tokens per busy rank-second, weight sync, response lengths):",
             "",
-            "| mode | rollout tok/s per rank | train tok/s per rank | real tok/s | "
+            "| mode | decode step base + per_seq·c (ms) | train tok/s per rank | real tok/s | "
             "simulated tok/s | simulated / real |",
             "|---|---|---|---|---|---|",
         ]
         for mode, f in fits.items():
+            base, per_seq = f["decode_step_s"]
             out.append(
-                f"| {mode} | {f['rollout_tok_s_per_rank']:.0f} | {f['train_tok_s_per_rank']:.0f}"
+                f"| {mode} | {1e3 * base:.1f} + {1e3 * per_seq:.2f}·c"
+                f" | {f['train_tok_s_per_rank']:.0f}"
                 f" | {f['real_tokens_per_s']:.0f} | {f['sim_tokens_per_s']:.0f} | "
                 f"{f['ratio']:.2f} |"
             )

@@ -28,6 +28,7 @@ from runtime import protocol as p
 from runtime import wire
 from runtime.config import Config
 from runtime.data_plane import DataPlane
+from runtime.engine_profile import EngineRateProfile
 from runtime.engines import needs_collective
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
 from runtime.sample import Request, trajectory_digest
@@ -154,6 +155,7 @@ class Coordinator:
         self.generated_tokens = 0  # tokens of every accepted trajectory
         self._tokens_at_first_step = 0  # dead rollout ranks the run survived
         self._consumed_total = 0
+        self.engine_profile = EngineRateProfile()
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self._all_metrics: list[dict[str, Any]] = []
@@ -276,6 +278,9 @@ class Coordinator:
         w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
         if msg.role == Role.ROLLOUT.value and self.layout.role_of(msg.rank) == Role.ROLLOUT:
             self.generation.observe(msg.rank, msg.engine)
+            self.engine_profile.observe(msg.rank, self.clock(), msg.engine)
+        else:
+            self.engine_profile.forget(msg.rank)
         return [(identity, p.HeartbeatAck(step=self.step, policy_version=self.policy_version))]
 
     def _on_switch_done(self, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
@@ -918,6 +923,8 @@ class Coordinator:
             "eval_reward_start": self.evals.get("eval_reward_start"),
             "eval_reward_end": self.evals.get("eval_reward_end"),
             "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
+            # tokens and seconds of the rollout engines by running requests (heartbeats)
+            "rollout_decode_by_concurrency": self.engine_profile.summary(),
             "switches": self._switch_records(self.switches),
             "lost_ranks": list(self.lost_ranks),
             "attempt": self.attempt,

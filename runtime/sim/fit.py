@@ -9,11 +9,12 @@ with its simulation measures what the simulator leaves out (messaging, schedulin
 the trainer's own compute), which is what ``tests/integration/test_sim_vs_real.py`` does.
 
 :func:`fit_run` does the same for any finished run, the vLLM/torch ones included, from
-what its folder recorded: trainer tokens per busy rank-second (``step_time_s``), rollout
-tokens per busy rank-second (the summary's rollout rate and idle ratio), the weight-sync
-median and the response lengths at the start and the end of training. One operating point
-per run: the rollout rate is taken as independent of concurrency, which is close on a CPU
-(compute-bound at the demo's batch sizes) and would not be on a GPU.
+what its folder recorded: trainer tokens per busy rank-second (``step_time_s``), the
+rollout engines' decode step ``base + per_seq * c`` fitted to their measured tokens/s at
+each concurrency c (``rollout_decode_by_concurrency`` in the summary, from heartbeats; see
+:mod:`runtime.engine_profile`), the weight-sync median, the response lengths at the start
+and the end of training and the batch reward (which decides how many groups a filtering
+sampler drops). Lengths are log-normal with an assumed spread (runs record only means).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config import Config
+from runtime.engine_profile import fit_decode_curve
 from runtime.recipe import load_recipe
 from runtime.sim.profile import ModelProfile, WorkloadProfile
 
@@ -95,14 +97,14 @@ def fit_run(run_dir: Path | str) -> RunFit:
     steps = [m for m in lines if "tokens" in m and m.get("step_time_s")]
     if len(steps) < 5:
         raise ValueError(f"{run_dir}: fewer than 5 timed training steps to fit")
-    trainer_rank_s = sum(
-        m["step_time_s"] * m.get("trainer_replicas", 1) * cfg.resources.trainer_gpus_per_replica
-        for m in steps
-    )
+    # the layout (rollout:trainer ranks) of each step: every trainer rank spent step_time_s
+    trainer_rank_s = sum(m["step_time_s"] * int(m["layout"].split(":")[1]) for m in steps)
     train_tok_s = sum(m["tokens"] for m in steps) / trainer_rank_s
-    rollout_ranks = int(steps[0]["layout"].split(":")[0])
-    busy = max(1.0 - summary["rollout_idle_ratio"], 1e-3)
-    rollout_tok_s = summary["rollout_tokens_per_s"] / (rollout_ranks * busy)
+    curve = fit_decode_curve(summary.get("rollout_decode_by_concurrency") or {})
+    if curve is None:  # one operating point: a rate independent of concurrency
+        rollout_ranks = int(steps[0]["layout"].split(":")[0])
+        busy = max(1.0 - summary["rollout_idle_ratio"], 1e-3)
+        curve = (0.0, rollout_ranks * busy / summary["rollout_tokens_per_s"])
     syncs = [m["weight_sync_s"] for m in lines if "weight_sync_s" in m]
     model = ModelProfile(
         name="cpu-fitted",
@@ -110,8 +112,8 @@ def fit_run(run_dir: Path | str) -> RunFit:
         kv_bytes_per_token=0,
         rollout_gpus_per_replica=cfg.resources.rollout_gpus_per_replica,
         trainer_gpus_per_replica=cfg.resources.trainer_gpus_per_replica,
-        step_base_s=0.0,
-        step_per_seq_s=1.0 / rollout_tok_s,  # throughput rollout_tok_s at any concurrency
+        step_base_s=curve[0],
+        step_per_seq_s=curve[1],
         prefill_tok_s=1e12,
         kv_tokens=10**12,
         train_tok_s=train_tok_s,
