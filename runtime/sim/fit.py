@@ -127,6 +127,15 @@ def fit_run(run_dir: Path | str) -> RunFit:
         return statistics.fmean(m["tokens"] / b for m in part) / math.exp(LENGTH_SIGMA**2 / 2)
 
     prompts = [len(p.get("prompt_ids") or ()) for p in _first_prompts(cfg, 64)]
+    # In the simulator the reward only decides which groups a filtering sampler drops (all
+    # equal rewards). Real prompts differ in difficulty, so many more groups are uniform
+    # than independent draws at the batch's mean reward would give: the reward is set so
+    # that the simulated drop rate is the one the run measured.
+    reward = statistics.fmean(m["reward_mean"] for m in steps)
+    buffer = _status(run_dir).get("buffer", {})
+    if buffer.get("delivered"):
+        dropped = buffer.get("evicted", {}).get("sampler_rejected", 0) / buffer["delivered"]
+        reward = reward_for_drop_rate(dropped, cfg.algorithm.group_size)
     workload = WorkloadProfile(
         name="cpu-fitted",
         prompt_tokens=max(1, round(statistics.fmean(prompts))) if prompts else 1,
@@ -136,12 +145,33 @@ def fit_run(run_dir: Path | str) -> RunFit:
         max_tokens=cfg.workload.max_response_tokens,
         turns=cfg.workload.max_turns,
         tool_s_median=0.0,
-        # the fraction of rewards 1 decides how many groups a reward-filtering sampler drops
-        reward_start=statistics.fmean(m["reward_mean"] for m in steps[:fifth]),
-        reward_end=statistics.fmean(m["reward_mean"] for m in steps[-fifth:]),
+        reward_start=reward,
+        reward_end=reward,
     )
     max_seqs = min(cfg.engine.max_num_seqs, cfg.scheduler.max_concurrency)
     return RunFit(cfg, model, workload, max_seqs, window_throughput(lines))
+
+
+def reward_for_drop_rate(dropped: float, n: int) -> float:
+    """p <= 0.5 such that a group of n independent Bernoulli(p) rewards is uniform (all 0
+    or all 1) with probability ``dropped``: p**n + (1 - p)**n = dropped."""
+    lo, hi = 0.0, 0.5  # the uniform probability falls from 1 at p = 0 to 2 / 2**n at 0.5
+    if dropped <= 2 * 0.5**n:
+        return 0.5
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid**n + (1 - mid) ** n > dropped:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _status(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _first_prompts(cfg: Config, n: int) -> list[dict]:

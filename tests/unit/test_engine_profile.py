@@ -32,3 +32,12 @@ def test_the_fit_recovers_a_known_decode_step():
     assert got == pytest.approx((base, per_seq), rel=1e-6)
     assert fit_decode_curve({"8": [1000.0, 2.0]}) is None  # one concurrency: no curve
     assert fit_decode_curve({}) is None
+
+
+def test_the_reward_level_that_reproduces_a_measured_drop_rate():
+    from runtime.sim.fit import reward_for_drop_rate
+
+    for n, p in ((4, 0.09), (4, 0.3), (16, 0.05)):
+        dropped = p**n + (1 - p) ** n
+        assert reward_for_drop_rate(dropped, n) == pytest.approx(p, abs=1e-9)
+    assert reward_for_drop_rate(0.0, 4) == 0.5  # below what any p gives: the fewest drops
