@@ -34,22 +34,43 @@ from runtime.sim.profile import ModelProfile, WorkloadProfile
 SYNTHETIC_SLOTS = 16  # runtime.synthetic.SyntheticRollout: min(max_concurrency, 16)
 
 
-def synthetic_profiles(cfg: Config) -> tuple[ModelProfile, WorkloadProfile]:
-    e, w = cfg.engine, cfg.workload
-    model = ModelProfile(
-        name="cpu-synthetic",
+def cpu_model(
+    name: str,
+    cfg: Config,
+    *,
+    step: tuple[float, float],
+    kv_tokens: int,
+    train_tok_s: float,
+    weight_sync_s: float,
+) -> ModelProfile:
+    """A model profile for engines of this machine: decode step ``step[0] + step[1] * c``,
+    no prefill cost, role switches free (they take milliseconds here)."""
+    return ModelProfile(
+        name=name,
         params_b=0.0,
         kv_bytes_per_token=0,
         rollout_gpus_per_replica=cfg.resources.rollout_gpus_per_replica,
         trainer_gpus_per_replica=cfg.resources.trainer_gpus_per_replica,
-        step_base_s=e.synthetic_token_s,
-        step_per_seq_s=0.0,
+        step_base_s=step[0],
+        step_per_seq_s=step[1],
         prefill_tok_s=1e12,
+        kv_tokens=kv_tokens,
+        train_tok_s=train_tok_s,
+        weight_sync_s=weight_sync_s,
+        switch_s=0.0,
+    )
+
+
+def synthetic_profiles(cfg: Config) -> tuple[ModelProfile, WorkloadProfile]:
+    e, w = cfg.engine, cfg.workload
+    model = cpu_model(
+        "cpu-synthetic",
+        cfg,
+        step=(e.synthetic_token_s, 0.0),
         kv_tokens=e.synthetic_kv_tokens or 10**12,
         # the sleep is split over the trainer ranks: per rank, 1 / (seconds per token)
         train_tok_s=1.0 / e.synthetic_train_token_s if e.synthetic_train_token_s else 1e12,
         weight_sync_s=0.0,
-        switch_s=0.0,
     )
     median = w.max_response_tokens / 8
     workload = WorkloadProfile(
@@ -106,19 +127,13 @@ def fit_run(run_dir: Path | str) -> RunFit:
         busy = max(1.0 - summary["rollout_idle_ratio"], 1e-3)
         curve = (0.0, rollout_ranks * busy / summary["rollout_tokens_per_s"])
     syncs = [m["weight_sync_s"] for m in lines if "weight_sync_s" in m]
-    model = ModelProfile(
-        name="cpu-fitted",
-        params_b=0.0,
-        kv_bytes_per_token=0,
-        rollout_gpus_per_replica=cfg.resources.rollout_gpus_per_replica,
-        trainer_gpus_per_replica=cfg.resources.trainer_gpus_per_replica,
-        step_base_s=curve[0],
-        step_per_seq_s=curve[1],
-        prefill_tok_s=1e12,
+    model = cpu_model(
+        "cpu-fitted",
+        cfg,
+        step=curve,
         kv_tokens=10**12,
         train_tok_s=train_tok_s,
         weight_sync_s=statistics.median(syncs) if syncs else 0.0,
-        switch_s=0.0,
     )
     fifth = max(1, len(steps) // 5)
     b = cfg.train.batch_size
