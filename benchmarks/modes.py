@@ -84,9 +84,20 @@ def summarize(mode: str, run_dir: Path) -> dict:
         "run_dir": str(run_dir),
         # per step, from the first step on: for the reward and placement plots
         "t": [x["wall_s"] - lines[0]["wall_s"] for x in lines],
-        "reward": smoothed([x["reward_mean"] for x in lines]),
+        # the reward of every sample generated (before the sampler drops uniform groups)
+        "reward": smoothed(rollout_rewards(lines)),
         "layout": [x["layout"] for x in lines],
     }
+
+
+def rollout_rewards(lines: list[dict]) -> list[float]:
+    """Per step, the mean reward of the samples delivered since the step before (the last
+    known value where a step saw none)."""
+    out, last = [], 0.0
+    for x in lines:
+        last = x.get("rollout_reward_mean", last)
+        out.append(last)
+    return out
 
 
 def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
@@ -224,7 +235,8 @@ def render(results, switches, fits, args, *, target: float | None) -> str:
         out += [
             f"{steps}, demo recipe, 4 local ranks (2 rollout : 2 trainer). Throughput over "
             f"the training window (first to last step); time to reward = seconds from the "
-            f"first step until the batch reward ({SMOOTH}-step trailing mean) reaches "
+            f"first step until the reward of the generated samples ({SMOOTH}-step trailing mean, "
+            f"all groups, before the sampler drops uniform ones) reaches "
             f"{target}.",
             "",
             "| mode | trainer tok/s | ratio to sync | trainer idle | rollout idle | "
@@ -305,7 +317,7 @@ def plots(results: list[dict], switches: list[dict], out: Path) -> None:
     for r in results:
         ax.plot(r["t"], r["reward"], label=r["mode"])
     ax.set_xlabel("seconds since the first step")
-    ax.set_ylabel(f"batch reward ({SMOOTH}-step mean)")
+    ax.set_ylabel(f"rollout reward ({SMOOTH}-step mean)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "reward_vs_time.png", dpi=120)
@@ -320,6 +332,7 @@ def plots(results: list[dict], switches: list[dict], out: Path) -> None:
             ax.step(t, [int(x.split(":")[0]) for x in layout], where="post", label=name)
         ax.set_xlabel("seconds since the first step")
         ax.set_ylabel("rollout ranks")
+        ax.yaxis.get_major_locator().set_params(integer=True)
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "placement.png", dpi=120)

@@ -156,6 +156,7 @@ class Coordinator:
         self._tokens_at_first_step = 0  # dead rollout ranks the run survived
         self._consumed_total = 0
         self.engine_profile = EngineRateProfile()
+        self._delivered_rewards: list[float] = [0.0, 0]  # sum, count since the last step
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self._all_metrics: list[dict[str, Any]] = []
@@ -327,6 +328,11 @@ class Coordinator:
                 ),
                 tokens=sum(t.n_valid for t in batch.samples),
             )
+        reward_sum, delivered = self._delivered_rewards
+        if delivered:  # every group, before a sampler drops any: the policy's own reward
+            line["rollout_reward_mean"] = reward_sum / delivered
+            line["rollout_samples"] = int(delivered)
+        self._delivered_rewards = [0.0, 0]
         line.update(
             wall_s=round(now - self.started_at, 4),
             trainer_idle_s=round(self.data.trainer_idle_s, 4),
@@ -479,6 +485,8 @@ class Coordinator:
         if not self.data.deliver(t):
             return []
         self.workers[msg.rank].failures_in_a_row = 0
+        self._delivered_rewards[0] += t.reward
+        self._delivered_rewards[1] += 1
         self.generated_tokens += len(t.token_ids)
         self.generation.finished(t.sample_id, len(t.token_ids))
         if self.cfg.logging.samples:

@@ -362,3 +362,21 @@ def test_an_engine_that_fails_every_generation_fails_the_run(clock):
     fail_one(2)  # the third in a row at rank 2
     assert c.state == "FAILED"
     assert c.reason == f"rank 2: 3 generations in a row failed, last: {reason}"
+
+
+def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_last(clock):
+    from runtime import wire
+
+    prompts = ({"text": f"p{i}"} for i in itertools.count())
+    c = make(clock, prompts=prompts)
+    register_all(c)
+    ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=2))
+    reqs = {r.sample_id: r for r, _ in c.data.dispatcher.outstanding.values()}
+    for reward, req in zip((1.0, 0.0), work.requests, strict=True):
+        t = traj(reqs[req["sample_id"]], 0, worker=2, reward=reward)
+        c.handle(ident(2), wire.sample_done(t, 2))
+    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    line = c.metrics_log[-1]
+    assert line["rollout_reward_mean"] == 0.5 and line["rollout_samples"] == 2
+    c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
+    assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
