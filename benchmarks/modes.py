@@ -35,7 +35,7 @@ from runtime.sim.fit import fit_run, simulate_fit
 REPO = Path(__file__).resolve().parents[1]
 
 MODES = ("sync", "one_step_off", "async", "reflow")
-SMOOTH = 10  # steps in the reward's trailing mean
+SMOOTH = 20  # steps in the reward's trailing mean
 
 
 def cli(*args: str, runs: Path, **kw) -> subprocess.CompletedProcess:
