@@ -37,12 +37,13 @@ endif
 demo: install
 	$(BIN)/reflow launch recipes/demo.yaml --local --wait
 
-# The benchmark report: the four modes on the CPU demo (real engines, ~20 min here), each
-# run simulated with parameters fitted from it, and the paper's grid in simulation, with the
-# recipes' staleness bound (delta = 1) and with delta = 2; tables and plots go to reports/.
+# The benchmark report: the four modes on the CPU demo, 200 steps each (real engines, ~25
+# min here: fewer steps leave the reward where it started), each run simulated with
+# parameters fitted from it, and the paper's grid in simulation, with the recipes'
+# staleness bound (delta = 1) and with delta = 2; tables and plots go to reports/.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python benchmarks/modes.py --out reports/cpu
+	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
 	$(BIN)/python benchmarks/sim_grid.py --steps 30 --out reports/sim
 	$(BIN)/python benchmarks/sim_grid.py --steps 30 --set reflow.delta=2 --out reports/sim-delta2
 

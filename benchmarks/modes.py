@@ -13,6 +13,12 @@ broadcast to the rollout ranks) and, from one more `reflow` run rebalanced 2:2 -
 RoleSwitch to the last RoleSwitchDone: regrouping, trainer state to the new replica,
 weights to the new rollout rank).
 
+With ``--out DIR`` it writes ``report.md``, ``modes.json`` and PNG plots (throughput and
+idle ratios, rollout reward against wall time, rollout ranks over time) there; the report
+adds each mode's time to a common reward level (``--target-reward``, by default the lowest
+final level of the modes) and each run simulated with parameters fitted from its own folder
+(``runtime/sim/fit.py``; ``--no-fit`` skips it).
+
 The runs go to a temporary runs folder unless REFLOW_RUNS_DIR is set.
 """
 
