@@ -201,8 +201,7 @@ class SimCluster:
                 dispatched_at=self.now,
             )
             replica.submit(sid, len(self._prompt_ids), per[0])
-        replica.on_event(self.now)
-        self._schedule(rank)
+        self._replica_events(rank, replica)
 
     def _on_batch(self, rank: int, msg: p.Batch) -> None:
         if rank != 0:
@@ -375,7 +374,13 @@ class SimCluster:
             return
         replica.advance(self.now)
         replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
-        replica.on_event(self.now)
+        self._replica_events(leader, replica)
+
+    def _replica_events(self, leader: int, replica: RolloutReplica) -> None:
+        """Bring a replica to now after new work: what finishes at this very instant (its
+        tick was due now but had not run yet) must be reported, not dropped."""
+        for sid in replica.on_event(self.now):
+            self._turn_finished(leader, sid)
         self._schedule(leader)
 
     def _settled_groups(self) -> int:
