@@ -36,6 +36,7 @@ from pathlib import Path
 
 from jobs.launch import wait_until
 from runtime.run_dir import RunPaths
+from runtime.sim.cluster import SimStalled
 from runtime.sim.fit import fit_run, simulate_fit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +219,7 @@ def fitted(results: list[dict]) -> dict[str, dict]:
         try:
             fit = fit_run(r["run_dir"])
             sim = simulate_fit(fit)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, SimStalled) as exc:
             print(f"{r['mode']}: no fit ({exc})", file=sys.stderr)
             continue
         out[r["mode"]] = {

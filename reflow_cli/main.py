@@ -30,6 +30,7 @@ from runtime.datasets import DatasetError, check_dataset
 from runtime.layout import LayoutError, parse_ratio
 from runtime.recipe import RecipeError, load_recipe
 from runtime.sandbox import SandboxError, check_sandbox
+from runtime.sim.cluster import SimStalled
 from runtime.sim.profile import ProfileError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
@@ -37,7 +38,7 @@ app.add_typer(reward_app, name="reward")
 out = Console()
 err = Console(stderr=True)
 
-USER_ERRORS = (UserError, RecipeError, LayoutError, ProfileError)
+USER_ERRORS = (UserError, RecipeError, LayoutError, ProfileError, SimStalled)
 
 
 def _exit_code(state: str) -> int:

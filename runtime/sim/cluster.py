@@ -54,6 +54,11 @@ def sim_config(cfg: Config) -> Config:
     return cfg
 
 
+class SimStalled(RuntimeError):
+    """The simulated run stopped making progress (a lost request, a deadlock): a bug in a
+    model or in the control plane, which a real run would show as a hang."""
+
+
 @dataclass
 class _Sample:
     prompt_blocks: int
@@ -92,6 +97,7 @@ class SimCluster:
         block: int = 16,
         heartbeat_s: float = 30.0,
         max_seqs: int | None = None,
+        stall_s: float = 86_400.0,
     ) -> None:
         self.cfg = sim_config(cfg)
         self.model, self.workload = model, workload
@@ -123,6 +129,8 @@ class SimCluster:
         self.trainer_busy_until = 0.0
         self.trainer_waiting = False
         self._available_seen = 0
+        self._last_step_at = 0.0
+        self.stall_s = stall_s
         self._stale_at: int | None = None  # see _stale_limited
         self.trainer_busy_s = 0.0
         self.trained_blocks = 0
@@ -217,6 +225,7 @@ class SimCluster:
         self._at(self.trainer_busy_until, self._step_done, msg.batch_id)
 
     def _step_done(self, batch_id: int) -> None:
+        self._last_step_at = self.now
         if self.coord.auto_rebalance:  # rollout busy time up to now: the allocator's window
             self._heartbeat_all(rollout_only=True)
         step = self.coord.step + 1
@@ -460,6 +469,12 @@ class SimCluster:
     def _periodic(self) -> None:
         if self.finished:
             return
+        if self.now - self._last_step_at > self.stall_s:
+            raise SimStalled(
+                f"no training step for {self.now - self._last_step_at:.0f} simulated seconds "
+                f"at step {self.coord.step} (state {self.coord.state}, "
+                f"{len(self.coord.data.dispatcher.outstanding)} requests outstanding)"
+            )
         # Rollout ranks only: their engine load feeds the caps and the router. A trainer
         # rank's heartbeat only says it is alive, which simulated ranks always are; the
         # trainers were a fifth of all messages at 128 GPUs.

@@ -180,3 +180,15 @@ def test_reflow_simulate_on_the_command_line():
     assert "qwen3-8b, math, 32 GPUs" in table and "X/X*" in table
     bad = reflow("simulate", recipe, "--gpus", "20")
     assert bad.returncode == 2 and "--gpus 20: not a multiple" in bad.stderr
+
+
+def test_a_simulation_that_stops_making_progress_says_so():
+    sim = sim_cluster.SimCluster(
+        plan(small(), 32).cfg,
+        PROFILES.model("qwen3-8b"),
+        PROFILES.workload("math"),
+        stall_s=3600.0,
+    )
+    sim._turn_finished = lambda leader, sid: None  # every finished sample is lost
+    with pytest.raises(sim_cluster.SimStalled, match=r"^no training step for \d+ simulated s"):
+        sim.run()
