@@ -37,7 +37,7 @@ from pathlib import Path
 from jobs.launch import wait_until
 from runtime.run_dir import RunPaths
 from runtime.sim.cluster import SimStalled
-from runtime.sim.fit import fit_run, simulate_fit
+from runtime.sim.fit import fit_run, simulate_fit, window_throughput
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def summarize(mode: str, run_dir: Path) -> dict:
         "mode": mode,
         "wall_s": summary["wall_s"],
         "train_wall_s": window,
-        "tokens_per_s": sum(x["tokens"] for x in lines[1:]) / window,
+        "tokens_per_s": window_throughput(lines),
         "trainer_idle": summary["trainer_idle_ratio"],
         "rollout_idle": summary["rollout_idle_ratio"],
         "reward_last": statistics.fmean(x["reward_mean"] for x in tail),

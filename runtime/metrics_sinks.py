@@ -60,7 +60,7 @@ class JsonlSink:
                 fh.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
-        pass
+        """Nothing held open: each write opens and closes the file."""
 
 
 class TensorBoardSink:

@@ -13,8 +13,9 @@ what its folder recorded: trainer tokens per busy rank-second (``step_time_s``),
 rollout engines' decode step ``base + per_seq * c`` fitted to their measured tokens/s at
 each concurrency c (``rollout_decode_by_concurrency`` in the summary, from heartbeats; see
 :mod:`runtime.engine_profile`), the weight-sync median, the response lengths at the start
-and the end of training and the batch reward (which decides how many groups a filtering
-sampler drops). Lengths are log-normal with an assumed spread (runs record only means).
+and the end of training, and a reward level at which the simulated sampler drops as many
+groups as the run's did (``status.json``). Lengths are log-normal with an assumed spread
+(runs record only means).
 """
 
 from __future__ import annotations
