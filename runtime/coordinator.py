@@ -31,6 +31,7 @@ from runtime.data_plane import DataPlane
 from runtime.engine_profile import EngineRateProfile
 from runtime.engines import needs_collective
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
+from runtime.replay_buffer import Batch
 from runtime.sample import Request, trajectory_digest
 from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.scheduling.concurrency import AimdSettings
@@ -80,6 +81,8 @@ class _Mark:
     epoch: int
     produced: int
     consumed: int
+    fresh: int
+    replay_life: int
     rollout_busy_s: float
     trainer_idle_s: float
 
@@ -155,8 +158,11 @@ class Coordinator:
         self.generated_tokens = 0  # tokens of every accepted trajectory
         self._tokens_at_first_step = 0  # dead rollout ranks the run survived
         self._consumed_total = 0
+        self._fresh_total = 0  # samples trained on for the first time
+        self._replay_life_total = 0  # later batches those could still join (delta - age)
         self.engine_profile = EngineRateProfile()
         self._delivered_rewards: list[float] = [0.0, 0]  # sum, count since the last step
+        self._tokens_at_last_step = 0  # generated_tokens at the previous step
         self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self._all_metrics: list[dict[str, Any]] = []
@@ -317,6 +323,7 @@ class Coordinator:
             batch = self.data.finish_step(msg.batch_id, msg.policy_version)
             self.batch_in_flight = None
             self._consumed_total += len(batch.samples)
+            self._count_replay_life(batch)
             line.update(
                 batch_unused=batch.n_unused,
                 batch_replay=batch.n_replay,
@@ -332,6 +339,11 @@ class Coordinator:
         if delivered:  # every group, before a sampler drops any: the policy's own reward
             line["rollout_reward_mean"] = reward_sum / delivered
             line["rollout_samples"] = int(delivered)
+            # their mean response length: the trend the allocator reacts to
+            line["rollout_response_tokens"] = round(
+                (self.generated_tokens - self._tokens_at_last_step) / delivered, 2
+            )
+        self._tokens_at_last_step = self.generated_tokens
         self._delivered_rewards = [0.0, 0]
         line.update(
             wall_s=round(now - self.started_at, 4),
@@ -394,6 +406,8 @@ class Coordinator:
                 epoch=self.layout_epoch,
                 produced=self.data.stats()["delivered"],
                 consumed=self._consumed_total,
+                fresh=self._fresh_total,
+                replay_life=self._replay_life_total,
                 rollout_busy_s=sum(w.rollout_time[1] for w in self.workers.values()),
                 trainer_idle_s=self.data.trainer_idle_s,
             )
@@ -416,7 +430,18 @@ class Coordinator:
             consumed=last.consumed - first.consumed,
             rollout_busy_s=last.rollout_busy_s - first.rollout_busy_s,
             trainer_busy_s=self.layout.n_trainer_ranks * max(dt - idle, 0.0),
+            fresh=last.fresh - first.fresh,
+            replay_life=last.replay_life - first.replay_life,
         )
+
+    def _count_replay_life(self, batch: Batch) -> None:
+        """How much replay the batch's fresh samples can still supply: each may join the
+        later batches of versions up to ``oldest_version + delta`` (the allocator's
+        target coverage rises when staleness leaves little)."""
+        fresh = batch.samples[: batch.n_unused]
+        delta = self.cfg.reflow.delta
+        self._fresh_total += len(fresh)
+        self._replay_life_total += sum(max(0, delta - t.age(batch.policy_version)) for t in fresh)
 
     def _allocate(self) -> dict[str, Any] | None:
         """One allocator decision at a sync point; a chosen placement becomes the pending
@@ -710,6 +735,7 @@ class Coordinator:
         self.attempt = int(state["attempt"]) + 1
         self._consumed_total = int(state["consumed_total"])
         self.generated_tokens = int(state["generated_tokens"])
+        self._tokens_at_last_step = self.generated_tokens
         self.evals = dict(state["evals"])
         self.auto_rebalance = bool(state["auto_rebalance"])
         self.allocator.changed(self.step)

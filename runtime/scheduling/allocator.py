@@ -12,7 +12,13 @@ For every feasible placement (whole replica groups: ``n_R = k_R s_R``, ``n_T = k
 ``n_R + n_T = W``, at least one group each) the allocator extrapolates production
 ``P = n_R r`` and consumption ``C = n_T t`` and predicts the fresh-data coverage
 ``P / C``. The target coverage is ``1 - sigma``: the batch rule needs at least that share
-of fresh samples and replay fills the rest. The placement with the smallest
+of fresh samples and replay fills the rest, if staleness lets it. A fresh sample first
+trained at age ``a`` can be replayed in at most ``delta - a`` later batches, so with ``L``
+such further batches per fresh sample on average (measured over the window) replay can
+fill at most ``L / (1 + L)`` of a batch, and the target is
+``max(1 - sigma, 1 / (1 + L))``: with ``delta = 1`` and long generations that arrive a
+version old, ``L`` is near 0 and the trainer needs fresh samples for its whole batch.
+The placement with the smallest
 ``|log(coverage / target)|`` wins; it is applied only if it beats the current one by
 ``margin`` and ``cooldown_steps`` have passed since the last change.
 """
@@ -41,6 +47,9 @@ class WindowStats:
     consumed: int  # samples trained on (fresh + replay)
     rollout_busy_s: float  # rank-seconds the rollout ranks were generating
     trainer_busy_s: float  # rank-seconds the trainer ranks were not waiting for data
+    fresh: int = 0  # of ``consumed``, samples trained on for the first time
+    # summed over those: later batches each may still join as replay (delta - age, >= 0)
+    replay_life: int = 0
 
 
 @dataclass
@@ -88,18 +97,28 @@ class ProducerConsumerAllocator:
                 out.append(Placement(n_r, n_t))
         return out
 
-    def mismatch(self, p: Placement, r: float, t: float) -> float:
-        return abs(math.log((p.rollout * r) / (p.trainer * t) / self.target))
+    def target_for(self, w: WindowStats) -> float:
+        """The fresh share a batch needs: ``1 - sigma``, or more when staleness leaves
+        replay less than ``sigma`` of a batch (see the module doc)."""
+        if w.fresh <= 0 or self.target >= 1.0:
+            return self.target
+        life = w.replay_life / w.fresh
+        return min(1.0, max(self.target, 1.0 / (1.0 + life)))
+
+    @staticmethod
+    def mismatch(p: Placement, r: float, t: float, target: float) -> float:
+        return abs(math.log((p.rollout * r) / (p.trainer * t) / target))
 
     def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
         """The placement for the next steps (``current`` when nothing should change)."""
+        target = self.target_for(w)
         d = Decision(
             step=step,
             current=current.ratio,
             best=current.ratio,
             applied=False,
             reason="",
-            target_coverage=self.target,
+            target_coverage=target,
             window=asdict(w),
         )
         if w.steps < self.min_window_steps or w.rollout_busy_s <= 0 or w.trainer_busy_s <= 0:
@@ -109,7 +128,7 @@ class ProducerConsumerAllocator:
         else:
             r, t = w.produced / w.rollout_busy_s, w.consumed / w.trainer_busy_s
             d.rollout_rate, d.trainer_rate = r, t
-            scores = {p: self.mismatch(p, r, t) for p in self.placements()}
+            scores = {p: self.mismatch(p, r, t, target) for p in self.placements()}
             d.predicted = {p.ratio: (p.rollout * r) / (p.trainer * t) for p in scores}
             best = min(scores, key=lambda p: (scores[p], p != current))
             d.best = best.ratio
@@ -122,7 +141,7 @@ class ProducerConsumerAllocator:
                 d.applied = True
                 d.reason = (
                     f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
-                    f" (target {self.target:.2f})"
+                    f" (target {target:.2f})"
                 )
                 self.last_change_step = step
         self.decisions.append(d)

@@ -380,3 +380,40 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
     assert line["rollout_reward_mean"] == 0.5 and line["rollout_samples"] == 2
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
     assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
+
+
+def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
+    """A fresh sample first trained at age a can join delta - a later batches as replay:
+    the allocator's window sums that (its target coverage rises when little is left)."""
+    from runtime import wire
+
+    prompts = ({"text": f"p{i}"} for i in itertools.count())
+    c = make(
+        clock,
+        prompts=prompts,
+        train={"steps": 5, "batch_size": 4},
+        algorithm={"group_size": 2},
+        reflow={"sigma": 0.5, "delta": 1, "B_max": 64},
+        scheduler={"auto_rebalance": True, "window_steps": 1},
+    )
+    register_all(c)
+
+    def step(n: int, generated_at: int) -> None:
+        ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=4))
+        reqs = {r.sample_id: r for r, _ in c.data.dispatcher.outstanding.values()}
+        for req in work.requests:
+            t = traj(reqs[req["sample_id"]], generated_at, worker=2)
+            c.handle(ident(2), wire.sample_done(t, 2))
+        ((_, batch), *_) = c.handle(ident(0), p.BatchRequest(rank=0))
+        assert isinstance(batch, p.Batch) and len(batch.samples) == 4, batch
+        clock.t += 1.0
+        done = p.StepDone(rank=0, step=n, policy_version=n, batch_id=batch.batch_id, metrics={})
+        c.handle(ident(0), done)
+
+    step(1, generated_at=0)  # trained at version 0, age 0: each may be replayed once more
+    step(2, generated_at=0)  # trained at version 1, age 1: none can be replayed
+    step(3, generated_at=2)  # trained at version 2, age 0
+    windows = [x["placement"]["window"] for x in c.metrics_log if "placement" in x]
+    assert [(w["fresh"], w["replay_life"]) for w in windows] == [(4, 0), (4, 4)]
+    lines = c.metrics_log
+    assert all(x["rollout_response_tokens"] > 0 for x in lines)
