@@ -56,6 +56,7 @@ class WorkerInfo:
     layout_epoch: int = 0
     last_seen: float = 0.0
     rollout_time: tuple[float, float] = (0.0, 0.0)  # cumulative (active, busy) seconds
+    beat_at: float = 0.0  # when rollout_time arrived
     failures_in_a_row: int = 0  # generations that failed since its last delivered sample
 
 
@@ -283,6 +284,7 @@ class Coordinator:
         if w.state not in ("starting", "switching"):
             w.state, w.role, w.layout_epoch = msg.state, msg.role, msg.layout_epoch
         w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
+        w.beat_at = self.clock()
         if msg.role == Role.ROLLOUT.value and self.layout.role_of(msg.rank) == Role.ROLLOUT:
             self.generation.observe(msg.rank, msg.engine)
             self.engine_profile.observe(msg.rank, self.clock(), msg.engine)
@@ -398,17 +400,32 @@ class Coordinator:
 
     # --- allocation --------------------------------------------------------------------
 
+    def _rollout_busy_s(self, now: float) -> float:
+        """Rollout rank-seconds busy up to ``now``. The ranks report theirs with each
+        heartbeat; a rank busy at its last one is counted busy since (up to two intervals),
+        so that windows of a few seconds are not off by a heartbeat interval per rank."""
+        cap = 2 * self.cfg.control.heartbeat_interval_s
+        total = 0.0
+        for w in self.workers.values():
+            total += w.rollout_time[1]
+            if w.state == "busy" and w.role == Role.ROLLOUT.value:
+                total += min(max(now - w.beat_at, 0.0), cap)
+        return total
+
     def _mark(self, now: float) -> None:
+        stats = self.data.stats()
         self._marks.append(
             _Mark(
                 step=self.step,
                 time=now,
                 epoch=self.layout_epoch,
-                produced=self.data.stats()["delivered"],
+                # fresh samples the trainer can use: groups the sampler rejects (uniform
+                # rewards under medium_reward) cost rollout time and feed no batch
+                produced=stats["delivered"] - stats["evicted"].get("sampler_rejected", 0),
                 consumed=self._consumed_total,
                 fresh=self._fresh_total,
                 replay_life=self._replay_life_total,
-                rollout_busy_s=sum(w.rollout_time[1] for w in self.workers.values()),
+                rollout_busy_s=self._rollout_busy_s(now),
                 trainer_idle_s=self.data.trainer_idle_s,
             )
         )

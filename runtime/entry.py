@@ -21,6 +21,7 @@ from runtime.auth import CLIENT, SERVER, load_keypair
 from runtime.config import Config
 from runtime.coordinator import Coordinator
 from runtime.engines import build_prompts, build_sides, needs_collective
+from runtime.orphans import guard_process_group
 from runtime.recipe import load_recipe
 from runtime.restart import restart_job, restarts_so_far
 from runtime.run_dir import RunPaths, write_json_atomic
@@ -93,12 +94,16 @@ def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
     root.setLevel(level)
 
 
+_GUARD: list = []  # the watcher of this rank's process group (runtime/orphans.py)
+
+
 def rank_main(run_root: str) -> str:
     paths = RunPaths(Path(run_root))
     info = rank_info()
     cfg: Config = load_recipe(paths.config)
     _setup_logging(paths, info.rank, cfg.logging.level)
     log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    _GUARD.append(guard_process_group())  # a killed rank leaves no engine processes behind
     # Models are local folders (a cluster's shared FS, or the embedded one): never let a
     # typo in model.path turn into a hub download attempt.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,8 +1,9 @@
 """Resource allocation between rollout and training (ReFlow Algorithm 1), per step.
 
-Over the last window the coordinator measures fresh samples produced and samples
-consumed, and how much of the window each pool sat idle. Idle time is time a pool was
-blocked (the trainer starved of data, rollout held back by ``B_max`` or staleness), so
+Over the last window the coordinator measures fresh samples produced (those the batch
+sampler accepts: a group it rejects feeds no batch) and samples consumed, and how much of
+the window each pool sat idle. Idle time is time a pool was blocked (the trainer starved
+of data, rollout held back by ``B_max`` or staleness), so
 the *rates when working* are
 
     r = produced / (rollout rank-seconds busy)     per rollout rank
@@ -43,7 +44,7 @@ class Placement:
 class WindowStats:
     steps: int
     seconds: float
-    produced: int  # fresh samples delivered by rollout
+    produced: int  # fresh samples delivered by rollout and accepted by the sampler
     consumed: int  # samples trained on (fresh + replay)
     rollout_busy_s: float  # rank-seconds the rollout ranks were generating
     trainer_busy_s: float  # rank-seconds the trainer ranks were not waiting for data

@@ -68,7 +68,7 @@ def arith_prompts(seed: int) -> Iterator[dict]:
         yield {"prompt_ids": prob.prompt_ids(), "answer": prob.answer}
 
 
-def arith_drift_prompts(seed: int, period: int = 1200, low: float = 1.3, high: float = 6.0):
+def arith_drift_prompts(seed: int, period: int = 4000, low: float = 1.3, high: float = 6.0):
     """The same task with a drifting length: the mean number of steps rises from ``low``
     to ``high`` over the first half of each ``period`` prompts and falls back over the
     second (responses grow, then shrink: what drives the allocator in tests)."""

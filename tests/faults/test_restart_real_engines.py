@@ -9,10 +9,27 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 from tests.conftest import REPO, reflow
 from tests.conftest import wait_for_status as wait_for
 from tests.faults.test_resume import metrics, wait_gone
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs_dir):
@@ -37,8 +54,12 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
     assert s["state"] == "RUNNING", s.get("reason")
     saved = s["checkpoint"]["last"]["step"]
     pids = [w["pid"] for w in s["workers"]]
-    os.kill(next(w["pid"] for w in s["workers"] if w["rank"] == 1), signal.SIGKILL)
+    victim = next(w["pid"] for w in s["workers"] if w["rank"] == 1)
+    engine = descendants(victim)  # its vLLM engine core and workers
+    assert engine, "rank 1 runs no engine processes"
+    os.kill(victim, signal.SIGKILL)
     wait_gone(pids, 240)  # the collective fails (or times out): nobody hangs
+    wait_gone(engine, 60)  # and the killed rank's engine is not left behind
 
     wait_for(run, lambda s: s.get("attempt") == 2, 300)
     first = json.loads((run_dir / "summary.attempt1.json").read_text())
