@@ -128,26 +128,30 @@ def test_allocator_moves_workers_toward_the_bottleneck():
     assert d.applied and int(d.best.split(":")[1]) > 1
 
 
-def test_allocator_target_counts_the_replay_that_staleness_leaves():
+def test_allocator_keeps_rollout_ranks_that_replay_cannot_replace():
     a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0)
 
     # r = 1 sample/s per rollout rank, t = 3 per trainer rank: 12:4 covers 1.0, 8:8 0.33
-    def w(replay_life: int) -> WindowStats:
-        return WindowStats(5, 10.0, 120, 120, 120.0, 40.0, fresh=60, replay_life=replay_life)
+    def w(replay_life: int, consumed: int = 120) -> WindowStats:
+        return WindowStats(5, 10.0, 120, consumed, 120.0, 40.0, fresh=60, replay_life=replay_life)
 
     # every fresh sample may be replayed once more (delta 1, first used at age 0): replay
-    # can fill half of a batch, the target is 1 - sigma and the trainer gets more ranks
+    # can fill half of a batch, and the trainer gets rollout ranks
     d = a.decide(10, Placement(12, 4), w(replay_life=60))
-    assert d.target_coverage == 0.5 and d.applied and d.best == "8:8"
-    # samples arrive already a version old: no replay left, the batch needs fresh samples
+    assert (d.target_coverage, d.replay_target) == (0.5, 0.5) and d.applied and d.best == "8:8"
+    # samples arrive already a version old: no replay left, the trainer would starve
     d = a.decide(20, Placement(12, 4), w(replay_life=0))
-    assert d.target_coverage == 1.0 and not d.applied and d.best == "12:4"
-    # in between: one in three can be replayed once, replay fills 1/4, target 3/4
+    assert d.replay_target == 1.0 and not d.applied and d.best == "12:4"
+    # in between: one in three can be replayed once, replay fills 1/4, 3/4 must be fresh
     d = a.decide(30, Placement(12, 4), w(replay_life=20))
-    assert math.isclose(d.target_coverage, 0.75)
+    assert math.isclose(d.replay_target, 0.75)
+    # ... but a short replay life is no reason to add rollout ranks: at 8:8 with t = 2 the
+    # coverage is 1 - sigma exactly, and 12:4 is judged against that
+    d = a.decide(40, Placement(8, 8), w(replay_life=0, consumed=80))
+    assert d.replay_target == 1.0 and not d.applied and d.best == "8:8"
     # sync and async (sigma 0) never count on replay
     b = ProducerConsumerAllocator(16, 4, 4, sigma=0.0)
-    assert b.decide(10, Placement(12, 4), w(replay_life=60)).target_coverage == 1.0
+    assert b.decide(10, Placement(12, 4), w(replay_life=60)).replay_target == 1.0
 
 
 def test_allocator_respects_replica_groups():
