@@ -453,8 +453,8 @@ class Coordinator:
 
     def _count_replay_life(self, batch: Batch) -> None:
         """How much replay the batch's fresh samples can still supply: each may join the
-        later batches of versions up to ``oldest_version + delta`` (the allocator's
-        target coverage rises when staleness leaves little)."""
+        later batches of versions up to ``oldest_version + delta`` (the allocator keeps
+        rollout ranks that replay could not replace)."""
         fresh = batch.samples[: batch.n_unused]
         delta = self.cfg.reflow.delta
         self._fresh_total += len(fresh)

@@ -103,7 +103,11 @@ def rank_main(run_root: str) -> str:
     cfg: Config = load_recipe(paths.config)
     _setup_logging(paths, info.rank, cfg.logging.level)
     log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
-    _GUARD.append(guard_process_group())  # a killed rank leaves no engine processes behind
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        # A killed local rank leaves no engine processes behind. On Slurm the job's
+        # process tracking does that, and a new process group could hide a rank from it
+        # (proctrack/pgid).
+        _GUARD.append(guard_process_group())
     # Models are local folders (a cluster's shared FS, or the embedded one): never let a
     # typo in model.path turn into a hub download attempt.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -13,6 +13,9 @@ the group (vLLM's engine core stops its workers), and SIGKILL to what is left af
 ``GRACE_S``. Processes started in a new session (the sandbox's, the local restart
 helper, which must outlive the rank) are not in the group.
 
+Local runs only (runtime/entry.py): on Slurm the job's process tracking collects what a
+rank leaves, and a rank that changed its process group could escape ``proctrack/pgid``.
+
 A group id stays reserved while the group has members, and the watcher acts within a
 poll of the rank's end, so it cannot signal a stranger's group unless that exact id is
 reused within that fraction of a second, after every member has gone.
