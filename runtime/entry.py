@@ -28,6 +28,8 @@ from runtime.run_dir import RunPaths, write_json_atomic
 from runtime.worker import HybridWorker, WorkerError, node_name
 
 if TYPE_CHECKING:
+    import subprocess
+
     from runtime.collective import Collective
 
 log = logging.getLogger("reflow")
@@ -94,7 +96,8 @@ def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
     root.setLevel(level)
 
 
-_GUARD: list = []  # the watcher of this rank's process group (runtime/orphans.py)
+# the watcher of this rank's process group, kept referenced (runtime/orphans.py)
+_GUARD: list[subprocess.Popen | None] = []
 
 
 def rank_main(run_root: str) -> str:

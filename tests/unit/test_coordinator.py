@@ -384,7 +384,7 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
 
 def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
     """A fresh sample first trained at age a can join delta - a later batches as replay:
-    the allocator's window sums that (its target coverage rises when little is left)."""
+    the allocator's window sums that (it keeps rollout ranks replay could not replace)."""
     from runtime import wire
 
     prompts = ({"text": f"p{i}"} for i in itertools.count())
