@@ -253,6 +253,15 @@ class ControlConfig:
     collective_timeout_s: float = opt(
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )
+    request_timeout_s: float = opt(
+        1800.0,
+        "a generation request out this long is requeued (lost on the way, or an engine that "
+        "hangs while its rank heartbeats); long agent episodes need a longer one",
+        gt=0,
+    )
+    step_timeout_s: float = opt(
+        3600.0, "a batch in training this long without a step report fails the run", gt=0
+    )
 
 
 @dataclass

@@ -54,12 +54,22 @@ class ControlServer:
 
     def start(self) -> str:
         """Bind, publish ``control.json`` and serve in a background thread."""
+        self._bind()
+        self._thread = threading.Thread(target=self._serve, name="reflow-control", daemon=True)
+        self._thread.start()
+        log.info("coordinator listening on %s", self.address)
+        return self.address
+
+    def _bind(self) -> None:
         self._ctx = zmq.Context()
         self._auth = start_authenticator(self._ctx, self._client_public)
         sock = self._ctx.socket(zmq.ROUTER)
         secure_server(sock, self._server_keys)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a rank that reconnects keeps its identity
+        # A reply to a peer with no pipe raises instead of vanishing: the coordinator hears
+        # of it (work in it is requeued at once) rather than finding out by a timeout.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
         port = sock.bind_to_random_port(f"tcp://{self._bind_host}")
         self._sock = sock
@@ -75,10 +85,6 @@ class ControlServer:
                 **self._publish,
             },
         )
-        self._thread = threading.Thread(target=self._serve, name="reflow-control", daemon=True)
-        self._thread.start()
-        log.info("coordinator listening on %s", self.address)
-        return self.address
 
     def request_stop(self, reason: str) -> None:
         """Graceful stop. Thread-safe (signal handlers call it)."""
@@ -103,8 +109,9 @@ class ControlServer:
         for identity, msg in out:
             try:
                 self._sock.send_multipart([identity, *encode(msg)], flags=zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # peer gone or its queue full: the heartbeat path copes
-                log.debug("dropping %s to %r: %s", msg.TYPE, identity, exc)
+            except zmq.ZMQError as exc:  # no pipe to the peer (gone), or its queue is full
+                log.debug("cannot deliver %s to %r: %s", msg.TYPE, identity, exc)
+                self.coordinator.undelivered(identity, msg)
 
     def _serve(self) -> None:
         coord = self.coordinator
@@ -134,7 +141,11 @@ class ControlServer:
                         continue
                     self._send(out)
                 self._send(coord.tick())
-                self._flush_metrics()
+                try:
+                    self._flush_metrics()
+                except Exception:  # a line that cannot be written must not end rank 0
+                    log.exception("writing metrics failed")
+                    coord.reject("metrics_write_error")
                 now = time.monotonic()
                 if coord.state != last_state or now - last_snapshot > SNAPSHOT_PERIOD_S:
                     if coord.state != last_state:
@@ -144,7 +155,10 @@ class ControlServer:
                 if coord.finished:
                     break
         finally:
-            self._flush_metrics()
+            try:
+                self._flush_metrics()
+            except Exception:
+                log.exception("writing metrics failed")
             self._metrics.close()
             self._snapshot()
             write_json_atomic(self.paths.summary, self.coordinator.summary())
@@ -164,5 +178,5 @@ class ControlServer:
     def _snapshot(self) -> None:
         try:
             write_json_atomic(self.paths.status, self.coordinator.status())
-        except OSError as exc:
+        except (OSError, TypeError, ValueError) as exc:
             log.warning("cannot write %s: %s", self.paths.status, exc)

@@ -33,6 +33,7 @@ from runtime.engines import needs_collective
 from runtime.layout import Layout, LayoutError, Role, parse_ratio
 from runtime.replay_buffer import Batch
 from runtime.sample import Request, trajectory_digest
+from runtime.sample_check import RunBounds, sample_problem
 from runtime.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.scheduling.concurrency import AimdSettings
 from runtime.scheduling.generation import GenerationScheduler
@@ -58,6 +59,7 @@ class WorkerInfo:
     rollout_time: tuple[float, float] = (0.0, 0.0)  # cumulative (active, busy) seconds
     beat_at: float = 0.0  # when rollout_time arrived
     failures_in_a_row: int = 0  # generations that failed since its last delivered sample
+    to_ack: list[int] = field(default_factory=list)  # sample ids for its next HeartbeatAck
 
 
 @dataclass
@@ -98,8 +100,12 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         save_checkpoint: SaveCheckpoint | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """``vocab_size``: the rollout model's vocabulary, the bound on every token id a
+        sample may carry (None: any non-negative id, as for simulated engines)."""
         self.cfg = cfg
+        self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
         self._save_checkpoint = save_checkpoint
         self.run = run
         self.clock = clock
@@ -125,6 +131,10 @@ class Coordinator:
         self.training_started = False
         self.last_metrics: dict[str, float] = {}
         self.workers: dict[int, WorkerInfo] = {}
+        self._rank_of: dict[bytes, int] = {}  # socket identity -> registered rank
+        self._next_overdue_check = 0.0
+        self.ledger_violations: list[dict[str, Any]] = []
+        self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.started_at = clock()
@@ -132,6 +142,7 @@ class Coordinator:
         self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
         self.batch_in_flight: int | None = None
         self.batch_sent_at = 0.0
+        self.batch_resent = 0
         sch = cfg.scheduler
         self.auto_rebalance = sch.auto_rebalance
         self.allocator = ProducerConsumerAllocator(
@@ -197,7 +208,16 @@ class Coordinator:
     # --- input -------------------------------------------------------------------------
 
     def on_frames(self, identity: bytes, frames: list[bytes]) -> list[Outgoing]:
-        """Decode and handle one message; invalid input is counted and dropped."""
+        """Decode and handle one message; invalid input is counted and dropped.
+
+        The sender is checked before the body is decoded: a peer that is not a registered,
+        live rank (a CLI client, a rank before its Hello, a rank declared dead) may send only
+        a single small frame, so decoding costs nothing whoever holds the run's key."""
+        rank = self._rank_of.get(identity)
+        anonymous = rank is None or self.workers[rank].state in GONE
+        if anonymous and (len(frames) != 1 or len(frames[0]) > p.MAX_ANONYMOUS_BYTES):
+            self.reject("anonymous_too_large")
+            return []
         try:
             msg = p.decode(frames)
         except p.ProtocolError as exc:
@@ -217,10 +237,14 @@ class Coordinator:
         self.rejected[category] += 1
 
     def _known(self, identity: bytes, rank: int) -> WorkerInfo | None:
-        """The registered worker behind a message, or None (counted) if it is not."""
+        """The registered, live worker behind a message, or None (counted) if it is not. A
+        rank declared dead stays dead: it must register again (Hello)."""
         w = self.workers.get(rank)
         if w is None or w.identity != identity:
             self.reject("unknown_sender")
+            return None
+        if w.state in GONE:
+            self.reject("dead_sender")
             return None
         self.accepted += 1
         w.last_seen = self.clock()
@@ -241,6 +265,9 @@ class Coordinator:
             return [(identity, p.Stop(reason=f"run is {self.state}"))]
         self.accepted += 1
         role = self.layout.role_of(msg.rank).value
+        if old is not None:
+            self._rank_of.pop(old.identity, None)
+        self._rank_of[identity] = msg.rank
         self.workers[msg.rank] = WorkerInfo(
             rank=msg.rank,
             node=msg.node,
@@ -281,6 +308,10 @@ class Coordinator:
         w = self._known(identity, msg.rank)
         if w is None:
             return []
+        if w.state == "switching" and msg.layout_epoch == self.layout_epoch:
+            # A rank reports RoleSwitchDone before its next beat; a beat from the new epoch
+            # while we still wait means that report was lost: the beat stands in for it.
+            self._switched(w, msg.role, msg.layout_epoch, None)
         if w.state not in ("starting", "switching"):
             w.state, w.role, w.layout_epoch = msg.state, msg.role, msg.layout_epoch
         w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
@@ -290,26 +321,46 @@ class Coordinator:
             self.engine_profile.observe(msg.rank, self.clock(), msg.engine)
         else:
             self.engine_profile.forget(msg.rank)
-        return [(identity, p.HeartbeatAck(step=self.step, policy_version=self.policy_version))]
+        acked, w.to_ack = w.to_ack, []
+        ack = p.HeartbeatAck(step=self.step, policy_version=self.policy_version, acked=acked)
+        return [(identity, ack)]
 
     def _on_switch_done(self, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
         w = self._known(identity, msg.rank)
         if w is None:
             return []
-        w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, "idle"
+        self._switched(w, msg.role, msg.layout_epoch, msg.duration_s)
+        return []
+
+    def _switched(self, w: WorkerInfo, role: str, epoch: int, duration_s: float | None) -> None:
+        w.role, w.layout_epoch, w.state = role, epoch, "idle"
         current = self.switches[-1] if self.switches else None
-        if current is not None and current.epoch == msg.layout_epoch:
-            current.waiting_for.discard(msg.rank)
-            current.durations[msg.rank] = msg.duration_s
+        if current is not None and current.epoch == epoch:
+            current.waiting_for.discard(w.rank)
+            if duration_s is not None:
+                current.durations[w.rank] = duration_s
             if not current.waiting_for and current.done_at is None:
                 current.done_at = self.clock()
-        return []
 
     def _on_step_done(self, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         w = self._known(identity, msg.rank)
         if w is None or self.state != "RUNNING":
             return []
-        if msg.step <= self.step:  # a replayed or duplicate report: nothing new
+        if msg.rank != 0 or self.layout.role_of(0) != Role.TRAINER:
+            self.reject("step_not_from_leader")
+            return []
+        if msg.step <= self.step:  # a report sent again (its ack was lost): nothing new
+            return []
+        # The leader trains one batch per step: the report is for the batch in flight, the
+        # next step, and one policy version on (a forged step would end or skip the run).
+        if msg.step != self.step + 1:
+            self.reject("bad_step")
+            return []
+        if self.batch_in_flight is None or msg.batch_id != self.batch_in_flight:
+            self.reject("unknown_batch")
+            return []
+        if not self.policy_version <= msg.policy_version <= self.policy_version + 1:
+            self.reject("bad_policy_version")
             return []
         self.training_started = True
         now = self.clock()
@@ -319,9 +370,6 @@ class Coordinator:
             "attempt": self.attempt,
         }
         if msg.batch_id >= 0:
-            if msg.batch_id != self.batch_in_flight:
-                self.reject("unknown_batch")
-                return []
             batch = self.data.finish_step(msg.batch_id, msg.policy_version)
             self.batch_in_flight = None
             self._consumed_total += len(batch.samples)
@@ -357,6 +405,11 @@ class Coordinator:
             self._idle_at_first_step = self.data.trainer_idle_s
             self._tokens_at_first_step = self.generated_tokens
         self.step, self.policy_version = msg.step, msg.policy_version
+        problems = self.data.ledger_problems()
+        line["ledger_ok"] = not problems
+        if problems:  # a bug, not an input: recorded where a user looks, the run goes on
+            self.ledger_violations.append({"step": self.step, "problems": problems})
+            line["ledger_problems"] = problems
         self._mark(now)
         for record in self.switches:  # transitions finished since the last step
             if record.done_at is not None and record.applied_at is not None and not record.reported:
@@ -521,9 +574,28 @@ class Coordinator:
         return [(identity, p.Work(policy_version=self.policy_version, requests=requests))]
 
     def _on_sample_done(self, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
-        if self._known(identity, msg.rank) is None:
+        w = self._known(identity, msg.rank)
+        if w is None:
             return []
+        # Whatever becomes of it, rank 0 has decided: the rank may forget it (sending it
+        # again would not change the decision).
+        w.to_ack.append(msg.sample_id)
         t = wire.trajectory(msg)
+        entry = self.data.dispatcher.outstanding.get(t.sample_id)
+        if entry is not None and entry[1] == msg.rank:
+            why = sample_problem(
+                token_ids=t.token_ids,
+                logprobs=t.logprobs,
+                versions=t.versions,
+                extra=t.extra,
+                request=entry[0],
+                policy_version=self.policy_version,
+                bounds=self.bounds,
+            )
+            if why is not None:
+                self.data.refuse(t.sample_id, msg.rank, why)
+                self.generation.finished(t.sample_id, None)
+                return []
         if not self.data.deliver(t):
             return []
         self.workers[msg.rank].failures_in_a_row = 0
@@ -550,7 +622,10 @@ class Coordinator:
 
     def _on_sample_failed(self, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
         w = self._known(identity, msg.rank)
-        if w is None or not self.data.failed(msg.sample_id, msg.rank):
+        if w is None:
+            return []
+        w.to_ack.append(msg.sample_id)
+        if not self.data.failed(msg.sample_id, msg.rank):
             return []
         self.generation.finished(msg.sample_id, None)
         # The sample is requeued. An engine that fails every generation (a model it cannot
@@ -570,7 +645,15 @@ class Coordinator:
             return []
         if self.state != "RUNNING" or self.layout.role_of(msg.rank).value != "trainer":
             return [(identity, p.BatchWait(reason=f"run is {self.state}"))]
-        if self._switch_in_progress() or self.batch_in_flight is not None:
+        if self.batch_in_flight is not None:
+            batch = self.data.batches.get(self.batch_in_flight)
+            if msg.rank == 0 and msg.last_batch_id != self.batch_in_flight and batch is not None:
+                # The leader asks again without having trained the batch in flight: it was
+                # lost on the way. Send it again (trainers skip a batch they already have).
+                self.batch_resent += 1
+                return self._send_batch(identity, batch)
+            return [(identity, p.BatchWait(reason="step report pending"))]
+        if self._switch_in_progress():
             return [(identity, p.BatchWait(reason="sync point in progress"))]
         if self.checkpoint_pending is not None or self._stop_after_step is not None:
             return [(identity, p.BatchWait(reason="checkpoint in progress"))]
@@ -579,6 +662,9 @@ class Coordinator:
             return [(identity, p.BatchWait(reason="waiting for samples"))]
         self.batch_in_flight = batch.batch_id
         self.batch_sent_at = self.clock()
+        return self._send_batch(identity, batch)
+
+    def _send_batch(self, identity: bytes, batch: Batch) -> list[Outgoing]:
         # Every trainer rank gets the batch and trains on its shard (data parallelism);
         # the leader, which asked, reports the step.
         out = wire.batch_message(batch)
@@ -851,6 +937,8 @@ class Coordinator:
             )
         if self.state == "RUNNING" and not self.training_started:
             out += self._maybe_apply_layout()
+        if self.state == "RUNNING" and now >= self._next_overdue_check:
+            out += self._time_out_work(now)
         pending = self.checkpoint_pending
         if pending is not None:
             if self._leader() is None:
@@ -863,6 +951,35 @@ class Coordinator:
             self.state, self.ended_at = "STOPPED", now
         self._check_ended()
         return out
+
+    def _time_out_work(self, now: float) -> list[Outgoing]:
+        """Requests out for longer than ``control.request_timeout_s`` go back to the queue
+        (a Work lost on its way, a result lost on its way back, an engine that hangs while
+        its rank heartbeats); a batch in training that long without a step report fails
+        the run, with the reason (a restart from the checkpoint is the remedy)."""
+        ctl = self.cfg.control
+        self._next_overdue_check = now + min(1.0, ctl.request_timeout_s / 4)
+        for sid, rank in self.data.dispatcher.overdue(now - ctl.request_timeout_s):
+            self.data.dispatcher.requeue(sid, rank, "timeout")
+            self.generation.finished(sid, None)
+        if self.batch_in_flight is not None and now - self.batch_sent_at > ctl.step_timeout_s:
+            return self._finish(
+                "FAILED",
+                f"no step report for batch {self.batch_in_flight} within "
+                f"{ctl.step_timeout_s:.0f} s (control.step_timeout_s)",
+            )
+        return []
+
+    def undelivered(self, identity: bytes, msg: p.Message) -> None:
+        """The server could not hand ``msg`` to ``identity`` (no pipe to that peer, or its
+        queue full). Work handed out in it goes back to the queue at once; everything else
+        is asked for again by the rank (batches, acks) or repeated (heartbeat acks)."""
+        self.undeliverable[msg.TYPE] += 1
+        rank = self._rank_of.get(identity)
+        if isinstance(msg, p.Work) and rank is not None:
+            for r in reversed(msg.requests):  # each goes to the front: keep their order
+                if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):
+                    self.generation.finished(r["sample_id"], None)
 
     def _survivable(self, w: WorkerInfo) -> bool:
         """A dead rank the run can go on without: a rollout rank, other rollout ranks still
@@ -982,6 +1099,7 @@ class Coordinator:
             "resumed": self._resumed_brief(),
             "checkpoints": list(self.checkpoints),
             "failed_while_training": self.failed_while_training,
+            "ledger_violations": len(self.ledger_violations),
             "samples": {
                 k: ledger[k]
                 for k in (
@@ -1051,6 +1169,9 @@ class Coordinator:
                 "accepted": self.accepted,
                 "rejected": sum(self.rejected.values()),
                 "rejected_by_reason": dict(self.rejected),
+                "undeliverable": dict(self.undeliverable),
+                "batches_resent": self.batch_resent,
             },
+            "ledger_violations": self.ledger_violations[-5:],
             "updated_at": self.wall(),
         }

@@ -50,7 +50,9 @@ class DataPlane:
         )
         self.policy_version = 0
         self.rejected: Counter[str] = Counter()
-        self.delivered_ids: set[int] = set()
+        # sample id -> the rank it came from (-1: restored from a checkpoint): a rank that
+        # sends a result again (no ack reached it) is told apart from a real duplicate
+        self.delivered_ids: dict[int, int] = {}
         self.delivered_by_worker: Counter[int] = Counter()
         self.trainer_idle_s = 0.0
         self._waiting_since: float | None = None
@@ -83,7 +85,9 @@ class DataPlane:
         """A finished trajectory from a rollout worker; False (counted) if unexpected."""
         req = self.dispatcher.finished(t.sample_id, t.worker)
         if req is None:
-            if t.sample_id in self.delivered_ids:
+            if self.delivered_ids.get(t.sample_id, -2) == t.worker:
+                why = "resent"  # at-least-once delivery: the same result, again
+            elif t.sample_id in self.delivered_ids:
                 why = "duplicate"
             elif t.sample_id in self.dispatcher.outstanding or any(
                 r.sample_id == t.sample_id for r in self.dispatcher.pending
@@ -102,15 +106,37 @@ class DataPlane:
         holds = len(t.versions) - 1
         self.dispatcher.transitions["running->held"] += holds
         self.dispatcher.transitions["held->running"] += holds
-        self.delivered_ids.add(t.sample_id)
+        self.delivered_ids[t.sample_id] = t.worker
         self.delivered_by_worker[t.worker] += 1
         self.buffer.add(t)
         return True
 
     def failed(self, sample_id: int, worker: int) -> bool:
-        ok = self.dispatcher.requeue(sample_id, worker)
+        ok = self.dispatcher.requeue(sample_id, worker, "failed_generation")
         self.rejected["failed_generation" if ok else "unknown_failure"] += 1
         return ok
+
+    def refuse(self, sample_id: int, worker: int, why: str) -> None:
+        """A result that cannot be what the run asked for: counted, and its request goes
+        back to the queue (it is still owed)."""
+        self.rejected[f"invalid:{why}"] += 1
+        self.dispatcher.requeue(sample_id, worker, f"invalid:{why}")
+
+    def ledger_problems(self) -> list[str]:
+        """The request-side identities; an empty list when they hold. Every request handed
+        out is delivered, outstanding or requeued, and every delivery is in the ledger."""
+        d = self.dispatcher
+        handed, finished = d.transitions["pending->running"], d.transitions["running->finished"]
+        requeued, outstanding = d.transitions["running->pending"], len(d.outstanding)
+        out = []
+        if handed != finished + requeued + outstanding:
+            out.append(
+                f"dispatched {handed} != delivered {finished} + requeued {requeued} "
+                f"+ outstanding {outstanding}"
+            )
+        if finished != len(self.delivered_ids):
+            out.append(f"delivered {finished} != {len(self.delivered_ids)} sample ids taken in")
+        return out
 
     def worker_gone(self, worker: int) -> int:
         return len(self.dispatcher.requeue_worker(worker))
@@ -159,7 +185,7 @@ class DataPlane:
         self.buffer.load_state_dict(state["buffer"])
         self.dispatcher.load_state_dict(state["dispatcher"])
         self.rejected = Counter(state["rejected"])
-        self.delivered_ids = set(state["delivered_ids"])
+        self.delivered_ids = dict.fromkeys(state["delivered_ids"], -1)
         self.delivered_by_worker = Counter(
             {int(k): v for k, v in state["delivered_by_worker"].items()}
         )

@@ -59,6 +59,7 @@ class Dispatcher:
         self._next_prompt = 0
         self.transitions: Counter[str] = Counter()
         self.blocked: Counter[str] = Counter()  # why requests were not handed out
+        self.requeue_reasons: Counter[str] = Counter()  # why requests came back
         self.exhausted = False
         self._started_groups: set[int] = set()
 
@@ -151,7 +152,7 @@ class Dispatcher:
         """Requests outstanding at ``worker`` (O(1): the dispatcher's hot path)."""
         return self._at_worker[worker]
 
-    def requeue_worker(self, worker: int) -> list[Request]:
+    def requeue_worker(self, worker: int, reason: str = "worker_left") -> list[Request]:
         """A worker is gone or left the rollout pool: its requests go back to the front."""
         back = [req for req, w in self.outstanding.values() if w == worker]
         self._at_worker.pop(worker, None)
@@ -159,10 +160,12 @@ class Dispatcher:
             del self.outstanding[req.sample_id]
             self.pending.appendleft(req)
             self.transitions["running->pending"] += 1
+        self.requeue_reasons[reason] += len(back)
         return back
 
-    def requeue(self, sample_id: int, worker: int) -> bool:
-        """One request failed on ``worker``: back to the front of the queue."""
+    def requeue(self, sample_id: int, worker: int, reason: str) -> bool:
+        """One request came back from ``worker`` (failed, refused, never delivered): back
+        to the front of the queue."""
         entry = self.outstanding.get(sample_id)
         if entry is None or entry[1] != worker:
             return False
@@ -170,7 +173,14 @@ class Dispatcher:
         self._at_worker[worker] -= 1
         self.pending.appendleft(entry[0])
         self.transitions["running->pending"] += 1
+        self.requeue_reasons[reason] += 1
         return True
+
+    def overdue(self, cutoff: float) -> list[tuple[int, int]]:
+        """(sample_id, worker) of the requests handed out before ``cutoff``."""
+        return [
+            (sid, w) for sid, (req, w) in self.outstanding.items() if req.dispatched_at < cutoff
+        ]
 
     def observe_step(self, n_unused: int) -> None:
         self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)
@@ -226,4 +236,5 @@ class Dispatcher:
             "held_across_sync": self.transitions["running->held"],
             "fresh_per_step": round(self.fresh_per_step, 2),
             "blocked": dict(self.blocked),
+            "requeued_by_reason": dict(self.requeue_reasons),
         }

@@ -21,6 +21,7 @@ from runtime.auth import CLIENT, SERVER, load_keypair
 from runtime.config import Config
 from runtime.coordinator import Coordinator
 from runtime.engines import build_prompts, build_sides, needs_collective
+from runtime.model.resolve import vocab_size
 from runtime.orphans import guard_process_group
 from runtime.recipe import load_recipe
 from runtime.restart import restart_job, restarts_so_far
@@ -139,6 +140,7 @@ def rank_main(run_root: str) -> str:
                 save_checkpoint=checkpoint.coordinator_writer(
                     paths.checkpoints, cfg.train.keep_checkpoints
                 ),
+                vocab_size=vocab_size(cfg),
             )
             resume = _resume(coordinator, paths)
         except Exception as exc:

@@ -6,7 +6,17 @@ log-probs, weights) travel as extra frames, never inside msgpack and never pickl
 
 :func:`decode` trusts nothing: a wrong version, unknown type, missing or extra field,
 wrong field type or out-of-range value raises :class:`ProtocolError`, which the receiver
-counts and drops.
+counts and drops. ``Any`` fields take JSON values only (no bytes, no msgpack extension
+types, finite floats, string keys, bounded depth), so whatever a peer sends can be written
+to status, metrics and sample logs; a header may hold at most ``MAX_CONTAINERS`` maps and
+arrays. Checks that need the run (vocabulary, sequence length, the dispatched prompt) are
+the coordinator's (runtime/sample_check.py).
+
+Delivery: results that must not be lost (``SampleDone``, ``SampleFailed``) are kept by the
+rank until rank 0 acknowledges their sample ids (``HeartbeatAck.acked``); the leader's
+``StepDone`` until a ``HeartbeatAck`` shows its step. A rank that got no answer to a
+``WorkRequest`` or ``BatchRequest`` asks again; ``BatchRequest.last_batch_id`` tells rank 0
+whether the batch in flight was lost on its way (it is sent again) or already trained.
 """
 
 from __future__ import annotations
@@ -20,9 +30,19 @@ from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAMES = 2 * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
+# Containers (maps + arrays) one header may hold. An empty msgpack array is one byte and a
+# Python list ~56: without a budget a 1 MB header of empty arrays costs ~63 MiB to decode.
+MAX_CONTAINERS = 1 << 16
+# How deep ``Any`` fields may nest (extra, info, prompts, status).
+MAX_DEPTH = 16
+# What an unregistered peer may send at all (Hello and the CLI's requests are this small):
+# checked on the raw bytes, before anything is decoded.
+MAX_ANONYMOUS_BYTES = 4096
+# Sample ids one message may carry (acks, in-flight lists).
+MAX_IDS = 65536
 
 RUN_STATES = ("STARTING", "RUNNING", "STOPPING", "COMPLETED", "STOPPED", "FAILED")
 WORKER_STATES = ("starting", "idle", "switching", "busy", "stopping", "dead", "exited")
@@ -148,6 +168,8 @@ class StepDone(Message):
 
     def check(self) -> None:
         _require(self.step >= 1 and self.policy_version >= 0, "bad step or version")
+        _require(self.batch_id >= -1, "bad batch id")
+        _require(len(self.metrics) <= 256, "too many metrics")
 
 
 @message
@@ -187,13 +209,18 @@ class SampleDone(Message):
         tokens, logprobs = self.blobs
         _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
         n = len(tokens) // 4
+        _require(n >= 1, "no tokens")
+        _require(min(self.sample_id, self.group_id, self.prompt_id) >= 0, "negative id")
         _require(0 <= self.n_valid <= n, "n_valid exceeds the tokens")
-        _require(bool(self.versions), "no version spans")
-        end = 0
+        _require(0 < len(self.versions) <= 4096, "no version spans, or too many")
+        end, version = 0, 0
         for span in self.versions:
-            _require(len(span) == 3 and span[1] == end and span[2] >= span[1], "bad spans")
-            end = span[2]
+            _require(len(span) == 3 and span[0] >= 0, "bad span, or a negative version")
+            _require(span[1] == end and span[2] >= span[1], "bad spans")
+            _require(span[0] >= version, "span versions go backwards")
+            end, version = span[2], span[0]
         _require(end == n, "spans do not cover the tokens")
+        _require(self.finished_at >= self.started_at, "finished before it started")
         mask = self.extra.get("loss_mask")
         if mask is not None:  # multi-turn: environment tokens are not trained on
             _require(isinstance(mask, list) and len(mask) == n, "loss_mask length")
@@ -211,12 +238,19 @@ class SampleFailed(Message):
     sample_id: int
     reason: str
 
+    def check(self) -> None:
+        _require(self.sample_id >= 0, "negative sample id")
+
 
 @message
 @dataclass(frozen=True)
 class BatchRequest(Message):
     TYPE: ClassVar[str] = "batch_request"
     rank: int
+    last_batch_id: int = -1  # the last batch this leader trained (-1: none yet)
+
+    def check(self) -> None:
+        _require(self.last_batch_id >= -1, "bad batch id")
 
 
 @message
@@ -255,6 +289,12 @@ class HeartbeatAck(Message):
     TYPE: ClassVar[str] = "heartbeat_ack"
     step: int
     policy_version: int
+    # sample ids whose SampleDone / SampleFailed from this rank rank 0 has taken in (or
+    # already had) since its previous ack to this rank: the rank may forget them
+    acked: list[int] = field(default_factory=list)
+
+    def check(self) -> None:
+        _require(len(self.acked) <= MAX_IDS, "too many acked ids")
 
 
 @message
@@ -430,12 +470,39 @@ def encode(msg: Message) -> list[bytes]:
     return [msgpack.packb(header, use_bin_type=True), *msg.blobs]
 
 
-def decode(frames: list[bytes]) -> Message:
+class _Budget:
+    """Counts the containers msgpack builds and stops it past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def spend(self, value: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise ProtocolError("too many maps and arrays in the header")
+        return value
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} in the header")
+
+
+def decode(frames: list[bytes], *, max_containers: int = MAX_CONTAINERS) -> Message:
     _require(1 <= len(frames) <= MAX_FRAMES, f"{len(frames)} frames")
     head = frames[0]
     _require(len(head) <= MAX_HEADER_BYTES, "header too large")
+    budget = _Budget(max_containers)
     try:
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+        header = msgpack.unpackb(
+            head,
+            raw=False,
+            strict_map_key=True,
+            list_hook=budget.spend,
+            object_hook=budget.spend,
+            ext_hook=_no_ext,
+        )
+    except ProtocolError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"header is not msgpack: {type(exc).__name__}") from None
     _require(isinstance(header, dict), "header is not a map")
@@ -457,10 +524,28 @@ def decode(frames: list[bytes]) -> Message:
     return msg
 
 
+def is_plain(value: Any, depth: int = 0) -> bool:
+    """A JSON value: None, bool, int (|x| < 2**62), finite float, str, list, str-keyed map;
+    no bytes or extension types; nested at most ``MAX_DEPTH`` deep."""
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return abs(value) < 2**62
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth >= MAX_DEPTH:
+        return False
+    if isinstance(value, list):
+        return all(is_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
 def _conforms(tp: Any, value: Any) -> bool:
     origin = typing.get_origin(tp)
     if tp is Any:
-        return True
+        return is_plain(value)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(a, value) for a in typing.get_args(tp))
     if tp is type(None):

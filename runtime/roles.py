@@ -22,6 +22,10 @@ from runtime.protocol import Message
 
 Send = Callable[[Message], object]
 
+# A request to rank 0 with no answer for this long is asked again: the request or its
+# answer was lost (rank 0 answers at once, with work or with "nothing now").
+REASK_S = 10.0
+
 
 class RoleSide(Protocol):
     name: str
@@ -112,6 +116,7 @@ class LinkedSide:
         self.rank = rank
         self.active = False
         self._asked = False  # a request to rank 0 is unanswered
+        self._asked_at = 0.0
         self._retry_at = 0.0  # after a "nothing now" answer, ask again from then on
         self._send: Send = lambda m: None
 
@@ -129,6 +134,13 @@ class LinkedSide:
 
     def close(self) -> None:
         self.active = False
+
+    def _may_ask(self, now: float) -> bool:
+        """No request unanswered (or its answer overdue), and not told to wait."""
+        return (not self._asked or now - self._asked_at > REASK_S) and now >= self._retry_at
+
+    def _ask(self, msg: Message, now: float) -> None:
+        self._asked, self._asked_at = bool(self._send(msg)), now
 
 
 class BatchConsumer(LinkedSide, abc.ABC):
@@ -167,12 +179,18 @@ class BatchConsumer(LinkedSide, abc.ABC):
             self._asked = False
             self._retry_at = time.monotonic() + self.retry_s
         elif isinstance(msg, p.Batch):
-            self.train_batch(msg)
             self._asked = False
+            if msg.batch_id <= self.last_batch_id:
+                return  # sent again after a lost one; this rank has trained it
+            self.train_batch(msg)
+            self.last_batch_id = msg.batch_id
+
+    last_batch_id = -1  # the newest batch this rank trained
 
     def step(self) -> None:
         if not (self.active and self.leader):
             return
         self.before_request()
-        if not self._asked and time.monotonic() >= self._retry_at:
-            self._asked = bool(self._send(p.BatchRequest(rank=self.rank)))
+        now = time.monotonic()
+        if self._may_ask(now):
+            self._ask(p.BatchRequest(rank=self.rank, last_batch_id=self.last_batch_id), now)

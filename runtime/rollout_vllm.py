@@ -44,8 +44,8 @@ from runtime.collective import Collective
 from runtime.config import Config
 from runtime.engine_stats import EngineStats, vllm_stat_logger
 from runtime.layout import LayoutChange
-from runtime.roles import Send
-from runtime.run_dir import RunPaths
+from runtime.roles import REASK_S, Send
+from runtime.run_dir import RunPaths, fresh_private_dir
 from runtime.sample import Trajectory
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,9 @@ class VLLMRolloutSide:
         # fastest path measured on the CPU build; one folder per version.
         shm = Path("/dev/shm")
         base = shm if shm.is_dir() else paths.root
-        self.weights_root = base / f"reflow-{paths.name}-rank{rank}"
+        # The name is predictable (one per run and rank): made fresh, 0700, by us, or the
+        # rank fails; another user's folder or link there is never written into.
+        self.weights_root = fresh_private_dir(base / f"reflow-{paths.name}-rank{rank}")
         self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
         self.active = False
@@ -205,6 +207,7 @@ class VLLMRolloutSide:
         self._outbox: queue.SimpleQueue[Trajectory] = queue.SimpleQueue()
         self._running: dict[int, Future] = {}
         self._asked = False
+        self._asked_at = 0.0
         self._retry_at = 0.0
         self._updating: Future | None = None
         self.sync_times: list[float] = []
@@ -287,8 +290,13 @@ class VLLMRolloutSide:
             return
         # Only episodes generating now hold a slot: one waiting on the sandbox does not.
         free = self.slots - (len(self._running) - self.env.in_tools)
-        if free > 0 and not self._asked and time.monotonic() >= self._retry_at:
-            self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
+        now = time.monotonic()
+        asked_long_ago = self._asked and now - self._asked_at > REASK_S  # answer lost
+        if free > 0 and (not self._asked or asked_long_ago) and now >= self._retry_at:
+            self._asked, self._asked_at = (
+                bool(self._send(p.WorkRequest(rank=self.rank, slots=free))),
+                now,
+            )
 
     def on_layout(self, change: LayoutChange) -> None:
         """New rollout ranks get the leader's current weights (the whole rollout pool
@@ -323,7 +331,7 @@ class VLLMRolloutSide:
         if version <= self.engine.version:
             return
         folder = self.weights_root / f"v{version}"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
         save_file(weights, str(folder / "model.safetensors"))
         log.debug("weights v%d received in %.3f s", version, received_s)
         self._updating = self._call(self._update(str(folder), version))

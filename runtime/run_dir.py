@@ -96,3 +96,31 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+class UnsafeDirError(RuntimeError):
+    """A path we must own holds something of another user's, or a link."""
+
+
+def fresh_private_dir(path: Path) -> Path:
+    """``path`` as a new empty folder, mode 0700, owned by us. Something we left there
+    ourselves (an earlier attempt of this run) is removed first; a link, a file, or a
+    folder of another user's is an error (in a shared place like /dev/shm a predictable
+    name is an invitation)."""
+    import shutil
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise UnsafeDirError(
+                f"{path}: exists and is not a folder of ours (a link, a file, or another "
+                "user's); refusing to use it"
+            )
+        shutil.rmtree(path)
+    os.mkdir(path, 0o700)  # fails if someone created it meanwhile
+    os.chmod(path, 0o700)  # the umask may have taken bits off; never adds any
+    return path

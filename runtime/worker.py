@@ -3,6 +3,12 @@ given, heartbeats, and switches roles when the coordinator broadcasts a new layo
 
 The worker's ZeroMQ socket is a DEALER with the run's CURVE client key. Messages from the
 coordinator are validated like any other input; invalid ones are logged and dropped.
+
+Delivery is at least once for what the run cannot lose: every ``SampleDone`` and
+``SampleFailed`` is kept until rank 0 acknowledges its sample id (``HeartbeatAck.acked``),
+the leader's last ``StepDone`` until a ``HeartbeatAck`` shows that step; both are sent
+again while unacknowledged (rank 0 recognises a result it already has). A send that
+cannot go out now (no connection: ``zmq.Again``) is not dropped either: it is retried.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ if TYPE_CHECKING:  # torch is imported only by ranks that join a process group
     from runtime.collective import Collective
 
 log = logging.getLogger(__name__)
+
+# Results rank 0 must acknowledge; sent again while it has not.
+RELIABLE = (p.SampleDone, p.SampleFailed)
 
 
 class WorkerError(RuntimeError):
@@ -93,6 +102,12 @@ class HybridWorker:
         self.last_ack = time.monotonic()
         self.switch_durations: list[float] = []
         self.unsent = 0
+        self.resent = 0
+        # sample id -> [message, when last sent]; forgotten when rank 0 acks the id
+        self._unacked: dict[int, list] = {}
+        self._step_report: list | None = None  # [StepDone, when last sent] until acked
+        # unanswered this long after the last send: sent again (acks come with each beat)
+        self.resend_after_s = 5 * cfg.control.heartbeat_interval_s
         self.rollout_active_s = 0.0
         self.rollout_busy_s = 0.0
         self.preempted = False
@@ -163,6 +178,17 @@ class HybridWorker:
         return side.engine_stats()
 
     def _send(self, msg: p.Message) -> bool:
+        """Send now if we can. Results and step reports are also kept until acknowledged
+        (and so count as sent: they will reach rank 0)."""
+        now = time.monotonic()
+        if isinstance(msg, RELIABLE):
+            self._unacked[msg.sample_id] = [msg, now]
+        elif isinstance(msg, p.StepDone):
+            self._step_report = [msg, now]
+        sent = self._transmit(msg)
+        return sent or isinstance(msg, (*RELIABLE, p.StepDone))
+
+    def _transmit(self, msg: p.Message) -> bool:
         # Never block: with no live connection to rank 0 (not up yet, gone, or the CURVE
         # handshake refused) a DEALER send would wait forever. The heartbeat and HELLO
         # loops retry, and silence is what the coordinator's timeout is for.
@@ -172,6 +198,23 @@ class HybridWorker:
         except zmq.Again:
             self.unsent += 1
             return False
+
+    def _on_ack(self, ack: p.HeartbeatAck) -> None:
+        for sid in ack.acked:
+            self._unacked.pop(sid, None)
+        if self._step_report is not None and ack.step >= self._step_report[0].step:
+            self._step_report = None
+
+    def _resend_unacked(self, now: float) -> None:
+        """What rank 0 has not acknowledged in ``resend_after_s`` goes out again."""
+        entries = list(self._unacked.values())
+        if self._step_report is not None:
+            entries.append(self._step_report)
+        for entry in entries:
+            if now - entry[1] > self.resend_after_s:
+                self.resent += 1
+                self._transmit(entry[0])
+                entry[1] = now
 
     def _recv(self, timeout_ms: int) -> p.Message | None:
         if not self._sock.poll(timeout_ms):
@@ -289,6 +332,7 @@ class HybridWorker:
                     self.rollout_busy_s += dt
             last_tick = now
             if now >= next_beat:
+                self._resend_unacked(now)
                 self._send(
                     p.Heartbeat(
                         rank=self.rank,
@@ -314,6 +358,7 @@ class HybridWorker:
     def _handle(self, msg: p.Message) -> None:
         if isinstance(msg, p.HeartbeatAck):
             self.last_ack = time.monotonic()
+            self._on_ack(msg)
             assert self.role is not None
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, (p.Work, p.Batch, p.BatchWait, p.WeightSync)):

@@ -130,6 +130,7 @@ class SimCluster:
         self.trainer_waiting = False
         self._available_seen = 0
         self._last_step_at = 0.0
+        self._last_batch_id = -1  # the newest batch the simulated leader trained
         self.stall_s = stall_s
         self._stale_at: int | None = None  # see _stale_limited
         self.trainer_busy_s = 0.0
@@ -226,6 +227,7 @@ class SimCluster:
 
     def _step_done(self, batch_id: int) -> None:
         self._last_step_at = self.now
+        self._last_batch_id = batch_id
         if self.coord.auto_rebalance:  # rollout busy time up to now: the allocator's window
             self._heartbeat_all(rollout_only=True)
         step = self.coord.step + 1
@@ -250,7 +252,7 @@ class SimCluster:
         if self.roles and self.roles[0] != Role.TRAINER.value:
             return
         self.trainer_waiting = False
-        self._send(0, p.BatchRequest(rank=0))
+        self._send(0, p.BatchRequest(rank=0, last_batch_id=self._last_batch_id))
 
     def _on_weight_sync(self, rank: int, msg: p.WeightSync) -> None:
         self.version = max(self.version, msg.policy_version)
@@ -356,7 +358,7 @@ class SimCluster:
                 n_valid=n,
                 started_at=s.dispatched_at,
                 finished_at=self.now,
-                extra={},
+                extra={"prompt_ids": self._prompt_ids},  # rank 0 checks it was its prompt
                 blobs=self._blob(n),
             ),
         )

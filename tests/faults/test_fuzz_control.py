@@ -5,6 +5,8 @@ rejected, and its state does not change."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import random
 import time
 import typing
@@ -17,7 +19,9 @@ from hypothesis import strategies as st
 
 from jobs.control import ControlClient
 from runtime import protocol as p
+from runtime import wire
 from runtime.auth import CLIENT, SERVER, load_keypair, secure_client
+from runtime.sample import Trajectory
 from tests.integration.test_control_security import server  # noqa: F401 - a fixture
 from tests.unit.test_coordinator import Clock, ident, make, register_all
 from tests.unit.test_protocol import EXAMPLES
@@ -143,3 +147,97 @@ def test_raw_garbage_frames_and_a_flood_over_the_socket(server):  # noqa: F811
         assert status[key] == before[key]
     assert server._thread.is_alive()
     sock.close()
+
+
+# --- valid-shaped, hostile content -----------------------------------------------------
+
+ints = st.integers(-(2**40), 2**40)
+plain = st.recursive(
+    st.none() | st.booleans() | ints | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+
+
+@st.composite
+def hostile_messages(draw) -> tuple[int, p.Message]:
+    """Messages that decode (right types, protocol checks pass) but lie: ids that were
+    never dispatched or belong to another rank, tokens outside the vocabulary, NaN-free
+    but absurd log-probs, forged steps, versions from the future."""
+    rank = draw(st.integers(0, 3))
+    kind = draw(st.sampled_from(["sample", "step", "beat", "failed", "batch", "switch"]))
+    if kind == "sample":
+        n = draw(st.integers(1, 40))
+        tokens = draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n))
+        logprobs = draw(st.lists(st.floats(width=32), min_size=n, max_size=n))
+        cut = draw(st.integers(0, n))
+        v1 = draw(st.integers(0, 2**40))
+        versions = [[v1, 0, cut], [v1 + draw(st.integers(0, 5)), cut, n]]
+        extra = draw(st.dictionaries(st.sampled_from(["prompt_ids", "info", "x"]), plain))
+        t = Trajectory(
+            sample_id=draw(st.integers(0, 64)),
+            group_id=draw(st.integers(0, 64)),
+            prompt_id=draw(st.integers(0, 64)),
+            versions=versions,
+            token_ids=tokens,
+            logprobs=logprobs,
+            reward=draw(st.floats(allow_nan=False, allow_infinity=False)),
+            n_valid=draw(st.integers(0, n)),
+            worker=rank,
+            extra=extra,
+        )
+        return rank, wire.sample_done(t, rank)
+    if kind == "step":
+        return rank, p.StepDone(
+            rank=rank,
+            step=draw(st.integers(1, 2**40)),
+            policy_version=draw(st.integers(0, 2**40)),
+            batch_id=draw(st.integers(-1, 2**40)),
+            metrics=draw(st.dictionaries(st.text(max_size=6), st.floats(allow_nan=False,
+                                                                        allow_infinity=False))),
+        )  # fmt: skip
+    if kind == "beat":
+        return rank, p.Heartbeat(
+            rank=rank,
+            role=draw(st.sampled_from(p.ROLES)),
+            state=draw(st.sampled_from(p.WORKER_STATES)),
+            layout_epoch=draw(ints),
+            rollout_active_s=draw(st.floats(0, 1e12)),
+            rollout_busy_s=draw(st.floats(0, 1e12)),
+            engine=draw(st.dictionaries(st.text(max_size=6), st.floats(0, 1e12), max_size=4)),
+        )
+    if kind == "failed":
+        return rank, p.SampleFailed(
+            rank=rank, sample_id=draw(st.integers(0, 2**40)), reason=draw(st.text(max_size=20))
+        )
+    if kind == "batch":
+        return rank, p.BatchRequest(rank=rank, last_batch_id=draw(st.integers(-1, 2**40)))
+    return rank, p.RoleSwitchDone(
+        rank=rank,
+        role=draw(st.sampled_from(p.ROLES)),
+        layout_epoch=draw(ints),
+        duration_s=draw(st.floats(0, 1e6)),
+    )
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(stream=st.lists(hostile_messages(), min_size=1, max_size=30))
+def test_hostile_content_from_registered_ranks_never_breaks_rank_0(stream):
+    clock = Clock()
+    prompts = ({"prompt_ids": [1, 2, 3], "text": f"p{i}"} for i in itertools.count())
+    c = make(clock, prompts=prompts, vocab_size=64, logging={"samples": True})
+    register_all(c)
+    c.handle(ident(2), p.WorkRequest(rank=2, slots=8))  # real requests for lies to aim at
+    for rank, msg in stream:
+        clock.t += 0.1
+        c.on_frames(ident(rank), p.encode(msg))
+        c.tick()
+    assert c.state in ("RUNNING", "FAILED")  # never COMPLETED, never a crash
+    assert c.step == 0  # no forged step was taken: no batch was ever trained
+    assert c.data.ledger_problems() == []
+    for t in c.data.buffer.samples():  # what entered the buffer is what the run could make
+        assert min(t.token_ids) >= 0 and max(t.token_ids) < 64
+        assert list(t.extra["prompt_ids"]) == [1, 2, 3]
+    json.dumps(c.status())
+    json.dumps(c.metrics_log)
+    json.dumps(c.samples_log)

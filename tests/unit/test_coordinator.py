@@ -27,10 +27,41 @@ def clock():
     return Clock()
 
 
-def make(clock, prompts=None, **sections) -> Coordinator:
+def make(clock, prompts=None, vocab_size=None, **sections) -> Coordinator:
     raw = {"resources": {"gpus_per_node": 4, "initial_ratio": "2:2"}, "train": {"steps": 5}}
     raw.update(sections)
-    return Coordinator(build_config(raw), run="t", prompts=prompts, clock=clock, wall=clock)
+    cfg = build_config(raw)
+    return Coordinator(
+        cfg, run="t", prompts=prompts, clock=clock, wall=clock, vocab_size=vocab_size
+    )
+
+
+def train_step(c: Coordinator, step: int, metrics: dict | None = None) -> list:
+    """One real step: a rollout rank delivers samples until a batch can be made, the
+    leader takes it and reports ``step`` on it (rank 0 accepts only that)."""
+    from runtime.layout import Role
+
+    d = c.data.dispatcher
+    if d.exhausted or not d.pending:  # a coordinator made without prompts: give it some
+        d._prompts = ({"text": f"extra{i}"} for i in itertools.count())
+        d.exhausted = False
+    rollout = c.layout.ranks(Role.ROLLOUT)[0]
+    for _ in range(100):
+        ((_, out), *_) = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+        if isinstance(out, p.Batch):
+            break
+        for req in c.data.request_work(rollout, c.cfg.algorithm.group_size):
+            c.data.deliver(traj(req, c.policy_version, worker=rollout))
+    else:
+        raise AssertionError("no batch after 100 tries")
+    done = p.StepDone(
+        rank=0,
+        step=step,
+        policy_version=c.policy_version + 1,
+        batch_id=out.batch_id,
+        metrics=metrics or {},
+    )
+    return c.handle(ident(0), done)
 
 
 def register_all(c: Coordinator) -> None:
@@ -180,11 +211,11 @@ def test_rebalance_is_validated_applied_and_acknowledged(clock):
 def test_rebalance_waits_for_a_sync_point_once_training(clock):
     c = make(clock, train={"steps": 10, "sync_every": 2})
     register_all(c)
-    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    train_step(c, 1, {})
     out = c.handle(b"cli", p.RebalanceRequest(rollout=1, trainer=3))
     assert [type(m) for _, m in out] == [p.Reply]  # step 1 is not a sync point
     assert c.tick() == [] and c.status()["layout"]["pending"] == "1:3"
-    out = c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
+    out = train_step(c, 2, {})
     # Weights first, to the old layout's sync group (leader + rollout ranks 2, 3), then
     # the switch to everyone: each rank sees them in this order.
     sync = p.WeightSync(policy_version=2, layout_epoch=0)
@@ -202,11 +233,11 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
         resources={"gpus_per_node": 4, "initial_ratio": "1:3"},
     )
     register_all(c)
-    out = c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    out = train_step(c, 1, {})
     assert out == [(ident(r), p.WeightSync(policy_version=1, layout_epoch=0)) for r in (0, 3)]
-    for req in c.data.request_work(3, 4):
+    for i, req in enumerate(c.data.request_work(3, 4)):
         t = traj(req, version=1, worker=3, reward=float(req.sample_id % 2))
-        if req.sample_id == 0:  # its reward crashed: scored 0, recorded by the agent
+        if i == 0:  # its reward crashed: scored 0, recorded by the agent
             t.extra["info"] = {"reward_error": "ValueError: reward bug"}
         c.data.deliver(t)
     out = c.handle(ident(0), p.BatchRequest(rank=0))
@@ -215,7 +246,7 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
     batch_id = out[0][1].batch_id
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
     assert c.metrics_log[-1]["reward_failures"] == 1
-    out = c.handle(ident(0), p.StepDone(rank=0, step=3, policy_version=3, batch_id=-1, metrics={}))
+    out = train_step(c, 3, {})
     assert {type(m) for _, m in out} == {p.Stop}  # the last step: no broadcast to wait for
 
 
@@ -235,10 +266,7 @@ def test_reaching_the_step_target_completes(clock):
     c = make(clock)
     register_all(c)
     for step in range(1, 6):
-        out = c.handle(
-            ident(0),
-            p.StepDone(rank=0, step=step, policy_version=step, batch_id=-1, metrics={"loss": 1.0}),
-        )
+        out = train_step(c, step, {"loss": 1.0})
     assert c.state == "COMPLETED" and c.reason == "reached step 5"
     assert {type(m) for _, m in out} == {p.Stop}
     assert not c.finished  # ranks still have to leave
@@ -314,7 +342,7 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     prompts = ({"text": f"p{i}"} for i in itertools.count())
     c = make(clock, prompts=prompts, engine={"rollout": "synthetic", "trainer": "synthetic"})
     register_all(c)
-    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    train_step(c, 1, {})
     taken = c.data.request_work(3, 4)
     clock.t += 16.0  # past the heartbeat timeout (15 s) for rank 3 only:
     for r in (0, 1, 2):
@@ -331,7 +359,7 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     assert c.state == "FAILED" and "rank 2" in c.reason
     real = make(clock)
     register_all(real)
-    real.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    train_step(real, 1, {})
     clock.t += 20.0
     real.tick()
     assert real.state == "FAILED" and real.lost_ranks == []
@@ -375,10 +403,10 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
     for reward, req in zip((1.0, 0.0), work.requests, strict=True):
         t = traj(reqs[req["sample_id"]], 0, worker=2, reward=reward)
         c.handle(ident(2), wire.sample_done(t, 2))
-    c.handle(ident(0), p.StepDone(rank=0, step=1, policy_version=1, batch_id=-1, metrics={}))
+    train_step(c, 1, {})
     line = c.metrics_log[-1]
     assert line["rollout_reward_mean"] == 0.5 and line["rollout_samples"] == 2
-    c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=-1, metrics={}))
+    train_step(c, 2, {})
     assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
 
 

@@ -93,7 +93,7 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
     dp = DataPlane(cfg, prompts(), clock)
     running = {}  # sample_id -> (request, worker, version when started)
     ghosts = []  # requests a departed worker may still report late (its outbox)
-    duplicates = 0
+    duplicates = resent = 0
     batches = []
     in_training = None
     for _ in range(events):
@@ -110,18 +110,19 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
             spans = 2 if started < dp.policy_version and rng.random() < 0.5 else 1
             version = started + 1 if spans == 2 else started
             assert dp.deliver(traj(req, version, worker, spans=spans, rng=rng))
-            if rng.random() < 0.05:  # a duplicate delivery is rejected, not double-counted
+            if rng.random() < 0.05:  # sent again (its ack was lost): rejected, not counted
                 assert not dp.deliver(traj(req, version, worker, rng=rng))
-                duplicates += 1
+                resent += 1
         elif e < 0.75 and ghosts:
             # A late result from a worker that lost this request in a role switch: it was
             # requeued (and maybe re-dispatched), so it is rejected; the new owner's counts.
             req, worker, version = ghosts.pop(rng.randrange(len(ghosts)))
             owner = running.get(req.sample_id)
             if owner is None or owner[1] != worker:
-                delivered = req.sample_id in dp.delivered_ids
+                came_from = dp.delivered_ids.get(req.sample_id)
                 assert not dp.deliver(traj(req, version, worker, rng=rng))
-                duplicates += delivered
+                duplicates += came_from is not None and came_from != worker
+                resent += came_from == worker
         elif e < 0.85 and in_training is None:
             batch = dp.next_batch()
             if batch is not None:
@@ -149,8 +150,10 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
         per_worker = Counter(w for _, w in dp.dispatcher.outstanding.values())
         assert all(dp.dispatcher.running_at(w) == per_worker[w] for w in range(4))
         assert dp.buffer.n_waiting_for_group == sum(len(g) for g in dp.buffer._groups.values())
+        assert dp.ledger_problems() == []  # the request side: handed out = back + out + in
     ledger = dp.ledger()
     assert ledger["lost"] == 0 and ledger["duplicated"] == duplicates
+    assert dp.rejected["resent"] == resent
     assert ledger["delivered"] == len(dp.delivered_ids)
     assert ledger["delivered"] == ledger["held_in_buffer"] + ledger["evicted"] + ledger["retired"]
     assert ledger["dispatched"] == ledger["delivered"] + ledger["outstanding"]

@@ -89,16 +89,32 @@ def header(**fields):
         ([header(a=1)], "protocol version"),
         ([msgpack.packb([1, 2])], "not a map"),
         ([header(v=99, type="hello")], "protocol version 99"),
-        ([header(v=1, type="nope")], "unknown message type"),
-        ([header(v=1, type="hello", rank=1, world_size=4, node="n")], "fields"),
-        ([header(v=1, type="hello", rank=1, world_size=4, node="n", pid=1, x=2)], "fields"),
-        ([header(v=1, type="hello", rank="1", world_size=4, node="n", pid=1)], "wrong type"),
-        ([header(v=1, type="hello", rank=True, world_size=4, node="n", pid=1)], "wrong type"),
-        ([header(v=1, type="hello", rank=7, world_size=4, node="n", pid=1)], "rank outside"),
+        ([header(v=p.PROTOCOL_VERSION, type="nope")], "unknown message type"),
+        ([header(v=p.PROTOCOL_VERSION, type="hello", rank=1, world_size=4, node="n")], "fields"),
         (
             [
                 header(
-                    v=1,
+                    v=p.PROTOCOL_VERSION, type="hello", rank=1, world_size=4, node="n", pid=1, x=2
+                )
+            ],
+            "fields",
+        ),
+        (
+            [header(v=p.PROTOCOL_VERSION, type="hello", rank="1", world_size=4, node="n", pid=1)],
+            "wrong type",
+        ),
+        (
+            [header(v=p.PROTOCOL_VERSION, type="hello", rank=True, world_size=4, node="n", pid=1)],
+            "wrong type",
+        ),
+        (
+            [header(v=p.PROTOCOL_VERSION, type="hello", rank=7, world_size=4, node="n", pid=1)],
+            "rank outside",
+        ),
+        (
+            [
+                header(
+                    v=p.PROTOCOL_VERSION,
                     type="heartbeat",
                     rank=0,
                     role="chef",
@@ -114,7 +130,7 @@ def header(**fields):
         (
             [
                 header(
-                    v=1,
+                    v=p.PROTOCOL_VERSION,
                     type="role_switch_done",
                     rank=0,
                     role="rollout",
@@ -124,7 +140,7 @@ def header(**fields):
             ],
             "wrong type",
         ),
-        ([header(v=1, type="status_request")] + [b""] * 20000, "frames"),
+        ([header(v=p.PROTOCOL_VERSION, type="status_request")] + [b""] * 20000, "frames"),
     ],
 )
 def test_invalid_frames_are_rejected(frames, reason):
@@ -134,7 +150,7 @@ def test_invalid_frames_are_rejected(frames, reason):
 
 def sample_done(**over):
     fields = dict(
-        v=1,
+        v=p.PROTOCOL_VERSION,
         type="sample_done",
         rank=2,
         sample_id=5,

@@ -1,0 +1,69 @@
+"""What rank 0 checks of a finished sample before it enters the buffer.
+
+:mod:`runtime.protocol` checks a ``SampleDone`` on its own (frame sizes, spans covering the
+tokens, a loss mask that agrees with ``n_valid``, JSON-only ``extra``). This module checks
+it against the run: what a well-behaved rollout rank could have produced for the request
+rank 0 dispatched. A sample that fails is refused and its request goes back to the queue
+(someone generates it again); it never reaches the buffer, a checkpoint or the trainer.
+
+Pure logic: the coordinator passes the request and what it knows of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.sample import Request
+
+# vLLM's log-probs are <= 0; float32 rounding can put a certain token a hair above it.
+_LOGPROB_MAX = 1e-3
+
+
+@dataclass(frozen=True)
+class RunBounds:
+    """What a sample of this run may contain."""
+
+    max_seq_len: int  # prompt + response tokens (model.max_seq_len)
+    vocab_size: int | None  # token ids are below it; None: any non-negative int32
+
+
+def sample_problem(
+    *,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    versions: Sequence[Sequence[int]],
+    extra: dict[str, Any],
+    request: Request,
+    policy_version: int,
+    bounds: RunBounds,
+) -> str | None:
+    """Why this sample cannot be one the run produced for ``request``; None if it can."""
+    n = len(token_ids)
+    expected = request.prompt.get("prompt_ids")
+    got = extra.get("prompt_ids")
+    if expected is not None:
+        if got is None:
+            return "missing_prompt"
+        # exact types: True == 1 in Python, and a list of bools is not a prompt
+        if not isinstance(got, list) or [type(x) for x in got] != [int] * len(got):
+            return "wrong_prompt"
+        if got != list(expected):
+            return "wrong_prompt"
+    elif got is not None and got != []:  # no prompt tokens were sent: none may come back
+        return "wrong_prompt"
+    n_prompt = len(got) if got else 0
+    if n_prompt + n > bounds.max_seq_len:
+        return "too_long"
+    for ids in (token_ids, got or ()):
+        if ids and (min(ids) < 0 or (bounds.vocab_size and max(ids) >= bounds.vocab_size)):
+            return "token_out_of_vocabulary"
+    # One C-level pass each: a NaN, or infinities of either sign, make the sum non-finite.
+    if n and (not math.isfinite(sum(logprobs)) or max(logprobs) > _LOGPROB_MAX):
+        return "bad_logprob"
+    for span in versions:
+        if not 0 <= span[0] <= policy_version:
+            return "version_out_of_range"
+    return None
