@@ -8,6 +8,8 @@ run's secret key gets no answer at all.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,9 @@ import zmq.auth.thread
 SERVER = "server"
 CLIENT = "client"
 ZAP_DOMAIN = "reflow"
+# Labels the one use of the server secret that is not CURVE: a derived key used for nothing
+# else, so a MAC never doubles as anything CURVE would accept.
+_CHECKPOINT_LABEL = b"reflow checkpoint manifest v1"
 
 
 class KeyFileError(RuntimeError):
@@ -57,6 +62,14 @@ def load_keypair(keys_dir: Path, name: str) -> KeyPair:
     if len(public) != 40 or len(secret) != 40:
         raise KeyFileError(f"{keys_dir}: the {name} key pair is not a Z85 CURVE key pair")
     return KeyPair(public, secret)
+
+
+def checkpoint_key(keys_dir: Path) -> bytes:
+    """The run's key for checkpoint manifests: HMAC-SHA256 of a fixed label under the
+    coordinator's secret key. Derived, not stored, so a run folder holds no new secret and a
+    resumed run (same folder, same keys) verifies its own checkpoints."""
+    server = load_keypair(keys_dir, SERVER)
+    return hmac.new(server.secret, _CHECKPOINT_LABEL, hashlib.sha256).digest()
 
 
 def secure_server(sock: zmq.Socket, server: KeyPair) -> None:

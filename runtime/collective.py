@@ -17,12 +17,25 @@ from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port de
 the job id, ``MASTER_PORT`` to override), which every rank computes alike. Outside submitit
 rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the other
 ranks wait for that file.
+
+What is not authenticated: the store and gloo's and NCCL's peer connections take no key and
+are not encrypted; CURVE covers only the control plane (runtime/control_server.py). Anyone
+who can reach the store's port while the run is up can read and write its keys, and
+anyone who can reach a gloo or NCCL listening socket can connect to it. So the store listens
+on one address, the one the other ranks connect to (:func:`store_listen_address`), never on
+every interface: torch's own server binds ``[::]`` whatever host it is given, so rank 0
+binds the socket itself and hands it over (``master_listen_fd``). gloo binds its listening
+sockets to its device's address (``GLOO_SOCKET_IFNAME``'s, else what this host's name
+resolves to); NCCL to the interface ``NCCL_SOCKET_IFNAME`` selects. The cluster network
+between the nodes is trusted.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -94,18 +107,15 @@ class Collective:
         timeout = timedelta(seconds=timeout_s)
         if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
             host, port = endpoint
-            store = dist.TCPStore(
-                bind_host if rank == 0 else host,
-                port,
-                world_size,
-                is_master=rank == 0,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
+            if rank == 0:
+                store = _master_store(
+                    store_listen_address(bind_host, host), port, world_size, timeout
+                )
+            else:
+                store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         elif rank == 0:
-            store = dist.TCPStore(
-                bind_host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
-            )
+            listen = store_listen_address(bind_host, advertise_host)
+            store = _master_store(listen, 0, world_size, timeout)
             write_json_atomic(rendezvous, {"host": advertise_host, "port": store.port})
         else:
             host, port = _wait_for_rendezvous(rendezvous, timeout_s)
@@ -247,6 +257,72 @@ class Collective:
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
+
+
+_WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+def store_listen_address(bind_host: str, connect_host: str) -> str:
+    """The one IP address rank 0's store listens on.
+
+    ``bind_host`` when it names an address (a local run's loopback, ``REFLOW_BIND_HOST``);
+    when it is a wildcard (a Slurm run's default), the address ``connect_host`` resolves to
+    here: the name the other ranks connect to, so they reach it and nothing else is opened.
+    """
+    host = connect_host if bind_host in _WILDCARDS else bind_host
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CollectiveError(f"cannot resolve {host!r} to listen on ({exc})") from None
+    address = str(infos[0][4][0])
+    if ipaddress.ip_address(address).is_loopback and not _is_loopback_name(host):
+        # e.g. a Debian-style /etc/hosts maps this node's name to 127.0.1.1: fine on one
+        # node, but ranks on other nodes resolve it elsewhere and will time out.
+        log.warning(
+            "%s resolves to %s here: ranks on other nodes cannot reach the store; "
+            "set REFLOW_BIND_HOST to this node's cluster address",
+            host,
+            address,
+        )
+    return address
+
+
+def _is_loopback_name(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _master_store(address: str, port: int, world_size: int, timeout: timedelta) -> Any:
+    """Rank 0's TCPStore, listening on ``address`` only.
+
+    ``dist.TCPStore(host, ...)`` with ``is_master=True`` uses ``host`` only to connect its
+    own client; its server binds every interface. A socket bound here and passed as
+    ``master_listen_fd`` is the one it listens on instead.
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # a requeued job reuses its port (derived from the job id) within TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise CollectiveError(f"the store cannot listen on {address}:{port} ({exc})") from None
+    bound_port = sock.getsockname()[1]
+    # detach: the store owns the descriptor from here (closing it is the store's business)
+    fd = sock.detach()
+    return dist.TCPStore(
+        address,
+        bound_port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=fd,
+    )
 
 
 def _wait_for_rendezvous(path: Path, timeout_s: float) -> tuple[str, int]:

@@ -77,7 +77,9 @@ def control_endpoint(env: dict[str, str] | os._Environ) -> tuple[str, str]:
     """Where rank 0 listens and the address it publishes.
 
     Local runs stay on loopback. Under Slurm the other ranks are on other nodes: listen on
-    every interface and publish this node's name (CURVE keeps it closed to outsiders).
+    every interface and publish this node's name (CURVE keeps the control server closed to
+    outsiders; the torch.distributed store is not authenticated and listens on one address
+    only: runtime/collective.py).
     REFLOW_BIND_HOST / REFLOW_ADVERTISE_HOST override both.
     """
     on_slurm = "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR") != "local"

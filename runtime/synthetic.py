@@ -157,8 +157,8 @@ class SyntheticRollout(_SyntheticSide):
             self._send(wire.sample_done(t, self.rank))
             self.delivered += 1
         free = self._free_slots()
-        if free > 0 and not self._asked and now >= self._retry_at:
-            self._asked = bool(self._send(p.WorkRequest(rank=self.rank, slots=free)))
+        if free > 0 and self._may_ask(now):
+            self._ask(p.WorkRequest(rank=self.rank, slots=free), now)
 
 
 class SyntheticTrainer(BatchConsumer):
@@ -209,9 +209,9 @@ class SyntheticTrainer(BatchConsumer):
     def restore(self, folder) -> None:
         import torch
 
-        from runtime.checkpoint import TRAINER_FILE
+        from runtime.checkpoint import TRAINER_FILE, load_trainer_state
 
-        state = torch.load(folder / TRAINER_FILE, weights_only=False)
+        state = load_trainer_state(folder / TRAINER_FILE)  # weights_only: no code runs
         self._build()
         self._model.load_state_dict(state["model"])
         self._opt.load_state_dict(state["optimizer"])

@@ -194,7 +194,9 @@ class TorchTrainer:
         os.replace(tmp, path)
 
     def load_state(self, path: Path) -> None:
-        state = torch.load(path, weights_only=False)
+        from runtime.checkpoint import load_trainer_state
+
+        state = load_trainer_state(path)  # weights_only: a file that runs code is refused
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.step, self.version = state["step"], state["version"]

@@ -1,23 +1,47 @@
 """Checkpoints: the folder format (atomic, checksummed, last K kept), the data plane's and
 the coordinator's state across a save/restore, and the checkpoint/stop protocol."""
 
+import hashlib
+import json
+import os
 import random
+import shutil
+from pathlib import Path
 
 import msgpack
 import pytest
+import torch
 
 from runtime import checkpoint as ck
 from runtime import protocol as p
+from runtime.auth import create_run_keys
+from runtime.checkpoint import folder_name
 from runtime.data_plane import DataPlane
 from runtime.recipe import build_config
 from runtime.sample import Request
+from runtime.synthetic import SyntheticTrainer
+from runtime.trainer_torch import TorchTrainer
 from runtime.wire import sample_done
 from tests.unit.test_coordinator import Clock, clock, ident, make, register_all
 from tests.unit.test_data_plane import prompts, traj
+from tests.unit.test_trainer import model_dir
 
-__all__ = ["clock"]  # the fake-clock fixture, shared with test_coordinator
+__all__ = ["clock", "model_dir"]  # fixtures shared with test_coordinator and test_trainer
 
 # --- the folder format -----------------------------------------------------------------
+
+
+def new_run(parent: Path, name: str = "run") -> Path:
+    """A run folder's checkpoints folder, with the run's keys next to it (as launched)."""
+    run = parent / name
+    run.mkdir()
+    create_run_keys(run / "keys")
+    return run / "checkpoints"
+
+
+@pytest.fixture
+def root(tmp_path):
+    return new_run(tmp_path)
 
 
 def write(root, step, payload=b"weights"):
@@ -27,25 +51,25 @@ def write(root, step, payload=b"weights"):
     return save(step, step, {"format": 1, "step": step})
 
 
-def test_a_sealed_checkpoint_verifies_and_the_newest_wins(tmp_path):
+def test_a_sealed_checkpoint_verifies_and_the_newest_wins(root):
     for step in (2, 4, 6):
-        write(tmp_path, step)
-    info, rejected = ck.latest_valid(tmp_path)
+        write(root, step)
+    info, rejected = ck.latest_valid(root)
     assert info is not None and info.step == 6 and rejected == []
     assert ck.read_coordinator_state(info) == {"format": 1, "step": 6}
 
 
-def test_only_the_last_k_are_kept_and_a_staging_folder_is_ignored(tmp_path):
+def test_only_the_last_k_are_kept_and_a_staging_folder_is_ignored(root):
     for step in (2, 4, 6, 8):
-        write(tmp_path, step)
-    assert sorted(d.name for d in tmp_path.iterdir()) == [
+        write(root, step)
+    assert sorted(d.name for d in root.iterdir()) == [
         "step-00000004",
         "step-00000006",
         "step-00000008",
     ]
-    ck.start(tmp_path, 10)  # a crash mid-write leaves this behind
-    (ck.staging_dir(tmp_path, 10) / ck.TRAINER_FILE).write_bytes(b"half")
-    info, rejected = ck.latest_valid(tmp_path)
+    ck.start(root, 10)  # a crash mid-write leaves this behind
+    (ck.staging_dir(root, 10) / ck.TRAINER_FILE).write_bytes(b"half")
+    info, rejected = ck.latest_valid(root)
     assert info.step == 8 and rejected == []
 
 
@@ -64,38 +88,178 @@ def _zero(f):
         (lambda d: (d / ck.TRAINER_FILE).unlink(), "missing"),
     ],
 )
-def test_a_damaged_checkpoint_is_rejected_and_the_previous_one_used(tmp_path, damage, message):
-    write(tmp_path, 2)
-    newest = write(tmp_path, 4)
-    damage(tmp_path / "step-00000004")
-    info, rejected = ck.latest_valid(tmp_path)
+def test_a_damaged_checkpoint_is_rejected_and_the_previous_one_used(root, damage, message):
+    write(root, 2)
+    newest = write(root, 4)
+    damage(root / "step-00000004")
+    info, rejected = ck.latest_valid(root)
     assert info is not None and info.step == 2
     assert len(rejected) == 1 and message in rejected[0] and "step-00000004" in rejected[0]
     assert newest.endswith("step-00000004")
     with pytest.raises(ck.CheckpointError):
-        ck.find(tmp_path, "step-00000004")
+        ck.find(root, "step-00000004")
 
 
-def test_a_flipped_byte_is_caught(tmp_path):
-    write(tmp_path, 2)
-    write(tmp_path, 4)
-    f = tmp_path / "step-00000004" / ck.TRAINER_FILE
+def test_a_flipped_byte_is_caught(root):
+    write(root, 2)
+    write(root, 4)
+    f = root / "step-00000004" / ck.TRAINER_FILE
     data = bytearray(f.read_bytes())
     data[100] ^= 0x01
     f.write_bytes(bytes(data))
-    info, rejected = ck.latest_valid(tmp_path)
+    info, rejected = ck.latest_valid(root)
     assert info.step == 2 and "checksum mismatch" in rejected[0]
 
 
-def test_names_from_the_control_file_cannot_escape_the_folder(tmp_path):
+def test_names_from_the_control_file_cannot_escape_the_folder(root):
     with pytest.raises(ck.CheckpointError, match="not a checkpoint folder name"):
-        ck.find(tmp_path, "../../etc")
+        ck.find(root, "../../etc")
 
 
-def test_sealing_without_the_trainer_part_fails(tmp_path):
-    ck.start(tmp_path, 3)
+def test_sealing_without_the_trainer_part_fails(root):
+    ck.start(root, 3)
     with pytest.raises(ck.CheckpointError, match=r"trainer\.pt is missing"):
-        ck.coordinator_writer(tmp_path, 3)(3, 3, {})
+        ck.coordinator_writer(root, 3)(3, 3, {})
+
+
+# --- who sealed it: the run's key --------------------------------------------------------
+
+
+def reseal(folder: Path, keep_mac: bool) -> None:
+    """What anyone who can write the folder can do: fresh sha256 and sizes for every file,
+    the manifest rewritten (with the old MAC left in, or without one)."""
+    manifest = json.loads((folder / ck.MANIFEST).read_text())
+    for name in manifest["files"]:
+        data = (folder / name).read_bytes()
+        manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    if not keep_mac:
+        manifest.pop("hmac", None)
+    (folder / ck.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("keep_mac", [False, True])
+def test_a_folder_re_sealed_without_the_run_key_is_refused(root, keep_mac):
+    write(root, 2)
+    write(root, 4)
+    newest = root / "step-00000004"
+    (newest / ck.TRAINER_FILE).write_bytes(b"replaced" * 100)
+    reseal(newest, keep_mac)
+    info, rejected = ck.latest_valid(root)
+    assert info is not None and info.step == 2
+    assert len(rejected) == 1 and "step-00000004" in rejected[0]
+    assert ("HMAC mismatch" if keep_mac else "no HMAC") in rejected[0]
+    with pytest.raises(ck.CheckpointError, match="not sealed with this run's key"):
+        ck.find(root, "step-00000004")
+
+
+def test_a_folder_sealed_with_another_runs_key_is_refused(tmp_path):
+    ours, theirs = new_run(tmp_path, "ours"), new_run(tmp_path, "theirs")
+    write(ours, 2)
+    write(theirs, 6)  # sealed properly, by another run
+    shutil.copytree(theirs / "step-00000006", ours / "step-00000006")
+    info, rejected = ck.latest_valid(ours)
+    assert info is not None and info.step == 2
+    assert len(rejected) == 1 and "step-00000006" in rejected[0] and "HMAC mismatch" in rejected[0]
+    assert ck.latest_valid(theirs)[0].step == 6  # in its own run it verifies
+
+
+def test_a_signed_folder_renamed_to_a_newer_step_is_refused(root):
+    write(root, 2)
+    shutil.copytree(root / "step-00000002", root / "step-00000008")
+    info, rejected = ck.latest_valid(root)
+    assert info.step == 2 and "the manifest is for step 2" in rejected[0]
+
+
+def test_without_the_run_keys_nothing_is_sealed_or_trusted(root):
+    write(root, 2)
+    shutil.rmtree(root.parent / "keys")
+    info, rejected = ck.latest_valid(root)
+    assert info is None and len(rejected) == 1 and "no key" in rejected[0]
+    with pytest.raises(ck.CheckpointError, match="no key"):
+        ck.find(root, "step-00000002")
+    with pytest.raises(ck.CheckpointError, match="no key"):
+        ck.coordinator_writer(root, 3)
+
+
+# --- what it holds: trainer.pt is tensors and plain values, never code --------------------
+
+
+class RunsCode:
+    """Unpickling this calls os.mkdir(marker): stands for any code in a pickle."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def sealed_with_code(root: Path, step: int, marker: Path) -> Path:
+    """A checkpoint sealed by the run itself (so the MAC is right) whose trainer.pt holds a
+    pickle that runs code: the MAC alone must not be what keeps code from running."""
+    staging = ck.start(root, step)
+    torch.save(
+        {"step": step, "version": step, "model": RunsCode(marker), "optimizer": {}},
+        staging / ck.TRAINER_FILE,
+    )
+    ck.coordinator_writer(root, keep=3)(step, step, {"format": 1})
+    info = ck.find(root, folder_name(step))  # the folder itself verifies
+    return info.path
+
+
+def refused_without_running(load, marker: Path) -> str:
+    error: Exception | None = None
+    try:
+        load()
+    except Exception as exc:
+        error = exc
+    assert not marker.exists(), "loading the checkpoint ran code from its pickle"
+    assert isinstance(error, ck.CheckpointError), repr(error)
+    return str(error)
+
+
+def test_a_synthetic_trainer_refuses_a_trainer_pt_that_runs_code(root, tmp_path):
+    marker = tmp_path / "ran"
+    folder = sealed_with_code(root, 4, marker)
+    side = SyntheticTrainer(CFG, 0)
+    message = refused_without_running(lambda: side.restore(folder), marker)
+    assert "\n" not in message and "step-00000004/trainer.pt" in message
+    assert "posix.mkdir" in message  # says what it refused
+
+
+def test_the_torch_trainer_refuses_a_trainer_pt_that_runs_code(root, tmp_path, model_dir):
+    marker = tmp_path / "ran"
+    folder = sealed_with_code(root, 4, marker)
+    trainer = TorchTrainer(build_config({"model": {"path": "x"}}), str(model_dir))
+    message = refused_without_running(lambda: trainer.load_state(folder / ck.TRAINER_FILE), marker)
+    assert "\n" not in message and "step-00000004/trainer.pt" in message
+
+
+def test_a_synthetic_trainer_state_round_trips_through_a_sealed_checkpoint(root):
+    """Model, AdamW moments and step, torch RNG, step and version all load with
+    weights_only=True and come back exactly."""
+    a = SyntheticTrainer(CFG, 0)
+    loss = a._model(torch.tensor([1, 2, 3])).square().mean()
+    loss.backward()
+    a._opt.step()  # AdamW state now holds tensors (exp_avg, exp_avg_sq, step)
+    a.step_no, a.version = 4, 3
+    torch.manual_seed(11)
+    expected_rng = torch.get_rng_state()
+    staging = ck.start(root, 4)
+    a.save_checkpoint(staging / ck.TRAINER_FILE, 4)
+    ck.coordinator_writer(root, keep=3)(4, 3, {"format": 1})
+    b = SyntheticTrainer(CFG, 0)
+    torch.manual_seed(0)
+    b.restore(ck.find(root, "step-00000004").path)
+    assert (b.step_no, b.version) == (4, 3)
+    assert torch.equal(torch.get_rng_state(), expected_rng)
+    fresh = SyntheticTrainer(CFG, 0)._model.state_dict()
+    restored = b._model.state_dict()
+    for k, v in a._model.state_dict().items():
+        assert torch.equal(restored[k], v) and not torch.equal(fresh[k], v), k
+    moments = b._opt.state_dict()["state"]
+    for i, s in a._opt.state_dict()["state"].items():
+        assert all(torch.equal(moments[i][name], t) for name, t in s.items())
 
 
 # --- the data plane across a save/restore ----------------------------------------------
