@@ -2,15 +2,21 @@
 
 - ``bwrap``: bubblewrap with every namespace unshared (no network, own pid space, own
   hostname), only ``/usr`` visible (read-only), a private size-limited tmpfs as the
-  working directory, the program's folder read-only, an empty environment. It is started
-  as an unprivileged uid: started by root, bwrap would still be root outside its user
-  namespace (root-only files readable, RLIMIT_NPROC ignored; ../shared/notes/sandbox.md).
+  working directory and as ``/tmp``, a read-only ``/dev`` (its device nodes still work)
+  whose ``/dev/shm`` is a size-limited tmpfs too (bwrap's own ``--dev`` tmpfs has no size
+  limit, and tmpfs pages count against no rlimit), the program's folder read-only, an
+  empty environment, no further user namespaces (``--disable-userns``) and the seccomp
+  filter of :mod:`runtime.sandbox.seccomp`. It is started as an unprivileged uid: started
+  by root, bwrap would still be root outside its user namespace (root-only files
+  readable, RLIMIT_NPROC ignored; ../shared/notes/sandbox.md).
 - ``rlimits``: no namespaces, only the rlimits and the uid (and, as root, no network via
   ``unshare --net``); the program sees the host file system as that uid does. A fallback
   where bwrap is missing, announced loudly.
 
 rlimits are set by ``prlimit`` (util-linux) just before the layer starts, after the uid
 change, so the program cannot raise them (a hard limit only goes down without privilege).
+Both layers run inside the run's memory + pids cgroup where there is one (the runner puts
+the launch's first process there, :mod:`runtime.sandbox.cgroups`).
 """
 
 from __future__ import annotations
@@ -70,13 +76,22 @@ class Launch:
 
 
 def bwrap_command(
-    argv: list[str], code_dir: str, work_dir: str, limits: SandboxLimits, uid: int | None
+    argv: list[str],
+    code_dir: str,
+    work_dir: str,
+    limits: SandboxLimits,
+    uid: int | None,
+    seccomp_fd: int | None = None,
 ) -> Launch:
+    scratch = str(limits.scratch_mb * _MB)
     cmd = [
         *privilege_drop(uid),
         *rlimit_prefix(limits, set_nproc=uid is not None),
         "bwrap",
         "--unshare-all",
+        # --unshare-all only tries a user namespace; --disable-userns needs one for sure.
+        "--unshare-user",
+        "--disable-userns",  # no nested user namespace: no capabilities to mount with
         "--as-pid-1",  # the program is pid 1: no bwrap reaper left behind as a zombie
         "--die-with-parent",
         "--new-session",
@@ -87,11 +102,16 @@ def bwrap_command(
         "--symlink", "usr/bin", "/bin",
         "--proc", "/proc",
         "--dev", "/dev",
-        "--size", str(limits.scratch_mb * _MB), "--tmpfs", WORKDIR,
-        "--size", str(limits.scratch_mb * _MB), "--tmpfs", "/tmp",
+        # Over --dev's own /dev/shm, then /dev itself read-only (its mounts stay writable).
+        "--size", scratch, "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
+        "--size", scratch, "--tmpfs", WORKDIR,
+        "--size", scratch, "--tmpfs", "/tmp",
         "--ro-bind", code_dir, CODEDIR,
         "--chdir", WORKDIR,
     ]  # fmt: skip
+    if seccomp_fd is not None:  # bwrap reads the filter from it and closes it
+        cmd += ["--seccomp", str(seccomp_fd)]
     for key, value in sandbox_env(WORKDIR).items():
         cmd += ["--setenv", key, value]
     # Inside, the program's folder is at CODEDIR.
@@ -100,8 +120,14 @@ def bwrap_command(
 
 
 def rlimits_command(
-    argv: list[str], code_dir: str, work_dir: str, limits: SandboxLimits, uid: int | None
+    argv: list[str],
+    code_dir: str,
+    work_dir: str,
+    limits: SandboxLimits,
+    uid: int | None,
+    seccomp_fd: int | None = None,
 ) -> Launch:
+    # No seccomp here: nothing in this chain loads a filter (seccomp_fd is never given).
     # As root the network namespace comes first (unshare needs the privilege), then the
     # uid drop, then the limits.
     no_net = ["unshare", "--net", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []

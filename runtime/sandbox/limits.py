@@ -6,7 +6,22 @@ from dataclasses import dataclass
 
 # How a run ended. ``ok`` and ``error`` are the program's own doing; the others are
 # limits the sandbox enforced.
-STATUSES = ("ok", "error", "timeout", "output_limit", "cpu_limit", "file_limit", "signal")
+STATUSES = (
+    "ok",
+    "error",
+    "timeout",
+    "output_limit",
+    "cpu_limit",
+    "file_limit",
+    "memory_limit",  # the memory cgroup's OOM killer stopped one of its processes
+    "signal",
+)
+
+_MB = 1 << 20
+# Beyond the program's own pages: page tables, socket and pipe buffers, bwrap's own
+# process (about 2 MB), all charged to the same cgroup.
+_KERNEL_HEADROOM_MB = 64
+TMPFS_MOUNTS = 3  # /sandbox, /tmp and /dev/shm, each scratch_mb (bwrap)
 
 
 @dataclass(frozen=True)
@@ -14,11 +29,19 @@ class SandboxLimits:
     wall_s: float = 6.0  # wall clock; then the whole process tree is killed
     cpu_s: int = 6  # RLIMIT_CPU per process (SIGXCPU)
     memory_mb: int = 1024  # RLIMIT_AS per process (MemoryError)
-    max_processes: int = 16  # RLIMIT_NPROC of the sandbox's own uid
+    max_processes: int = 16  # RLIMIT_NPROC of the sandbox's own uid; pids.max of its cgroup
     file_size_mb: int = 16  # RLIMIT_FSIZE (EFBIG)
-    scratch_mb: int = 64  # size of the private writable tmpfs (bwrap)
+    scratch_mb: int = 64  # size of each private writable tmpfs (bwrap: /sandbox, /tmp, /dev/shm)
     open_files: int = 256  # RLIMIT_NOFILE
     output_bytes: int = 1 << 20  # stdout + stderr kept; more is killed as output_limit
+
+    @property
+    def group_memory_bytes(self) -> int:
+        """The memory cgroup's limit: all the program's processes and the pages of its
+        tmpfs mounts together. One process using its whole address space while its tmpfs
+        mounts are full still fits, so no single-process program loses anything to it;
+        what it stops is many processes (or unmapped shared memory) adding up."""
+        return (self.memory_mb + TMPFS_MOUNTS * self.scratch_mb + _KERNEL_HEADROOM_MB) * _MB
 
     def with_wall(self, wall_s: float) -> SandboxLimits:
         from dataclasses import replace

@@ -2,11 +2,15 @@
 
 The caller (a reward, an agent's tool call, ``reflow reward code``) hands in source and
 stdin; :class:`Sandbox` writes the source to a fresh read-only folder, claims a uid of its
-own (when root), starts the isolation layer, feeds stdin and reads at most
-``output_bytes`` back (more kills the program: a reader that buffers everything is a
-memory bomb of its own), and on the wall-clock limit kills the whole process tree. Every
-process still owned by the run's uid is killed afterwards, so nothing a program forked
-outlives its run even where it left the process group.
+own (when root) and a memory + pids cgroup for it (where one can be made), starts the
+isolation layer inside that cgroup, feeds stdin and reads at most ``output_bytes`` back
+(more kills the program: a reader that buffers everything is a memory bomb of its own),
+and on the wall-clock limit kills the whole process tree. Every process still in the
+run's cgroup or owned by its uid is killed afterwards and the cgroup removed, so nothing a
+program forked outlives its run even where it left the process group.
+
+What a sandbox lacks here (no uid switch when not root, no cgroup, no seccomp table for
+the machine) is in :attr:`Sandbox.weakened`, each line logged once per process.
 """
 
 from __future__ import annotations
@@ -15,19 +19,34 @@ import contextlib
 import ctypes
 import logging
 import os
+import platform
 import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from runtime.sandbox import cgroups, seccomp
 from runtime.sandbox.isolation import ISOLATION, resolve
 from runtime.sandbox.limits import RunResult, SandboxLimits
 from runtime.sandbox.uids import UidPool
 
 log = logging.getLogger(__name__)
+
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _warn_once(line: str) -> None:
+    # Every Sandbox of a process (one per settings) would repeat the same lines.
+    with _logged_lock:
+        if line in _logged:
+            return
+        _logged.add(line)
+    log.warning("%s", line)
 
 
 class SandboxError(RuntimeError):
@@ -54,9 +73,43 @@ class Sandbox:
         if not os.access(python, os.X_OK):
             raise SandboxError(f"sandbox.python: {python!r} is not an executable file")
         self.uids = UidPool(uid_base, uid_slots) if os.geteuid() == 0 else None
+        self.cgroups, no_cgroup = cgroups.detect()
+        self.seccomp = (
+            seccomp.build_filter() if self.isolation == "bwrap" and seccomp.supported() else None
+        )
         _become_subreaper()
+        self.weakened = self._weakened(no_cgroup)
+        for line in self.weakened:
+            _warn_once(line)
+
+    def _weakened(self, no_cgroup: str) -> list[str]:
+        """One line per layer this sandbox lacks, saying what is left."""
+        lines = []
         if self.uids is None:
-            log.warning("sandbox: not root, so programs keep this uid and no process limit")
+            uid = os.geteuid()
+            left = (
+                "bwrap still hides the network, host processes and every file but /usr, "
+                "under seccomp and per-process rlimits"
+                if self.isolation == "bwrap"
+                else "with rlimits only they read and write whatever this uid can"
+            )
+            lines.append(
+                f"SANDBOX WEAKENED: not root (uid {uid}), so no uid switch: sandboxed "
+                f"programs run as uid {uid}, with no process limit and no memory cgroup; "
+                f"{left} (docs/sandbox.md)"
+            )
+        elif self.cgroups is None:
+            lines.append(
+                f"SANDBOX WEAKENED: no memory+pids cgroup ({no_cgroup}): memory is limited "
+                "per process only (RLIMIT_AS), not for a program's processes and its tmpfs "
+                "or shared memory together (docs/sandbox.md)"
+            )
+        if self.isolation == "bwrap" and self.seccomp is None:
+            lines.append(
+                f"SANDBOX WEAKENED: no seccomp table for {platform.machine()}: io_uring, "
+                "bpf, ptrace, keyctl and the like stay reachable (docs/sandbox.md)"
+            )
+        return lines
 
     def run_python(
         self, source: str, stdin: str = "", limits: SandboxLimits | None = None
@@ -69,37 +122,74 @@ class Sandbox:
             (code_dir / "main.py").write_text(source, encoding="utf-8")
             (code_dir / "main.py").chmod(0o644)
             if self.uids is None:
-                return self._run(code_dir, work_dir, stdin, limits, None)
+                return self._run_in_cgroup(code_dir, work_dir, stdin, limits, None)
             with self.uids.claim() as uid:
                 os.chown(work_dir, uid, uid)
                 work_dir.chmod(0o700)
                 try:
-                    return self._run(code_dir, work_dir, stdin, limits, uid)
+                    return self._run_in_cgroup(code_dir, work_dir, stdin, limits, uid)
                 finally:
                     _kill_uid(uid)
         finally:
             shutil.rmtree(code_dir, ignore_errors=True)
             shutil.rmtree(work_dir, ignore_errors=True)
 
-    def _run(
+    def _run_in_cgroup(
         self, code_dir: Path, work_dir: Path, stdin: str, limits: SandboxLimits, uid: int | None
     ) -> RunResult:
-        argv = [self.python, "-s", str(code_dir / "main.py")]
-        launch = self._build(argv, str(code_dir), str(work_dir), limits, uid)
-        start = time.monotonic()
+        if self.cgroups is None:
+            return self._run(code_dir, work_dir, stdin, limits, uid, None)
         try:
-            proc = subprocess.Popen(
-                launch.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=launch.env,
-                cwd=launch.cwd,
-                start_new_session=True,  # one process group to kill
-                close_fds=True,
+            cg = cgroups.RunCgroup(
+                self.cgroups,
+                cgroups.run_name(uid),
+                limits.group_memory_bytes,
+                limits.max_processes,
             )
         except OSError as exc:
-            raise SandboxError(f"sandbox: cannot start {launch.argv[0]!r}: {exc}") from exc
+            raise SandboxError(f"sandbox: cannot set up the run's cgroup: {exc}") from exc
+        try:
+            return self._run(code_dir, work_dir, stdin, limits, uid, cg)
+        finally:
+            cg.close()
+
+    def _run(
+        self,
+        code_dir: Path,
+        work_dir: Path,
+        stdin: str,
+        limits: SandboxLimits,
+        uid: int | None,
+        cg: cgroups.RunCgroup | None,
+    ) -> RunResult:
+        argv = [self.python, "-s", str(code_dir / "main.py")]
+        fds: list[int] = []  # passed to the launch, closed here once it started
+        try:
+            seccomp_fd = None
+            if self.seccomp is not None:
+                seccomp_fd = _pipe_with(self.seccomp)
+                fds.append(seccomp_fd)
+            launch = self._build(argv, str(code_dir), str(work_dir), limits, uid, seccomp_fd)
+            launch_argv = cg.wrap(launch.argv) if cg is not None else launch.argv
+            start = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    launch_argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=launch.env,
+                    cwd=launch.cwd,
+                    start_new_session=True,  # one process group to kill
+                    close_fds=True,
+                    pass_fds=fds,
+                )
+            except OSError as exc:
+                raise SandboxError(f"sandbox: cannot start {launch_argv[0]!r}: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+            fds.clear()
         try:
             out, err, why = _pump(proc, stdin.encode(), start + limits.wall_s, limits.output_bytes)
             if why is None:
@@ -109,10 +199,26 @@ class Sandbox:
                     why = "timeout"
         finally:
             _kill_group(proc)
+        if cg is not None and cg.never_joined():
+            raise SandboxError(f"sandbox: the launch could not join its cgroup: {_text(err)}")
         code = proc.returncode
         wall = time.monotonic() - start
         status = why or _status(code)
+        # A process the OOM killer took may show as any status (SIGKILL, a parent's
+        # error, a parent still waiting at the timeout): the limit is the cause.
+        if cg is not None and status != "output_limit" and cg.oom_kills():
+            status = "memory_limit"
         return RunResult(status, code, _text(out), _text(err), wall)
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (bwrap reads its seccomp program from an fd)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)  # far below a pipe's 64 KiB: never blocks
+    finally:
+        os.close(w)
+    return r
 
 
 def _pump(
