@@ -75,7 +75,8 @@ class WorkloadConfig:
     )
     public_tests: int = opt(
         1,
-        "code_agent: tests whose failures are fed back; the final reward uses the rest",
+        "code_agent: tests whose failures are fed back (at most total - 1); the final reward uses "
+        "the rest",
         ge=0,
     )
     tool_open: str = opt("<code>", "tool_reasoning: text that opens a code block")

@@ -1,8 +1,13 @@
 """Multi-turn coding agent (APPS-style): write a program, run it against the public tests
 in the sandbox, read the first failure as the next user turn, try again, up to
 ``workload.max_turns`` attempts; the reward is the last program's result on the hidden
-tests (those after the first ``workload.public_tests``; all of them when none are left).
-Feedback tokens are environment tokens (loss mask 0)."""
+tests. Feedback tokens are environment tokens (loss mask 0).
+
+The split (:func:`split_tests`): the first ``workload.public_tests`` tests are public, but
+never all of them, so at least one test stays hidden and the two sets never overlap. A
+task with a single test (every HumanEval task, as its ``check`` is one test) has no
+public test at all: one attempt, no feedback turn, scored on that test. Feedback only
+ever shows public tests, so it cannot reveal a hidden one (docs/code-reward.md)."""
 
 from __future__ import annotations
 
@@ -35,15 +40,19 @@ def _clip(x: Any, n: int = 300) -> str:
     return s if len(s) <= n else s[:n] + "..."
 
 
+def split_tests(total: int, public_tests: int) -> tuple[list[int], list[int]]:
+    """(public, hidden) test indices: at most ``total - 1`` public ones, the rest hidden."""
+    k = max(0, min(public_tests, total - 1))
+    return list(range(k)), list(range(k, total))
+
+
 class CodeAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
         w, settings = env.cfg.workload, env.cfg.sandbox
         record = env.record(prompt)
         tests, fn_name = record["tests"], record.get("fn_name") or None
         total = parse_tests(tests, fn_name=fn_name).total
-        k = min(w.public_tests, total)
-        public = list(range(k))
-        hidden = list(range(k, total)) if k < total else list(range(total))
+        public, hidden = split_tests(total, w.public_tests)
         ep = Episode(list(prompt["prompt_ids"]))
         program = ""
         for turn in range(w.max_turns):

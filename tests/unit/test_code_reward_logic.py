@@ -74,3 +74,77 @@ def test_extract_program_prefers_the_last_python_block():
     assert extract_program(text) == "print(2)\n"
     assert extract_program("```\nx = 1\n```") == "x = 1\n"
     assert extract_program("print(3)") == "print(3)"
+
+
+def test_integers_compare_exactly_and_tolerance_is_for_decimals_only():
+    assert not outputs_match("1000001", "1000000")  # 1e-6 relative would have let it in
+    assert not outputs_match("1000001\n", "1000000.0\n")  # an integer on one side: exact
+    assert outputs_match("2", "2.0") and outputs_match("+7", "7")
+    assert outputs_match("1000000.4", "1000000.0")  # both decimals: the tolerance
+    assert not values_match(3.0, "3") and not values_match("3", 3.0)
+    assert not values_match(True, 1) and not values_match(1, True)
+    assert not values_match(1000001, 1000000) and not values_match(1000001.0, 1000000)
+    assert values_match(2, 2.0) and values_match((1, 2), [1, 2])
+    assert values_match({"a": [1.0000000001]}, {"a": [1.0]})
+
+
+def test_only_exact_plain_types_cross_the_boundary():
+    import collections
+
+    from runtime.rewards.code import _decode, _encode, _NotPlain
+
+    plain = [
+        None,
+        True,
+        -(10**30),
+        1.5,
+        float("nan"),
+        "s",
+        b"\x00",
+        (1, [2, {3: frozenset({4})}]),
+        {"k": {5, 6}},
+        collections.Counter("aab"),
+        collections.deque([1], maxlen=3),
+        collections.defaultdict(list, {1: [2]}),
+    ]
+    for v in plain:
+        back = _decode(_encode(v))
+        assert type(back) is type(v) and (back == v or v != v), v
+
+    class Str(str):
+        pass
+
+    class Yes:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    nested: list = []
+    nested.append(nested)
+    for bad in (Str("x"), Yes(), [Yes()], {1: Yes()}, nested, iter([1]), lambda: 1):
+        with pytest.raises(_NotPlain):
+            _encode(bad)
+
+
+def test_the_probe_keeps_the_calls_and_drops_the_answers():
+    from runtime.rewards.code import probe_code, program_names
+
+    test = (
+        "def check(candidate):\n"
+        "    assert candidate([5, 4]) == 25, 'hint 25'\n"
+        "    lst = list(range(-9, 10, 2))\n"
+        "    odd_sum = sum([i**2 for i in lst if i > 0])\n"
+        "    assert candidate(lst) == odd_sum\n"
+        "    for x in range(3):\n"
+        "        assert abs(candidate([x]) - 1234.5) < 1e-6\n"
+        "\ncheck(f)\n"
+    )
+    names = program_names(test, {"f", "sum"}, "f")
+    assert names == ["f"]  # the entry point; a builtin the program shadows stays real
+    probe = probe_code(test, names)
+    assert "candidate([5, 4])" in probe and "candidate(lst)" in probe
+    assert "candidate([x])" in probe and "check(f)" in probe and "lst = " in probe
+    for answer in ("25", "odd_sum", "1234.5", "hint"):
+        assert answer not in probe
+    # with no entry point (MBPP) a builtin the program defines is the function under test
+    assert program_names("assert sum(10, 15) == 6\n", {"sum"}, None) == ["sum"]
+    assert "6" not in probe_code("assert sum(10, 15) == 6\n", ["sum"])
