@@ -135,6 +135,7 @@ class Coordinator:
         self._next_overdue_check = 0.0
         self.ledger_violations: list[dict[str, Any]] = []
         self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
+        self._batch_retry: dict[bytes, int] = {}  # trainer identity -> batch id to send again
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.started_at = clock()
@@ -321,7 +322,7 @@ class Coordinator:
             self.engine_profile.observe(msg.rank, self.clock(), msg.engine)
         else:
             self.engine_profile.forget(msg.rank)
-        acked, w.to_ack = w.to_ack, []
+        acked, w.to_ack = w.to_ack[: p.MAX_IDS], w.to_ack[p.MAX_IDS :]  # the rest next beat
         ack = p.HeartbeatAck(step=self.step, policy_version=self.policy_version, acked=acked)
         return [(identity, ack)]
 
@@ -588,6 +589,8 @@ class Coordinator:
                 logprobs=t.logprobs,
                 versions=t.versions,
                 extra=t.extra,
+                reward=t.reward,
+                ids=(t.group_id, t.prompt_id),
                 request=entry[0],
                 policy_version=self.policy_version,
                 bounds=self.bounds,
@@ -939,6 +942,8 @@ class Coordinator:
             out += self._maybe_apply_layout()
         if self.state == "RUNNING" and now >= self._next_overdue_check:
             out += self._time_out_work(now)
+        if self._batch_retry:
+            out += self._retry_batches()
         pending = self.checkpoint_pending
         if pending is not None:
             if self._leader() is None:
@@ -970,12 +975,30 @@ class Coordinator:
             )
         return []
 
+    def _retry_batches(self) -> list[Outgoing]:
+        retry, self._batch_retry = self._batch_retry, {}
+        out: list[Outgoing] = []
+        for identity, batch_id in retry.items():
+            rank = self._rank_of.get(identity)
+            batch = self.data.batches.get(batch_id)
+            if batch is None or batch_id != self.batch_in_flight or rank is None:
+                continue  # trained or abandoned meanwhile
+            if self.workers[rank].state in GONE:
+                continue
+            self.batch_resent += 1
+            out.append((identity, wire.batch_message(batch)))
+        return out
+
     def undelivered(self, identity: bytes, msg: p.Message) -> None:
         """The server could not hand ``msg`` to ``identity`` (no pipe to that peer, or its
         queue full). Work handed out in it goes back to the queue at once; everything else
         is asked for again by the rank (batches, acks) or repeated (heartbeat acks)."""
         self.undeliverable[msg.TYPE] += 1
         rank = self._rank_of.get(identity)
+        if isinstance(msg, p.Batch) and rank is not None:
+            # Only the leader asks for batches; a trainer replica that missed its copy
+            # would leave the leader waiting in the collective: send it again next tick.
+            self._batch_retry[identity] = msg.batch_id
         if isinstance(msg, p.Work) and rank is not None:
             for r in reversed(msg.requests):  # each goes to the front: keep their order
                 if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):

@@ -202,6 +202,7 @@ class Dispatcher:
             "transitions": dict(self.transitions),
             "blocked": dict(self.blocked),
             "started_groups": sorted(self._started_groups),
+            "requeue_reasons": dict(self.requeue_reasons),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -223,6 +224,8 @@ class Dispatcher:
         self.fresh_per_step = float(state["fresh_per_step"])
         self.transitions = Counter(state["transitions"])
         self.transitions["running->pending"] += int(state["requeued_on_save"])
+        self.requeue_reasons = Counter(state.get("requeue_reasons", {}))
+        self.requeue_reasons["out_at_checkpoint"] += int(state["requeued_on_save"])
         self.blocked = Counter(state["blocked"])
         self._started_groups = set(state["started_groups"])
 

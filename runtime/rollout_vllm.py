@@ -274,6 +274,10 @@ class VLLMRolloutSide:
             if not msg.requests:
                 self._retry_at = time.monotonic() + 0.05
             for req in msg.requests:
+                if req["sample_id"] in self._running:
+                    # rank 0 timed it out and handed it back to us while our first copy
+                    # still runs: that copy's result is the one it will take
+                    continue
                 self._running[req["sample_id"]] = self._call(self._run(req))
 
     def step(self) -> None:

@@ -20,6 +20,9 @@ from runtime.sample import Request
 
 # vLLM's log-probs are <= 0; float32 rounding can put a certain token a hair above it.
 _LOGPROB_MAX = 1e-3
+# Rewards here are 0/1 or small scores; a bound this loose keeps every group statistic and
+# advantage finite (two rewards of 1e308 overflow the group mean and lost the group).
+MAX_ABS_REWARD = 1e6
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,19 @@ def sample_problem(
     logprobs: Sequence[float],
     versions: Sequence[Sequence[int]],
     extra: dict[str, Any],
+    reward: float,
+    ids: tuple[int, int],
     request: Request,
     policy_version: int,
     bounds: RunBounds,
 ) -> str | None:
-    """Why this sample cannot be one the run produced for ``request``; None if it can."""
+    """Why this sample cannot be one the run produced for ``request``; None if it can.
+    ``ids``: the sample's (group_id, prompt_id)."""
     n = len(token_ids)
+    if ids != (request.group_id, request.prompt_id):
+        return "mismatched_ids"
+    if not abs(reward) <= MAX_ABS_REWARD:
+        return "reward_out_of_range"
     expected = request.prompt.get("prompt_ids")
     got = extra.get("prompt_ids")
     if expected is not None:

@@ -127,6 +127,8 @@ class SyntheticRollout(_SyntheticSide):
             if not msg.requests:  # nothing admissible now: do not spin on the coordinator
                 self._retry_at = now + 0.05
             for req in msg.requests:
+                if req["sample_id"] in self.running:
+                    continue  # handed back after a timeout while our copy still runs
                 n = self._length()
                 self.running[req["sample_id"]] = _Generation(
                     req, n, now, now + n * self.token_time_s, [[self.version, 0, 0]]

@@ -124,6 +124,8 @@ HOSTILE = {
     "bool_prompt": ({"extra": {"prompt_ids": [5, 6, True]}}, "wrong_prompt"),
     "prompt_as_text": ({"extra": {"prompt_ids": "567"}}, "wrong_prompt"),
     "future_version": ({"versions": [(9, 0, 4)]}, "version_out_of_range"),
+    "other_group": ({"group_id": 99}, "mismatched_ids"),
+    "huge_reward": ({"reward": 1e308}, "reward_out_of_range"),
 }
 
 
@@ -303,6 +305,42 @@ def test_a_lost_role_switch_report_is_made_good_by_the_next_heartbeat(clock):
     assert c.status()["layout"]["switching"]  # rank 2's report was lost
     c.handle(ident(2), beat(2, epoch=1, role="trainer"))
     assert not c.status()["layout"]["switching"]
+
+
+def test_acks_never_exceed_what_one_message_may_carry(clock):
+    c = running(clock)
+    c.workers[2].to_ack = list(range(p.MAX_IDS + 10))
+    first = c.handle(ident(2), beat(2))[0][1]
+    p.decode(p.encode(first))  # the rank can read it
+    assert len(first.acked) == p.MAX_IDS
+    assert c.handle(ident(2), beat(2))[0][1].acked == list(range(p.MAX_IDS, p.MAX_IDS + 10))
+
+
+def test_a_trainer_replica_that_missed_its_batch_gets_it_again(clock):
+    c = running(clock, resources={"gpus_per_node": 4, "initial_ratio": "1:3"})
+    for r in take_work(c, rank=3, slots=4):
+        c.on_frames(ident(3), frames_of(done(r, rank=3)))
+    out = c.handle(ident(0), p.BatchRequest(rank=0))
+    batch = out[0][1]
+    assert isinstance(batch, p.Batch) and {to for to, _ in out} == {ident(0), ident(1), ident(2)}
+    c.undelivered(ident(2), batch)  # rank 2's copy found no pipe (or a full queue)
+    again = [(to, m) for to, m in c.tick() if isinstance(m, p.Batch)]
+    assert again == [(ident(2), batch)]
+    assert [m for _, m in c.tick() if isinstance(m, p.Batch)] == []  # once per failure
+
+
+def test_requeue_reasons_survive_a_checkpoint(clock):
+    c = running(clock)
+    ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=2))
+    c.undelivered(ident(2), work)
+    take_work(c, slots=1)  # out at the checkpoint: requeued on restore
+    state = c.data.dispatcher.state_dict()
+    fresh = running(Clock())
+    fresh.data.dispatcher.load_state_dict(state)
+    reasons = fresh.data.dispatcher.requeue_reasons
+    assert reasons["undelivered"] == 2 and reasons["out_at_checkpoint"] == 1
+    d = fresh.data.dispatcher
+    assert d.transitions["running->pending"] == sum(reasons.values())
 
 
 def test_the_ledger_identity_is_checked_every_step(clock):
