@@ -34,13 +34,31 @@ How a verdict is reached (docs/code-reward.md has the whole argument):
   forge) is only a claim about what the program's functions returned, which the program
   could as well have returned; it cannot name the answers, which it never saw.
 
+What the program's code may decide is kept to its own calls. A probe keeps whole only the
+calls of program names, of names that hold one (``candidate``, by
+:func:`_carriers`), and hand-offs like ``check(add)`` whose arguments are all such names;
+of any other call (builtins, imports, the test's own helpers such as ``_close(candidate(x),
+1.41)``) it keeps only the program calls inside the arguments, and an expression or
+assignment that no later call needs is cut down the same way. A builtin or prelude name the
+program redefines counts as the program's only with no entry point, no other program name
+in the test and no second such name (MBPP 126 tests ``sum``); elsewhere the replay, which
+holds no program code, runs the real builtin. A recorded ``StopIteration`` or
+``StopAsyncIteration`` is refused: raised into ``map`` or ``iter(f, x)`` it would end the
+test's iteration early.
+
 Residual risk, honestly: a probe keeps what the calls' arguments need, so a test that
 derives an argument from its answer gives the answer away (HumanEval 38/50 encode the
 answer with the prompt's ``encode_*``, which is the program's own code); a check that
 judges with a helper the program defines (HumanEval 32's ``poly``) is judged by the
 program, as in HumanEval's own harness; a table of ``(input, answer)`` pairs that a loop
-walks stays in the probe whole. The sandbox (runtime/sandbox) bounds what either run can
-do; nothing here depends on the program failing to inspect its own process.
+walks stays in the probe whole, and so do the headers of ``if``/``while``/``for`` and
+``return``/``raise`` statements that call the program (their comparisons and lambdas
+included); a builtin-named function under test (MBPP 126's ``sum``, or an entry point
+named like a builtin) is the program's throughout its test, expected side included, as
+in the datasets' own harnesses. A test helper that calls the program itself, or is handed
+it beside other arguments, has no calls in the probe: such a test fails even for a right
+program (a cost in correctness, never a pass). The sandbox (runtime/sandbox) bounds what
+either run can do; nothing here depends on the program failing to inspect its own process.
 
 Each run is one sandboxed process, tests of one program run ``parallel`` at a time, and
 all of them share ``total_timeout_s``. The score is 1.0 when every test passes, else 0.0;
@@ -293,6 +311,7 @@ _PRELUDE_NAMES = frozenset(
     for n in [(a.asname or a.name).split(".")[0]]
 ) | frozenset(__import__("typing").__all__)
 _CONTROL = (ast.Return, ast.Pass, ast.Break, ast.Continue, ast.Global, ast.Nonlocal)
+_REDUCIBLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)
 
 
 def _parse(code: str) -> ast.Module:
@@ -351,34 +370,80 @@ def _top_level_definitions(program: str) -> set[str]:
 
 def program_names(test_code: str, defined: set[str], entry: str | None) -> list[str]:
     """The names in ``test_code`` that stand for the program: free names that are neither
-    builtins nor the prelude's imports, plus the entry point, plus (with no entry point, as
-    MBPP) a builtin or prelude name the program itself defines (MBPP 126 tests ``sum``).
-    A builtin the tests use for their own answers stays the real one otherwise."""
+    builtins nor the prelude's imports, plus the entry point. A builtin or prelude name the
+    program itself defines counts only where nothing else can be the function under test:
+    no entry point (as MBPP), no other program name in the test, and exactly one such name
+    (MBPP 126 tests ``sum``). Otherwise every builtin the tests use stays the real one, so
+    the program's redefinition of ``set`` or ``abs`` cannot judge the expected side."""
     tree = _parse(test_code)
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     free = loaded - _bound(tree)
-    out = set()
-    for n in free:
-        ours = n not in _BUILTINS and n not in _PRELUDE_NAMES
-        if ours or n == entry or (entry is None and n in defined):
-            out.add(n)
+    out = {n for n in free if n == entry or (n not in _BUILTINS and n not in _PRELUDE_NAMES)}
+    if not out and entry is None:
+        shadowed = free & defined
+        if len(shadowed) == 1:
+            out = shadowed
     return sorted(out)
+
+
+def _carriers(tree: ast.Module, names: set[str]) -> set[str]:
+    """``names`` plus the test's names that hold one of them: a parameter of a function the
+    test defines, where a call passes it a program name (``check(candidate)`` called as
+    ``check(add)``), and a variable assigned one (``fn = candidate``). Flow-insensitive; a
+    name the test defines with ``def``/``class`` is never one."""
+    defs = {
+        n.name: n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    funcs = {k: v for k, v in defs.items() if not isinstance(v, ast.ClassDef)}
+    out = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for n in ast.walk(tree):
+            new: set[str] = set()
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs:
+                a = funcs[n.func.id].args  # type: ignore[union-attr]
+                params = [p.arg for p in (*a.posonlyargs, *a.args)]
+                for i, arg in enumerate(n.args):
+                    if isinstance(arg, ast.Starred):
+                        break
+                    if isinstance(arg, ast.Name) and arg.id in out and i < len(params):
+                        new.add(params[i])
+                for kw in n.keywords:
+                    if kw.arg and isinstance(kw.value, ast.Name) and kw.value.id in out:
+                        new.add(kw.arg)
+            elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in out:
+                new |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+            new -= set(defs)
+            if new - out:
+                out |= new
+                changed = True
+    return out
 
 
 class _Probe:
     def __init__(self, tree: ast.Module, names: list[str]) -> None:
-        self.names = set(names)
-        self.local = _imported(tree)
+        self.names = _carriers(tree, set(names))
 
     def kept_call(self, n: ast.AST) -> bool:
-        # A call into the program (or into the test's own helpers, variables and
-        # parameters, ``candidate`` among them); calls of builtins, imports and methods
-        # are the test's own work.
+        # A call into the program: a program name, or a name that holds one (``candidate``).
+        # Calls of builtins, imports, methods and the test's own helpers are the test's own
+        # work: they are never kept whole (their arguments hold the answers), only the
+        # calls into the program inside them are.
         if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Name):
             return False
-        name = n.func.id
-        return name in self.names or (
-            name not in _BUILTINS and name not in _PRELUDE_NAMES and name not in self.local
+        return n.func.id in self.names or self.hand_off(n)
+
+    def hand_off(self, n: ast.Call) -> bool:
+        # ``check(add)``: a call of the test's own function that passes it the program and
+        # nothing else (an answer beside the program would be kept with it).
+        given = [*n.args, *(kw.value for kw in n.keywords)]
+        return (
+            bool(given)
+            and all(kw.arg is not None for kw in n.keywords)
+            and all(isinstance(a, ast.Name) and a.id in self.names for a in given)
         )
 
     def calls_in(self, expr: ast.AST) -> list[ast.expr]:
@@ -408,10 +473,10 @@ class _Probe:
                 out += [ast.Expr(value=c) for c in self.calls_in(s.test)]
                 continue
             for name in ("body", "orelse", "finalbody"):
-                if isinstance(getattr(s, name, None), list):
-                    setattr(s, name, self.neuter(getattr(s, name)))
+                if isinstance(getattr(s, name, None), list) and getattr(s, name):
+                    setattr(s, name, self.neuter(getattr(s, name)) or [ast.Pass()])
             for h in getattr(s, "handlers", []):
-                h.body = self.neuter(h.body)
+                h.body = self.neuter(h.body) or [ast.Pass()]
             out.append(s)
         return out
 
@@ -474,6 +539,11 @@ def _binds(s: ast.stmt) -> set[str]:
     return out
 
 
+def _value_calls(probe: _Probe, s: ast.stmt) -> list[ast.expr]:
+    value = getattr(s, "value", None)
+    return [] if value is None else probe.calls_in(value)
+
+
 def probe_code(test_code: str, names: list[str]) -> str:
     """``test_code`` as the record run executes it: each ``assert`` becomes the calls it
     makes into the program (its comparison and message, where the answers are, are
@@ -484,8 +554,13 @@ def probe_code(test_code: str, names: list[str]) -> str:
     probe = _Probe(tree, names)
     tree.body = probe.neuter(tree.body)
     stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
-    kept: set[int] = set()
+    kept: set[int] = set()  # kept as written
+    reduced: set[int] = set()  # kept as the calls into the program in it, nothing else
     needed: set[str] = set()
+
+    def names_in(nodes: list[Any]) -> set[str]:
+        return {n.id for p in nodes for n in ast.walk(p) if isinstance(n, ast.Name)}
+
     changed = True
     while changed:
         changed = False
@@ -494,14 +569,27 @@ def probe_code(test_code: str, names: list[str]) -> str:
                 continue
             parts = _own_parts(s)
             calls = any(probe.kept_call(n) for p in parts for n in ast.walk(p))
-            if calls or _binds(s) & needed or any(id(c) in kept for c in _children(s)):
+            inner = any(id(c) in kept or id(c) in reduced for c in _children(s))
+            if isinstance(s, _REDUCIBLE) and not _binds(s) & needed:
+                # An expression or assignment that no later call needs: only its calls into
+                # the program run (``ok = _close(candidate(x), 1.41)`` keeps no 1.41).
+                if calls and id(s) not in reduced:
+                    reduced.add(id(s))
+                    needed |= names_in(_value_calls(probe, s))
+                    changed = True
+                continue
+            if calls or inner or _binds(s) & needed:
                 kept.add(id(s))
-                needed |= {n.id for p in parts for n in ast.walk(p) if isinstance(n, ast.Name)}
+                reduced.discard(id(s))
+                needed |= names_in(parts)
                 changed = True
 
     def prune(body: list[ast.stmt]) -> list[ast.stmt]:
-        out = []
+        out: list[ast.stmt] = []
         for s in body:
+            if id(s) in reduced:
+                out += [ast.Expr(value=c) for c in _value_calls(probe, s)]
+                continue
             if id(s) not in kept and not isinstance(s, _CONTROL):
                 continue
             for name in ("body", "orelse", "finalbody"):
@@ -815,10 +903,15 @@ def _replay_one(code, calls, names):
             rec = calls[i]
             if "x" in rec:
                 cls = getattr(builtins, rec["x"], None)
-                if isinstance(cls, type) and issubclass(cls, Exception):
-                    raise cls(f"raised by the program in {name}()")
-                flags.append("error")
-                raise _Refused(f"{name}() ended the program ({rec['x']})")
+                if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                    flags.append("error")
+                    raise _Refused(f"{name}() ended the program ({rec['x']})")
+                if issubclass(cls, (StopIteration, StopAsyncIteration)):
+                    # Raised into map(), filter() or iter(f, x), it would end the test's
+                    # loop there, as if every case had been checked.
+                    flags.append("error")
+                    raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
+                raise cls(f"raised by the program in {name}()")
             if "np" in rec:
                 flags.append("non_plain")
                 raise _Refused(f"{name}() returned a {rec['np']}, not a plain value")

@@ -188,3 +188,100 @@ def test_code_agent_feedback_shows_the_public_test_only():
     env_text = codec.decode([t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if not m])
     assert "add(1, 2)" in env_text and "add(20, 22)" not in env_text and "42" not in env_text
     assert ep.info["hidden_total"] == 1
+
+
+# ---- the probe and the replay: what the program's own code may decide ----
+
+# With no entry point, a builtin the program defines at top level used to count as the
+# program's everywhere in the test, so the expected side of the comparison (its answer in
+# the arguments) ran on the program's builtin and both sides came from its record.
+BUILTIN_REDEFINITIONS = {
+    "set_on_both_sides_mbpp_2": (
+        ["assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))"],
+        "def set(*a, **k):\n    return 0\n\ndef similar_elements(a, b):\n    return []\n",
+    ),
+    "abs_around_the_difference": (
+        ["assert abs(area(2) - 12.566) < 0.01"],
+        "abs = lambda *a: 0\n\ndef area(r):\n    return -1\n",
+    ),
+    "sorted_on_both_sides": (
+        ["assert sorted(f([3,1,2])) == sorted([1,2,3])"],
+        "def sorted(*a, **k):\n    return 1\n\ndef f(x):\n    return []\n",
+    ),
+    "len_in_a_script_without_entry_point": (
+        {"test": "assert len(f([1,2])) == len([1,2,3])\n"},
+        "def len(*a):\n    return 0\n\ndef f(x):\n    return x\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(BUILTIN_REDEFINITIONS))
+def test_a_builtin_the_program_redefines_stays_real_in_the_comparison(attack, sandbox):
+    tests, program = BUILTIN_REDEFINITIONS[attack]
+    assert score(program, parse_tests(tests), sandbox) == 0.0
+
+
+def test_a_function_literally_named_like_a_builtin_is_still_tested(sandbox):
+    # MBPP 126 tests a function called ``sum``: with no other program name in the test,
+    # the builtin-named function is the one under test.
+    tests = parse_tests(["assert sum(10, 15) == 6", "assert sum(4, 6) == 3"])
+    right = (
+        "def sum(a, b):\n    total = 0\n    for d in range(1, min(a, b) + 1):\n"
+        "        if a % d == 0 and b % d == 0:\n            total += d\n    return total\n"
+    )
+    assert score(right, tests, sandbox) == 1.0
+    assert score("def sum(a, b):\n    return 0\n", tests, sandbox) == 0.0
+
+
+# Reads the probe out of the harness frame that holds the job, and returns the number that
+# follows its own call there (the test's answer, when a test helper's call is kept whole).
+PROBE_READER = (
+    "import re, sys\n\ndef sqrt2(x):\n    f = sys._getframe(1)\n    while f is not None:\n"
+    "        job = f.f_locals.get('job')\n"
+    "        if type(job) is dict and 'probe' in job:\n"
+    "            m = re.search(r'candidate\\(' + re.escape(repr(x)) + r'\\), ([-0-9.e]+)',"
+    " job['probe'])\n"
+    "            return float(m.group(1)) if m else -1.0\n"
+    "        f = f.f_back\n    return -1.0\n"
+)
+HELPER_CHECKS = {
+    "helper_in_an_assert": "    assert _close(candidate(2.0), 1.4142135)\n"
+    "    assert _close(candidate(9.0), 3.0)\n",
+    "helper_as_a_statement": "    _close_or_fail(candidate(2.0), 1.4142135)\n"
+    "    _close_or_fail(candidate(9.0), 3.0)\n",
+    "helper_in_an_assignment": "    ok = _close(candidate(2.0), 1.4142135)\n"
+    "    assert ok\n    ok = _close(candidate(9.0), 3.0)\n    assert ok\n",
+}
+
+
+@pytest.mark.parametrize("style", sorted(HELPER_CHECKS))
+def test_a_test_helper_call_keeps_its_answer_out_of_the_probe(style, sandbox):
+    tests = parse_tests(
+        {
+            "test": "def _close(a, b):\n    return abs(a - b) < 1e-6\n\n"
+            "def _close_or_fail(a, b):\n    assert abs(a - b) < 1e-6\n\n"
+            "def check(candidate):\n" + HELPER_CHECKS[style],
+            "entry_point": "sqrt2",
+        }
+    )
+    right = "def sqrt2(x):\n    return x ** 0.5\n"
+    assert score(right, tests, sandbox) == 1.0
+    assert score(PROBE_READER, tests, sandbox) == 0.0
+
+
+def test_a_recorded_stop_iteration_does_not_end_the_tests_early(sandbox):
+    # Raised into ``map`` in the replay, a StopIteration would end the iteration there, and
+    # ``all`` of nothing is true: the grader refuses it as the program's outcome.
+    tests = parse_tests(
+        {
+            "test": "def check(candidate):\n"
+            "    if not all(map(lambda x: candidate(x) == 2 * x, [1, 2, 3])):\n"
+            "        raise AssertionError('not doubled')\n",
+            "entry_point": "double",
+        }
+    )
+    assert score("def double(x):\n    return 2 * x\n", tests, sandbox) == 1.0
+    for exc in ("StopIteration", "StopAsyncIteration"):
+        program = f"def double(x):\n    raise {exc}\n"
+        r = run_tests(program, tests, sandbox, test_timeout_s=4, total_timeout_s=20)
+        assert r.score == 0.0 and r.failures[0].status == "error", (exc, r)
