@@ -177,10 +177,16 @@ class Dispatcher:
         return True
 
     def overdue(self, cutoff: float) -> list[tuple[int, int]]:
-        """(sample_id, worker) of the requests handed out before ``cutoff``."""
-        return [
-            (sid, w) for sid, (req, w) in self.outstanding.items() if req.dispatched_at < cutoff
-        ]
+        """(sample_id, worker) of the requests handed out before ``cutoff``. ``outstanding``
+        is in hand-out order (a dict keeps insertion order, and a requeued request is
+        re-inserted when handed out again), so the scan stops at the first one in time: the
+        simulator calls this every simulated second with thousands out."""
+        out = []
+        for sid, (req, w) in self.outstanding.items():
+            if req.dispatched_at >= cutoff:
+                break
+            out.append((sid, w))
+        return out
 
     def observe_step(self, n_unused: int) -> None:
         self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)

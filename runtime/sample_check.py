@@ -12,9 +12,12 @@ Pure logic: the coordinator passes the request and what it knows of the run.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from runtime.sample import Request
 
@@ -67,13 +70,36 @@ def sample_problem(
     n_prompt = len(got) if got else 0
     if n_prompt + n > bounds.max_seq_len:
         return "too_long"
-    for ids in (token_ids, got or ()):
-        if ids and (min(ids) < 0 or (bounds.vocab_size and max(ids) >= bounds.vocab_size)):
-            return "token_out_of_vocabulary"
-    # One C-level pass each: a NaN, or infinities of either sign, make the sum non-finite.
-    if n and (not math.isfinite(sum(logprobs)) or max(logprobs) > _LOGPROB_MAX):
+    if n and not _ids_in_range(token_ids, bounds.vocab_size):
+        return "token_out_of_vocabulary"
+    if got and not _ids_in_range(got, bounds.vocab_size):
+        return "token_out_of_vocabulary"
+    if n and not _logprobs_ok(logprobs):
         return "bad_logprob"
     for span in versions:
         if not 0 <= span[0] <= policy_version:
             return "version_out_of_range"
     return None
+
+
+# Frames from the wire are typed arrays (runtime/wire.py): numpy reads long ones in place,
+# without a Python int or float per token; below this length its call overhead costs more.
+_NUMPY_FROM = 128
+
+
+def _ids_in_range(ids: Sequence[int], vocab_size: int | None) -> bool:
+    if isinstance(ids, array) and ids.typecode == "i" and len(ids) >= _NUMPY_FROM:
+        a = np.frombuffer(ids, dtype=np.intc)
+        lo, hi = int(a.min()), int(a.max())
+    else:
+        lo, hi = min(ids), max(ids)
+    return lo >= 0 and (not vocab_size or hi < vocab_size)
+
+
+def _logprobs_ok(logprobs: Sequence[float]) -> bool:
+    """Finite and <= 0 (up to float32 rounding)."""
+    if isinstance(logprobs, array) and logprobs.typecode == "f" and len(logprobs) >= _NUMPY_FROM:
+        a = np.frombuffer(logprobs, dtype=np.float32)
+        return bool(np.isfinite(a).all()) and float(a.max()) <= _LOGPROB_MAX
+    # A NaN, or infinities of either sign, make the sum non-finite.
+    return math.isfinite(sum(logprobs)) and max(logprobs) <= _LOGPROB_MAX
