@@ -490,24 +490,11 @@ def test_nested_user_namespaces_fail(sandbox):
 
 
 def _nr(name: str) -> int:
-    table = {  # x86_64, aarch64 (asm/unistd_64.h, asm-generic/unistd.h)
-        "clone": (56, 220),
-        "clone3": (435, 435),
-        "io_uring_setup": (425, 425),
-        "io_uring_enter": (426, 426),
-        "io_uring_register": (427, 427),
-        "userfaultfd": (323, 282),
-        "keyctl": (250, 219),
-        "add_key": (248, 217),
-        "request_key": (249, 218),
-        "bpf": (321, 280),
-        "perf_event_open": (298, 241),
-        "ptrace": (101, 117),
-        "process_vm_readv": (310, 270),
-        "mount": (165, 40),
-        "setns": (308, 268),
-        "getpid": (39, 172),
-    }
+    # The filter's own table (its numbers are checked against libseccomp's in
+    # tests/unit/test_sandbox_seccomp.py), plus getpid for the x32 probe.
+    from runtime.sandbox.seccomp import SYSCALLS
+
+    table = {**SYSCALLS, "getpid": (39, 172)}
     return table[name][0 if platform.machine() == "x86_64" else 1]
 
 
