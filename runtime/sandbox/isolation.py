@@ -125,11 +125,10 @@ def rlimits_command(
     work_dir: str,
     limits: SandboxLimits,
     uid: int | None,
-    seccomp_fd: int | None = None,
 ) -> Launch:
-    # No seccomp here: nothing in this chain loads a filter (seccomp_fd is never given).
-    # As root the network namespace comes first (unshare needs the privilege), then the
-    # uid drop, then the limits.
+    # No seccomp here: nothing in this chain loads a filter (the runner builds one for
+    # bwrap only). As root the network namespace comes first (unshare needs the
+    # privilege), then the uid drop, then the limits.
     no_net = ["unshare", "--net", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []
     cmd = [*no_net, *privilege_drop(uid), *rlimit_prefix(limits, set_nproc=uid is not None)]
     return Launch([*cmd, *argv], sandbox_env(work_dir), work_dir)

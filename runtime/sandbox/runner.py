@@ -165,11 +165,11 @@ class Sandbox:
         argv = [self.python, "-s", str(code_dir / "main.py")]
         fds: list[int] = []  # passed to the launch, closed here once it started
         try:
-            seccomp_fd = None
-            if self.seccomp is not None:
-                seccomp_fd = _pipe_with(self.seccomp)
-                fds.append(seccomp_fd)
-            launch = self._build(argv, str(code_dir), str(work_dir), limits, uid, seccomp_fd)
+            extra: dict[str, int] = {}
+            if self.seccomp is not None:  # bwrap only: it loads the filter before the exec
+                extra["seccomp_fd"] = _pipe_with(self.seccomp)
+                fds.append(extra["seccomp_fd"])
+            launch = self._build(argv, str(code_dir), str(work_dir), limits, uid, **extra)
             launch_argv = cg.wrap(launch.argv) if cg is not None else launch.argv
             start = time.monotonic()
             try:
