@@ -15,9 +15,9 @@ import argparse
 import random
 import time
 
-from runtime.replay_buffer import ReplayBuffer
-from runtime.sample import Trajectory
-from runtime.samplers import AcceptAll
+from runtime.control.replay_buffer import ReplayBuffer
+from runtime.control.samplers import AcceptAll
+from runtime.data.sample import Trajectory
 
 
 def make_samples(n: int, group: int) -> list[Trajectory]:

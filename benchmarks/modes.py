@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 from jobs.launch import wait_until
-from runtime.run_dir import RunPaths
 from runtime.sim.cluster import SimStalled
 from runtime.sim.fit import fit_run, simulate_fit, window_throughput
+from runtime.store.run_dir import RunPaths
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,8 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runtime.rewards.code import PRELUDE, parse_tests
-from runtime.sandbox import Sandbox
+from runtime.workloads.rewards.code import PRELUDE, parse_tests
+from runtime.workloads.sandbox import Sandbox
 
 MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
 

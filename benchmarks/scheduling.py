@@ -29,8 +29,8 @@ import random
 import time
 from collections import deque
 
-from runtime.scheduling import ConcurrencyController, TokenRouter, WorkerSignals
-from runtime.scheduling.concurrency import AimdSettings
+from runtime.control.scheduling import ConcurrencyController, TokenRouter, WorkerSignals
+from runtime.control.scheduling.concurrency import AimdSettings
 from runtime.sim.engine_model import SimEngine, SimRequest
 
 

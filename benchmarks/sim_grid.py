@@ -19,7 +19,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from runtime.recipe import load_recipe
+from runtime.config.recipe import load_recipe
 from runtime.sim.run import figures, plan, simulate
 
 REPO = Path(__file__).resolve().parents[1]

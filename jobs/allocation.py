@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.config import Config
-from runtime.layout import Layout, Role, parse_ratio
+from runtime.config.layout import Layout, Role, parse_ratio
+from runtime.config.schema import Config
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import secrets
 import zmq
 
 from jobs.errors import UserError
-from runtime import protocol as p
-from runtime.auth import CLIENT, KeyFileError, load_keypair, secure_client
-from runtime.run_dir import RunPaths, read_json
+from runtime.store.run_dir import RunPaths, read_json
+from runtime.transport import protocol as p
+from runtime.transport.auth import CLIENT, KeyFileError, load_keypair, secure_client
 
 
 class ControlUnavailable(UserError):

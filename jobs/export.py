@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from jobs.errors import UserError
-from runtime.recipe import RecipeError, load_recipe
-from runtime.run_dir import RunPaths
+from runtime.config.recipe import RecipeError, load_recipe
+from runtime.store.run_dir import RunPaths
 
 # Files of a model folder that are weights (replaced by the run's), not configuration.
 _WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json", "*.bin.index.json")
@@ -40,7 +40,7 @@ def export(paths: RunPaths, out: Path, version: int | None = None) -> Path:
         cfg = load_recipe(paths.config)
     except RecipeError as exc:
         raise UserError(f"{paths.config}: {exc.message}") from None
-    from runtime.model.resolve import resolve_model_path
+    from runtime.embedded.resolve import resolve_model_path
 
     base = Path(resolve_model_path(cfg))
     if not (base / "config.json").is_file():

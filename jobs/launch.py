@@ -22,13 +22,13 @@ from jobs.control import ControlClient, ControlUnavailable
 from jobs.errors import UserError
 from jobs.runs import create_run
 from jobs.slurm import ACTIVE_STATES, job_info, slurm_parameters
-from runtime import checkpoint
-from runtime import protocol as p
-from runtime.checkpoint import CheckpointInfo
-from runtime.config import Config
-from runtime.entry import RankMain
-from runtime.recipe import dump_config
-from runtime.run_dir import RunPaths, read_json, write_json_atomic
+from runtime.config.recipe import dump_config
+from runtime.config.schema import Config
+from runtime.rank.entry import RankMain
+from runtime.store import checkpoint
+from runtime.store.checkpoint import CheckpointInfo
+from runtime.store.run_dir import RunPaths, read_json, write_json_atomic
+from runtime.transport import protocol as p
 
 TERMINAL = ("COMPLETED", "STOPPED", "FAILED")
 
@@ -100,7 +100,7 @@ def submit(cfg: Config, backend: str, name: str | None = None) -> Submitted:
 
 def resume(paths: RunPaths, cfg: Config, backend: str) -> tuple[Submitted, CheckpointInfo]:
     """Start a stopped, failed or preempted run again in its own folder; rank 0 continues
-    from the newest checkpoint that verifies (runtime/entry.py)."""
+    from the newest checkpoint that verifies (runtime/rank/entry.py)."""
     if job_alive(paths):
         raise UserError(f"run {paths.name} is still running; `reflow stop {paths.name}` first")
     info, rejected = checkpoint.latest_valid(paths.checkpoints)

@@ -1,7 +1,7 @@
 """``python -m jobs.restart RUN_DIR``: submit a failed local run again once its job is gone.
 
 Spawned (detached) by rank 0 of a run that failed mid-training with restarts left
-(runtime/restart.py). It waits for the old job's processes to end, then does what
+(runtime/rank/auto_restart.py). It waits for the old job's processes to end, then does what
 ``reflow launch --resume`` does.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from jobs.errors import UserError
 from jobs.launch import job_alive, resume
-from runtime.recipe import load_recipe
-from runtime.run_dir import RunPaths
+from runtime.config.recipe import load_recipe
+from runtime.store.run_dir import RunPaths
 
 
 def main(run_dir: str, wait_s: float = 600.0) -> int:

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from jobs.errors import UserError
-from runtime.auth import create_run_keys
-from runtime.config import Config
-from runtime.recipe import dump_config
-from runtime.run_dir import RunPaths
+from runtime.config.recipe import dump_config
+from runtime.config.schema import Config
+from runtime.store.run_dir import RunPaths
+from runtime.transport.auth import create_run_keys
 
 
 def runs_dir(cfg: Config | None = None) -> Path:

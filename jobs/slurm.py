@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from runtime.config import Config
+from runtime.config.schema import Config
 
 
 def slurm_available() -> bool:

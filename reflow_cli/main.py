@@ -25,13 +25,13 @@ from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli.reward import reward_app
 from reflow_cli.view import plan_view, status_view
-from runtime import protocol as p
-from runtime.datasets import DatasetError, check_dataset
-from runtime.layout import LayoutError, parse_ratio
-from runtime.recipe import RecipeError, load_recipe
-from runtime.sandbox import SandboxError, check_sandbox
+from runtime.config.layout import LayoutError, parse_ratio
+from runtime.config.recipe import RecipeError, load_recipe
+from runtime.data.datasets import DatasetError, check_dataset
 from runtime.sim.cluster import SimStalled
-from runtime.sim.profile import ProfileError
+from runtime.sim.parameters import ProfileError
+from runtime.transport import protocol as p
+from runtime.workloads.sandbox import SandboxError, check_sandbox
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
@@ -307,7 +307,7 @@ def simulate(
     clock; prints throughput, idle ratios and the ideal-throughput bound per mode."""
     from rich.table import Table
 
-    from runtime.sim.profile import DEFAULT_PROFILES, load_profiles
+    from runtime.sim.parameters import DEFAULT_PROFILES, load_profiles
     from runtime.sim.run import figures, plan
     from runtime.sim.run import simulate as run_sim
 

@@ -44,7 +44,7 @@ def _score_math(item: tuple[int, str]) -> dict[str, Any]:
         return {"score": None, "error": record}
     if not isinstance(record["response"], str):
         return {"score": None, "error": f"line {lineno}: field 'response' must be a string"}
-    from runtime.rewards.math import math_reward
+    from runtime.workloads.rewards.math import math_reward
 
     return {"score": math_reward(record["response"], record["gold"])}
 
@@ -54,7 +54,7 @@ def _score_code(item: tuple[int, str], recipe: str | None) -> dict[str, Any]:
     record = _record(lineno, line, ("program",))
     if isinstance(record, str):
         return {"score": None, "error": record}
-    from runtime.rewards.code import TestSpecError, parse_tests, run_tests, sandbox_for
+    from runtime.workloads.rewards.code import TestSpecError, parse_tests, run_tests, sandbox_for
 
     if not isinstance(record["program"], str):
         return {"score": None, "error": f"line {lineno}: field 'program' must be a string"}
@@ -85,8 +85,8 @@ _CONFIGS: dict[str | None, Any] = {}
 
 def _config(recipe: str | None):
     if recipe not in _CONFIGS:
-        from runtime.config import Config
-        from runtime.recipe import load_recipe
+        from runtime.config.recipe import load_recipe
+        from runtime.config.schema import Config
 
         _CONFIGS[recipe] = Config() if recipe is None else load_recipe(recipe)
     return _CONFIGS[recipe]

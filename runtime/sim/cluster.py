@@ -1,13 +1,13 @@
 """A discrete-event simulation of a whole cluster around the real coordinator.
 
-The control plane is not modelled: it is :class:`runtime.coordinator.Coordinator` itself
+The control plane is not modelled: it is :class:`runtime.control.coordinator.Coordinator` itself
 (and through it the replay buffer and sampler, the dispatcher's B_max and staleness
 admission, the generation scheduler's AIMD caps and token admission, the producer/consumer
 allocator with its cooldown, role switches at sync points), driven with a simulated clock
 and fed the same protocol messages the real ranks send. Only the engines are models:
 rollout replicas (:mod:`runtime.sim.replica`), trainer replicas (tokens per second per
 GPU), weight syncs and role switches (fixed times), and the workload (response lengths
-drifting over training, tool calls between turns), from :mod:`runtime.sim.profile`.
+drifting over training, tool calls between turns), from :mod:`runtime.sim.parameters`.
 
 Each simulated rank answers the coordinator as a real one would: a rollout replica's
 leader asks for work up to its sequence limit and reports finished samples; the trainer
@@ -28,13 +28,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime import protocol as p
-from runtime.config import Config
-from runtime.coordinator import Coordinator
-from runtime.layout import Role
-from runtime.sim.profile import ModelProfile, WorkloadProfile
+from runtime.config.layout import Role
+from runtime.config.schema import Config
+from runtime.control.coordinator import Coordinator
+from runtime.sim.parameters import ModelProfile, WorkloadProfile
 from runtime.sim.replica import RolloutReplica
-from runtime.wire import pack
+from runtime.transport import protocol as p
+from runtime.transport.frames import pack
 
 
 def sim_config(cfg: Config) -> Config:

@@ -1,6 +1,6 @@
 """Simulator parameters for the CPU engines of this repository, from a recipe.
 
-The synthetic engines (runtime/synthetic.py) are real processes on the real control plane
+The synthetic engines (runtime/engines/synthetic.py) are real processes on the real control plane
 whose compute is a known time model: a generation of ``n`` tokens takes
 ``n * engine.synthetic_token_s`` whatever runs beside it, on at most 16 slots, with
 log-normal lengths (median ``max_response_tokens / 8``, sigma 0.8); a training step sleeps
@@ -12,7 +12,7 @@ the trainer's own compute), which is what ``tests/integration/test_sim_vs_real.p
 what its folder recorded: trainer tokens per busy rank-second (``step_time_s``), the
 rollout engines' decode step ``base + per_seq * c`` fitted to their measured tokens/s at
 each concurrency c (``rollout_decode_by_concurrency`` in the summary, from heartbeats; see
-:mod:`runtime.engine_profile`), the weight-sync median, the response lengths at the start
+:mod:`runtime.control.decode_rates`), the weight-sync median, the response lengths at the start
 and the end of training, and a reward level at which the simulated sampler drops as many
 groups as the run's did (``status.json``). Lengths are log-normal with an assumed spread
 (runs record only means).
@@ -27,12 +27,12 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.config import Config
-from runtime.engine_profile import fit_decode_curve
-from runtime.recipe import load_recipe
-from runtime.sim.profile import ModelProfile, WorkloadProfile
+from runtime.config.recipe import load_recipe
+from runtime.config.schema import Config
+from runtime.control.decode_rates import fit_decode_curve
+from runtime.sim.parameters import ModelProfile, WorkloadProfile
 
-SYNTHETIC_SLOTS = 16  # runtime.synthetic.SyntheticRollout: min(max_concurrency, 16)
+SYNTHETIC_SLOTS = 16  # runtime.engines.synthetic.SyntheticRollout: min(max_concurrency, 16)
 
 
 def cpu_model(
@@ -191,7 +191,7 @@ def _status(run_dir: Path) -> dict:
 
 
 def _first_prompts(cfg: Config, n: int) -> list[dict]:
-    from runtime.engines import build_prompts
+    from runtime.engines.registry import build_prompts
 
     try:
         return list(itertools.islice(build_prompts(cfg), n))

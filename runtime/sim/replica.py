@@ -26,7 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from runtime.sim.profile import ModelProfile
+from runtime.sim.parameters import ModelProfile
 
 _EPS = 1e-9
 
@@ -77,7 +77,7 @@ class RolloutReplica:
         return len(self.running) + len(self.waiting)
 
     def stats(self) -> dict[str, float]:
-        """What a real rollout rank's heartbeat carries (runtime/engine_stats.py)."""
+        """What a real rollout rank's heartbeat carries (runtime/engines/vllm/stat_logger.py)."""
         util = self.kv_used() / self.capacity if self.capacity else 0.0
         peak, self.kv_peak = max(self.kv_peak, util), util
         return {

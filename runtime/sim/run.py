@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.config import Config
-from runtime.recipe import RecipeError, recheck
+from runtime.config.recipe import RecipeError, recheck
+from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
-from runtime.sim.profile import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
+from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
 
 # The workload model a recipe's agent loop maps to, when --workload is not given.
 WORKLOAD_OF_KIND = {"math": "math", "arith": "math", "code_agent": "apps_agent"}

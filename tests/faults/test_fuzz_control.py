@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.control import ControlClient
-from runtime import protocol as p
-from runtime import wire
-from runtime.auth import CLIENT, SERVER, load_keypair, secure_client
-from runtime.sample import Trajectory
+from runtime.data.sample import Trajectory
+from runtime.transport import frames as wire
+from runtime.transport import protocol as p
+from runtime.transport.auth import CLIENT, SERVER, load_keypair, secure_client
 from tests.integration.test_control_security import server  # noqa: F401 - a fixture
 from tests.unit.test_coordinator import Clock, ident, make, register_all
 from tests.unit.test_protocol import EXAMPLES

@@ -12,8 +12,8 @@ import time
 
 import msgpack
 
-from runtime import checkpoint as ck
-from runtime.sample import trajectory_digest, trajectory_from_state
+from runtime.data.sample import trajectory_digest, trajectory_from_state
+from runtime.store import checkpoint as ck
 from tests.conftest import launch_recipe_text, reflow, status_json
 from tests.conftest import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
@@ -124,7 +124,7 @@ def test_reflow_stop_checkpoints_then_resume_goes_on(tmp_path, runs_dir):
 
 def test_resume_refuses_with_one_line(tmp_path, runs_dir):
     from jobs.runs import create_run
-    from runtime.recipe import build_config
+    from runtime.config.recipe import build_config
 
     paths = create_run(build_config({"resources": {"gpus_per_node": 2}}), "empty")
     done = reflow("launch", "--resume", paths.name, "--local")

@@ -10,15 +10,15 @@ import threading
 import pytest
 import torch
 
-from runtime.model.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
-from runtime.recipe import build_config
+from runtime.config.recipe import build_config
+from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 
 # A marker, not a skip at import: `make test` deselects this folder (`-m "not gpu"`).
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_sleep_frees_memory_and_wake_up_generates_the_same(tmp_path):
-    from runtime.rollout_vllm import VLLMEngine
+    from runtime.engines.vllm.rollout import VLLMEngine
 
     path = save_pretrained(build_model(seed=0), build_tokenizer(), tmp_path / "m")
     cfg = build_config(

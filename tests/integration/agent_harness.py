@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from runtime.agents.base import AgentEnv, Generation
-from runtime.agents.pool import RewardPool
-from runtime.codec import ChatCodec
-from runtime.config import Config
+from runtime.config.schema import Config
+from runtime.data.codec import ChatCodec
+from runtime.workloads.agents.base import AgentEnv, Generation
+from runtime.workloads.agents.pool import RewardPool
 
 
 class ScriptedEngine:
@@ -33,7 +33,7 @@ class ScriptedEngine:
 
 
 def chat_codec() -> ChatCodec:
-    from runtime.model.tiny_chat import build_tokenizer
+    from runtime.embedded.tiny_chat import build_tokenizer
 
     return ChatCodec(tokenizer=build_tokenizer())
 

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from runtime.agents import scoring
-from runtime.agents.base import AgentEnv
-from runtime.agents.code_agent import CodeAgent, feedback_text
-from runtime.agents.pool import RewardPool
-from runtime.agents.single_turn import ArithAgent, SingleTurnAgent
-from runtime.agents.tool_reasoning import ToolAgent
-from runtime.config import Config
-from runtime.datasets import load_records
+from runtime.config.schema import Config
+from runtime.data.datasets import load_records
+from runtime.workloads.agents import scoring
+from runtime.workloads.agents.base import AgentEnv
+from runtime.workloads.agents.code_agent import CodeAgent, feedback_text
+from runtime.workloads.agents.pool import RewardPool
+from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
+from runtime.workloads.agents.tool_reasoning import ToolAgent
 from tests.conftest import SHARED_DATA, needs_shared_data
 from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
 
@@ -164,7 +164,7 @@ def test_math_and_arith_agents_score_single_turns():
     engine = ScriptedEngine(codec, ["so \\boxed{\\frac{1}{2}}"])
     ep, _ = run_agent(SingleTurnAgent(), config("math"), engine, "?", {"answer": "0.5"})
     assert ep.reward == 1.0 and set(ep.loss_mask) == {1}
-    from runtime.codec import CharCodec
+    from runtime.data.codec import CharCodec
 
     char = CharCodec()
     cfg = config("arith")

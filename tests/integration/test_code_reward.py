@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runtime.config import SandboxConfig
-from runtime.datasets import load_records
-from runtime.rewards.code import parse_tests, run_tests, sandbox_for
+from runtime.config.schema import SandboxConfig
+from runtime.data.datasets import load_records
+from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
 from tests.conftest import SHARED_DATA, needs_shared_data
 
 pytestmark = pytest.mark.skipif(

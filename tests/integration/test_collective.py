@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from runtime.collective import Collective
-from runtime.layout import LayoutChange
-from runtime.model.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
-from runtime.recipe import build_config
-from runtime.run_dir import RunPaths
-from runtime.tasks.arith import sample_problem
-from runtime.trainer_torch import TorchTrainer
+from runtime.config.layout import LayoutChange
+from runtime.config.recipe import build_config
+from runtime.embedded.arith import sample_problem
+from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.trainer import TorchTrainer
+from runtime.rank.collective import Collective
+from runtime.store.run_dir import RunPaths
 
 EPOCH0 = ("trainer", "trainer", "rollout")
 EPOCH1 = ("trainer", "rollout", "trainer")
@@ -65,7 +65,7 @@ def snapshot(trainer: TorchTrainer) -> dict:
 
 
 def rank_script(rank: int, world: int, model_dir: str, out_dir: str) -> None:
-    from runtime.trainer_torch import TorchTrainerSide
+    from runtime.engines.torch.trainer import TorchTrainerSide
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)

@@ -9,12 +9,12 @@ import pytest
 import zmq
 
 from jobs.control import ControlClient, ControlUnavailable
-from runtime import protocol as p
-from runtime.auth import CLIENT, SERVER, create_run_keys, load_keypair, secure_client
-from runtime.control_server import ControlServer
-from runtime.coordinator import Coordinator
-from runtime.recipe import build_config
-from runtime.run_dir import RunPaths, read_json
+from runtime.config.recipe import build_config
+from runtime.control.coordinator import Coordinator
+from runtime.store.run_dir import RunPaths, read_json
+from runtime.transport import protocol as p
+from runtime.transport.auth import CLIENT, SERVER, create_run_keys, load_keypair, secure_client
+from runtime.transport.server import ControlServer
 
 
 @pytest.fixture

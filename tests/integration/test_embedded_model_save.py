@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 def _save_on(rank: int, port: int, out: str) -> None:
-    from runtime.model.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+    from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -6,11 +6,11 @@ import threading
 
 import torch
 
-from runtime.model.resolve import resolve_model_path
-from runtime.model.tiny_qwen3 import BOS
-from runtime.recipe import dump_config, load_recipe
-from runtime.run_dir import RunPaths
-from runtime.trainer_torch import TorchTrainer
+from runtime.config.recipe import dump_config, load_recipe
+from runtime.embedded.resolve import resolve_model_path
+from runtime.embedded.tiny_qwen3 import BOS
+from runtime.engines.torch.trainer import TorchTrainer
+from runtime.store.run_dir import RunPaths
 from tests.conftest import REPO, reflow
 from tests.integration.test_vllm_engine import hf_logprobs
 from tests.unit.test_trainer import batch
@@ -48,7 +48,7 @@ def test_export_loads_in_transformers_and_vllm_with_the_trained_weights(tmp_path
     assert not torch.allclose(exported, base, atol=1e-3)  # trained, not the base model
     assert AutoTokenizer.from_pretrained(out)("S3+4=").input_ids[0] == 21
 
-    from runtime.rollout_vllm import VLLMEngine
+    from runtime.engines.vllm.rollout import VLLMEngine
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from runtime.agents.code_agent import CodeAgent
-from runtime.config import Config
-from runtime.rewards import code as grader
-from runtime.rewards.code import parse_tests, run_tests, sandbox_for
+from runtime.config.schema import Config
+from runtime.workloads.agents.code_agent import CodeAgent
+from runtime.workloads.rewards import code as grader
+from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
 from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
 
 pytestmark = pytest.mark.skipif(
@@ -105,7 +105,7 @@ def test_a_record_written_by_the_program_decides_nothing(sandbox):
     # The record channel is no secret: the program finds it (any fd) and writes a record
     # of its own, then leaves. A record with no calls in it leaves the replay with calls
     # nobody answered; one it writes besides the harness's makes the record ambiguous.
-    from runtime.rewards.code import _MARK
+    from runtime.workloads.rewards.code import _MARK
 
     line = "\n" + _MARK + '{"calls": []}' + "\n"
     forged = (
@@ -147,7 +147,7 @@ def test_call_based_result_equal_to_everything_scores_0(sandbox):
 
 
 def test_split_keeps_a_hidden_test_apart_from_the_public_ones():
-    from runtime.agents.code_agent import split_tests  # here: the old module had none
+    from runtime.workloads.agents.code_agent import split_tests  # here: the old module had none
 
     for total in range(1, 6):
         for k in range(0, 7):

@@ -1,5 +1,5 @@
 """Processes a rank starts (vLLM's engine core and its workers are such processes) end when
-the rank is killed with SIGKILL: runtime/orphans.py, with real processes and signals."""
+the rank is killed with SIGKILL: runtime/rank/orphans.py, with real processes and signals."""
 
 import os
 import signal
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 PARENT = """
 import multiprocessing, os, sys, time
-from runtime.orphans import guard_process_group
+from runtime.rank.orphans import guard_process_group
 
 def grandchild():
     time.sleep(600)

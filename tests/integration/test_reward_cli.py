@@ -50,7 +50,7 @@ def _reward_code(lines: list[str], *args: str) -> subprocess.CompletedProcess:
 
 @needs_shared_data
 def test_reward_code_scores_apps_and_humaneval_lines_in_order():
-    from runtime.datasets import load_records
+    from runtime.data.datasets import load_records
 
     apps = load_records(DATA / "apps/apps_train_sample_coderl.jsonl")
     he = load_records(DATA / "humaneval/HumanEval.jsonl.gz")[:6]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.sandbox import RunResult, Sandbox, SandboxLimits
-from runtime.sandbox.runner import _processes_of
+from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
+from runtime.workloads.sandbox.runner import _processes_of
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"
@@ -277,7 +277,7 @@ def test_rlimits_fallback_still_blocks_network_and_root_files(listener, caplog):
 
 
 def test_auto_without_bwrap_warns_loudly(monkeypatch, caplog):
-    import runtime.sandbox.isolation as iso
+    import runtime.workloads.sandbox.isolation as iso
 
     monkeypatch.setattr(iso.shutil, "which", lambda name: None if name == "bwrap" else "/x")
     with caplog.at_level("WARNING"):
@@ -434,7 +434,7 @@ def test_unmapped_shared_memory_counts_against_the_cgroup(sandbox):
 def test_fork_bomb_stops_at_the_pids_cgroup_without_rlimit_nproc(sandbox, monkeypatch):
     # RLIMIT_NPROC counts a uid; where it does not bind (no uid of its own), the pids
     # cgroup still does. The program stops itself at 200, the old unbounded case.
-    import runtime.sandbox.isolation as iso
+    import runtime.workloads.sandbox.isolation as iso
 
     real = iso.rlimit_prefix
     monkeypatch.setattr(
@@ -492,7 +492,7 @@ def test_nested_user_namespaces_fail(sandbox):
 def _nr(name: str) -> int:
     # The filter's own table (its numbers are checked against libseccomp's in
     # tests/unit/test_sandbox_seccomp.py), plus getpid for the x32 probe.
-    from runtime.sandbox.seccomp import SYSCALLS
+    from runtime.workloads.sandbox.seccomp import SYSCALLS
 
     table = {**SYSCALLS, "getpid": (39, 172)}
     return table[name][0 if platform.machine() == "x86_64" else 1]
@@ -584,17 +584,17 @@ def test_x32_system_calls_are_denied(sandbox):
 
 
 def test_not_root_says_there_is_no_uid_switch_in_one_line(monkeypatch, caplog):
-    import runtime.rewards.code as code
-    import runtime.sandbox.runner as runner
-    from runtime.recipe import load_recipe
-    from runtime.sandbox import check_sandbox
+    import runtime.workloads.rewards.code as code
+    import runtime.workloads.sandbox.runner as runner
+    from runtime.config.recipe import load_recipe
+    from runtime.workloads.sandbox import check_sandbox
     from tests.conftest import REPO
 
     cfg = load_recipe(REPO / "recipes" / "retool_cpu.yaml")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(code, "_DEFAULT", {})  # a Sandbox made as root would be reused
     monkeypatch.setattr(runner, "_logged", set(), raising=False)
-    with caplog.at_level("WARNING", logger="runtime.sandbox"):
+    with caplog.at_level("WARNING", logger="runtime.workloads.sandbox"):
         lines = check_sandbox(cfg)
     assert isinstance(lines, list) and len(lines) == 1, lines
     assert "no uid switch" in lines[0] and "\n" not in lines[0]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from runtime.recipe import load_recipe
+from runtime.config.recipe import load_recipe
 from runtime.sim.cluster import SimCluster
 from runtime.sim.fit import (
     SYNTHETIC_SLOTS,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.model.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
-from runtime.recipe import build_config
+from runtime.config.recipe import build_config
+from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 
 
 def hf_logprobs(path: Path, prompt: list[int], tokens: list[int]) -> list[float]:
@@ -34,7 +34,7 @@ def weights(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(weights):
-    from runtime.rollout_vllm import VLLMEngine
+    from runtime.engines.vllm.rollout import VLLMEngine
 
     cfg = build_config(
         {

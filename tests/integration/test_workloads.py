@@ -23,8 +23,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def codec():
-    from runtime.codec import ChatCodec
-    from runtime.model.tiny_chat import embedded_chat_model_path
+    from runtime.data.codec import ChatCodec
+    from runtime.embedded.tiny_chat import embedded_chat_model_path
 
     return ChatCodec(str(embedded_chat_model_path()))  # built once here, not in a rank
 

@@ -1,7 +1,7 @@
 import random
 
-from runtime.model.tiny_qwen3 import EOS, VOCAB, decode, encode
-from runtime.tasks.arith import Problem, eval_problems, reward, sample_problem
+from runtime.embedded.arith import Problem, eval_problems, reward, sample_problem
+from runtime.embedded.tiny_qwen3 import EOS, VOCAB, decode, encode
 
 
 def test_response_lengths_are_long_tailed():
@@ -30,7 +30,7 @@ def test_solution_format():
 def test_the_tokenizer_is_an_ordinary_hf_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from runtime.model.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+    from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 
     save_pretrained(build_model(), build_tokenizer(), tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)

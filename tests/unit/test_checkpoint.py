@@ -12,16 +12,16 @@ import msgpack
 import pytest
 import torch
 
-from runtime import checkpoint as ck
-from runtime import protocol as p
-from runtime.auth import create_run_keys
-from runtime.checkpoint import folder_name
-from runtime.data_plane import DataPlane
-from runtime.recipe import build_config
-from runtime.sample import Request
-from runtime.synthetic import SyntheticTrainer
-from runtime.trainer_torch import TorchTrainer
-from runtime.wire import sample_done
+from runtime.config.recipe import build_config
+from runtime.control.data_plane import DataPlane
+from runtime.data.sample import Request
+from runtime.engines.synthetic import SyntheticTrainer
+from runtime.engines.torch.trainer import TorchTrainer
+from runtime.store import checkpoint as ck
+from runtime.store.checkpoint import folder_name
+from runtime.transport import protocol as p
+from runtime.transport.auth import create_run_keys
+from runtime.transport.frames import sample_done
 from tests.unit.test_coordinator import Clock, clock, ident, make, register_all
 from tests.unit.test_data_plane import prompts, traj
 from tests.unit.test_trainer import model_dir

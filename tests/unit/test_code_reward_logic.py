@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.rewards.code import (
+from runtime.workloads.rewards.code import (
     TestSpecError,
     extract_program,
     outputs_match,
@@ -91,7 +91,7 @@ def test_integers_compare_exactly_and_tolerance_is_for_decimals_only():
 def test_only_exact_plain_types_cross_the_boundary():
     import collections
 
-    from runtime.rewards.code import _decode, _encode, _NotPlain
+    from runtime.workloads.rewards.code import _decode, _encode, _NotPlain
 
     plain = [
         None,
@@ -126,7 +126,7 @@ def test_only_exact_plain_types_cross_the_boundary():
 
 
 def test_the_probe_keeps_the_calls_and_drops_the_answers():
-    from runtime.rewards.code import probe_code, program_names
+    from runtime.workloads.rewards.code import probe_code, program_names
 
     test = (
         "def check(candidate):\n"
@@ -152,7 +152,7 @@ def test_the_probe_keeps_the_calls_and_drops_the_answers():
 
 
 def test_a_builtin_the_program_redefines_is_not_the_program_beside_another_name():
-    from runtime.rewards.code import probe_code, program_names
+    from runtime.workloads.rewards.code import probe_code, program_names
 
     test = "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"
     names = program_names(test, {"set", "similar_elements"}, None)
@@ -168,7 +168,7 @@ def test_a_builtin_the_program_redefines_is_not_the_program_beside_another_name(
 
 
 def test_a_test_helper_call_keeps_only_the_program_calls_in_its_arguments():
-    from runtime.rewards.code import probe_code
+    from runtime.workloads.rewards.code import probe_code
 
     helpers = (
         "def _close(a, b):\n    return abs(a - b) < 1e-6\n\n"
@@ -196,7 +196,7 @@ def test_a_test_helper_call_keeps_only_the_program_calls_in_its_arguments():
 
 
 def test_an_assert_only_body_leaves_a_probe_that_compiles():
-    from runtime.rewards.code import probe_code
+    from runtime.workloads.rewards.code import probe_code
 
     test = (
         "def check(candidate):\n    for ok in map(lambda x: candidate(x) == 2 * x, [1, 2]):\n"

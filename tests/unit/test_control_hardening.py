@@ -11,9 +11,9 @@ import tracemalloc
 import msgpack
 import pytest
 
-from runtime import protocol as p
-from runtime import wire
-from runtime.sample import Trajectory
+from runtime.data.sample import Trajectory
+from runtime.transport import frames as wire
+from runtime.transport import protocol as p
 from tests.unit.test_coordinator import Clock, ident, make, register_all, train_step
 
 pytestmark = pytest.mark.unit

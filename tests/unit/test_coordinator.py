@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from runtime import protocol as p
-from runtime.coordinator import Coordinator
-from runtime.recipe import build_config
+from runtime.config.recipe import build_config
+from runtime.control.coordinator import Coordinator
+from runtime.transport import protocol as p
 from tests.unit.test_data_plane import traj
 
 
@@ -39,7 +39,7 @@ def make(clock, prompts=None, vocab_size=None, **sections) -> Coordinator:
 def train_step(c: Coordinator, step: int, metrics: dict | None = None) -> list:
     """One real step: a rollout rank delivers samples until a batch can be made, the
     leader takes it and reports ``step`` on it (rank 0 accepts only that)."""
-    from runtime.layout import Role
+    from runtime.config.layout import Role
 
     d = c.data.dispatcher
     if d.exhausted or not d.pending:  # a coordinator made without prompts: give it some
@@ -332,7 +332,7 @@ def test_engine_load_in_heartbeats_sets_caps_and_token_admission(clock):
 
 
 def wire_done(req, rank):
-    from runtime import wire
+    from runtime.transport import frames as wire
 
     t = traj(req, 0, worker=rank)
     return wire.sample_done(t, rank)
@@ -393,7 +393,7 @@ def test_an_engine_that_fails_every_generation_fails_the_run(clock):
 
 
 def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_last(clock):
-    from runtime import wire
+    from runtime.transport import frames as wire
 
     prompts = ({"text": f"p{i}"} for i in itertools.count())
     c = make(clock, prompts=prompts)
@@ -413,7 +413,7 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
 def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
     """A fresh sample first trained at age a can join delta - a later batches as replay:
     the allocator's window sums that (it keeps rollout ranks replay could not replace)."""
-    from runtime import wire
+    from runtime.transport import frames as wire
 
     prompts = ({"text": f"p{i}"} for i in itertools.count())
     c = make(

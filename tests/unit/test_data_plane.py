@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.data_plane import DataPlane
-from runtime.recipe import build_config
-from runtime.replay_buffer import ReplayBuffer
-from runtime.sample import Trajectory
-from runtime.samplers import MediumRewardSampler, PluginError, make_sampler
+from runtime.config.recipe import build_config
+from runtime.control.data_plane import DataPlane
+from runtime.control.replay_buffer import ReplayBuffer
+from runtime.control.samplers import MediumRewardSampler, PluginError, make_sampler
+from runtime.data.sample import Trajectory
 
 
 def traj(req, version, worker=1, reward=None, spans=1, rng=None):
@@ -233,12 +233,12 @@ def test_medium_reward_sampler_rejects_uniform_groups():
 
 def test_samplers_by_name_and_dotted_path():
     assert type(make_sampler("random")).__name__ == "RandomSampler"
-    assert type(make_sampler("runtime.samplers:MediumRewardSampler")) is MediumRewardSampler
-    assert type(make_sampler("runtime.samplers.MediumRewardSampler")) is MediumRewardSampler
+    assert type(make_sampler("runtime.control.samplers:MediumRewardSampler")) is MediumRewardSampler
+    assert type(make_sampler("runtime.control.samplers.MediumRewardSampler")) is MediumRewardSampler
     with pytest.raises(PluginError, match="cannot be imported"):
         make_sampler("nope.module:Thing")
     with pytest.raises(PluginError, match="lacks method"):
-        make_sampler("runtime.samplers:AcceptAll")
+        make_sampler("runtime.control.samplers:AcceptAll")
 
 
 def test_staleness_admission_stops_work_that_would_be_evicted():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime.datasets import DatasetError, load_records
+from runtime.data.datasets import DatasetError, load_records
 from tests.conftest import SHARED_DATA as DATA
 from tests.conftest import needs_shared_data as needs_data
 
@@ -93,7 +93,7 @@ def test_verl_parquet_schema_nested_answer_and_chat_prompt(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from runtime.datasets import check_template, prompt_text
+    from runtime.data.datasets import check_template, prompt_text
 
     rows = [
         {
@@ -125,7 +125,7 @@ def test_verl_parquet_schema_nested_answer_and_chat_prompt(tmp_path):
     ],
 )
 def test_bad_prompt_template_is_one_line(tmp_path, template, message):
-    from runtime.datasets import check_template
+    from runtime.data.datasets import check_template
 
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "p", "tests": ["a"]}) + "\n")

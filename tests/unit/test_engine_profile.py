@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.engine_profile import EngineRateProfile, fit_decode_curve
+from runtime.control.decode_rates import EngineRateProfile, fit_decode_curve
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.layout import Layout, LayoutError, Role, check_split, default_split, parse_ratio
+from runtime.config.layout import Layout, LayoutError, Role, check_split, default_split, parse_ratio
 
 
 def make(rollout: int, trainer: int, *, per_node: int = 8, s_t: int = 8, s_r: int = 1) -> Layout:
@@ -65,7 +65,7 @@ def test_default_split_follows_the_fraction():
 
 
 def test_layout_change_names_who_joined_each_pool():
-    from runtime.layout import LayoutChange
+    from runtime.config.layout import LayoutChange
 
     change = LayoutChange(2, ("trainer", "trainer", "rollout"), ("trainer", "rollout", "trainer"))
     assert change.ranks("trainer") == [0, 2]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runtime.loss import policy_loss, replay_weights
+from runtime.engines.torch.loss import policy_loss, replay_weights
 
 
 class TinyPolicy(torch.nn.Module):
@@ -112,8 +112,8 @@ def _batch(lengths, replay):
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
 def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
-    from runtime.loss import batch_loss
-    from runtime.recipe import build_config
+    from runtime.config.recipe import build_config
+    from runtime.engines.torch.loss import batch_loss
 
     cfg = build_config({"algorithm": {"loss_agg": agg}, "reflow": {"tau": 0.3}})
     samples, mask = _batch([3, 7, 1, 5, 6], [0, 1, 0, 1, 0])

@@ -3,7 +3,7 @@ answer, written into a model-style response, scores 1; a perturbed one scores 0.
 
 import json
 
-from runtime.rewards.math import gold_answer, math_reward
+from runtime.workloads.rewards.math import gold_answer, math_reward
 from tests.conftest import SHARED_DATA as DATA
 from tests.conftest import needs_shared_data as needs_data
 

@@ -5,11 +5,11 @@ import logging
 
 import pytest
 
-from runtime import metrics_sinks
-from runtime.config import Config
-from runtime.metrics_sinks import MetricsWriter, scalars
-from runtime.recipe import RecipeError, build_config
-from runtime.run_dir import RunPaths
+from runtime.config.recipe import RecipeError, build_config
+from runtime.config.schema import Config
+from runtime.store import metrics_sinks
+from runtime.store.metrics_sinks import MetricsWriter, scalars
+from runtime.store.run_dir import RunPaths
 
 pytestmark = pytest.mark.unit
 

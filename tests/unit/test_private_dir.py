@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from runtime.run_dir import UnsafeDirError, fresh_private_dir
+from runtime.store.run_dir import UnsafeDirError, fresh_private_dir
 
 pytestmark = pytest.mark.unit
 

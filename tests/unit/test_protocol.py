@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime import protocol as p
+from runtime.transport import protocol as p
 
 EXAMPLES = [
     p.Hello(rank=1, world_size=4, node="n1", pid=123),

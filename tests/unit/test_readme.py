@@ -4,7 +4,7 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from runtime.config import Config
+from runtime.config.schema import Config
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

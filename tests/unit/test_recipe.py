@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.config import Config
-from runtime.recipe import RecipeError, build_config, dump_config, load_recipe
+from runtime.config.recipe import RecipeError, build_config, dump_config, load_recipe
+from runtime.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from runtime.sandbox import seccomp
+from runtime.workloads.sandbox import seccomp
 
 ALLOW, KILL = 0x7FFF0000, 0x80000000
 EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from jobs.slurm import render_sbatch
-from runtime.recipe import load_recipe
+from runtime.config.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "apps_coding_8_nodes.sbatch"

@@ -3,7 +3,7 @@
 import math
 import random
 
-from runtime.scheduling import (
+from runtime.control.scheduling import (
     ConcurrencyController,
     Placement,
     ProducerConsumerAllocator,
@@ -11,7 +11,7 @@ from runtime.scheduling import (
     WindowStats,
     WorkerSignals,
 )
-from runtime.scheduling.concurrency import AimdSettings
+from runtime.control.scheduling.concurrency import AimdSettings
 
 
 def signals(util, waiting=4, preemptions=0, active=8):

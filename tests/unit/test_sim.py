@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from runtime import coordinator, data_plane, dispatcher, replay_buffer
-from runtime.recipe import RecipeError, load_recipe
-from runtime.scheduling import allocator, generation
+from runtime.config.recipe import RecipeError, load_recipe
+from runtime.control import coordinator, data_plane, dispatcher, replay_buffer
+from runtime.control.scheduling import allocator, generation
 from runtime.sim import cluster as sim_cluster
-from runtime.sim.profile import ModelProfile, ProfileError, load_profiles
+from runtime.sim.parameters import ModelProfile, ProfileError, load_profiles
 from runtime.sim.replica import RolloutReplica
 from runtime.sim.run import figures, plan, simulate
 from tests.conftest import REPO

@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runtime.model.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
-from runtime.recipe import build_config
-from runtime.tasks.arith import sample_problem
-from runtime.trainer_torch import TorchTrainer
+from runtime.config.recipe import build_config
+from runtime.embedded.arith import sample_problem
+from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.trainer import TorchTrainer
 
 
 @pytest.fixture(scope="module")

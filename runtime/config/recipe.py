@@ -1,0 +1,318 @@
+"""Recipe files (YAML) -> a validated :class:`runtime.config.schema.Config`.
+
+Every problem becomes one :class:`RecipeError` line naming the file (or the ``--set``
+override), the dotted field and what is allowed, e.g.::
+
+    recipes/x.yaml: resources.rollout_gpus_per_replica: 3 does not divide gpus_per_node=8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runtime.config.layout import LayoutError, check_split, default_split, parse_ratio
+from runtime.config.schema import Config
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``24:8`` as the base-60 integer 1448; in a recipe it is a ratio."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [("tag:yaml.org,2002:str", re.compile(r"^[0-9]+:[0-9]+$")), *rules]
+    if ch in "0123456789"
+    else list(rules)
+    for ch, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; ``str()`` is the one-line message for the user."""
+
+
+class _FieldError(Exception):
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read, override (``section.key=value``), type-check and feasibility-check a recipe."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{source}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        raw = _yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise RecipeError(f"{source}: not valid YAML{where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{source}: the top level must be a mapping of sections")
+    return build_config(raw, source=source, overrides=overrides)
+
+
+def build_config(
+    raw: dict[str, Any], *, source: str = "<recipe>", overrides: typing.Iterable[str] = ()
+) -> Config:
+    overridden: dict[str, str] = {}
+    for item in overrides:
+        key, _value = _apply_override(raw, item)
+        overridden[key] = item
+    try:
+        cfg = _build(Config, raw, "")
+        check_feasible(cfg)
+    except _FieldError as err:
+        origin = source
+        for key, item in overridden.items():
+            if err.path == key or err.path.startswith(key + "."):
+                origin = f"{source} (--set {item})"
+        raise RecipeError(f"{origin}: {err}") from None
+    return cfg
+
+
+def recheck(cfg: Config) -> Config:
+    """Run the cross-field rules again on a config changed in code (e.g. resized by the
+    simulator); a violation is a :class:`RecipeError` naming the field."""
+    try:
+        check_feasible(cfg)
+    except _FieldError as err:
+        raise RecipeError(str(err)) from None
+    return cfg
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise RecipeError(f"--set {item}: expected KEY=VALUE, e.g. reflow.sigma=0.3")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"--set {item}: {key!r} is not a dotted field name")
+    try:
+        value = _yaml(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise RecipeError(f"--set {item}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+    return key, value
+
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if tp in names:
+        return names[tp]
+    origin = typing.get_origin(tp)
+    if origin is dict:
+        return "a mapping"
+    if origin is list:
+        return "a list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _check_value(args[0], value, path, meta)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, f"{path}.")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _FieldError(path, f"expected a mapping, got {value!r}")
+        _, vt = typing.get_args(tp)
+        return {str(k): _check_value(vt, v, f"{path}.{k}", {}) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _FieldError(path, f"expected true or false, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _FieldError(path, f"expected an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads 3e-5 (no dot) as a string; accept what float() accepts.
+            try:
+                value = float(value)
+            except ValueError:
+                raise _FieldError(path, f"expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _FieldError(path, f"expected a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise _FieldError(path, f"expected a finite number, got {value!r}")
+    elif tp is str and not isinstance(value, str):
+        raise _FieldError(path, f"expected a string, got {value!r}")
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise _FieldError(path, f"{value!r} is not one of: {', '.join(map(str, choices))}")
+    _check_bounds(value, path, meta)
+    return value
+
+
+def _check_bounds(value: Any, path: str, meta: typing.Mapping[str, Any]) -> None:
+    name = path.rsplit(".", 1)[-1]
+    lower = [(meta[k], op) for k, op in (("ge", "<="), ("gt", "<")) if k in meta]
+    upper = [(meta[k], op) for k, op in (("le", "<="), ("lt", "<")) if k in meta]
+    if not lower and not upper:
+        return
+    ok = all(value >= b if op == "<=" else value > b for b, op in lower)
+    ok = ok and all(value <= b if op == "<=" else value < b for b, op in upper)
+    if not ok:
+        allowed = " ".join(
+            [f"{b} {op}" for b, op in lower] + [name] + [f"{op} {b}" for b, op in upper]
+        )
+        raise _FieldError(path, f"{value!r} is out of range (allowed: {allowed})")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "top level"
+    if not isinstance(raw, dict):
+        raise _FieldError(where, f"expected a mapping of keys, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            allowed = ", ".join(sorted(fields))
+            raise _FieldError(f"{prefix}{key}", f"unknown key (allowed here: {allowed})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in raw:
+            kwargs[name] = _check_value(hints[name], raw[name], f"{prefix}{name}", f.metadata)
+    for name in fields:
+        # A section absent from the recipe still goes through _build so its own defaults
+        # are the ones declared in runtime.config.schema.
+        if name not in kwargs and dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = _build(hints[name], {}, f"{prefix}{name}.")
+    return cls(**kwargs)
+
+
+def check_feasible(cfg: Config) -> None:
+    """Cross-field rules; fills in the defaults that depend on other fields."""
+    res, rf, train = cfg.resources, cfg.reflow, cfg.train
+    if res.gpus_per_node % res.rollout_gpus_per_replica:
+        raise _FieldError(
+            "resources.rollout_gpus_per_replica",
+            f"{res.rollout_gpus_per_replica} does not divide gpus_per_node={res.gpus_per_node}",
+        )
+    world = cfg.world_size
+    if res.trainer_gpus_per_replica > world:
+        raise _FieldError(
+            "resources.trainer_gpus_per_replica",
+            f"{res.trainer_gpus_per_replica} exceeds the {world} ranks of the allocation",
+        )
+    if res.initial_ratio is None:
+        try:
+            rollout, trainer = default_split(
+                world,
+                res.trainer_gpus_per_replica,
+                res.rollout_gpus_per_replica,
+                res.rollout_fraction,
+            )
+        except LayoutError as exc:
+            raise _FieldError("resources", str(exc)) from None
+        res.initial_ratio = f"{rollout}:{trainer}"
+    try:
+        rollout, trainer = parse_ratio(res.initial_ratio)
+        check_split(
+            rollout,
+            trainer,
+            world_size=world,
+            trainer_group_size=res.trainer_gpus_per_replica,
+            rollout_group_size=res.rollout_gpus_per_replica,
+        )
+    except LayoutError as exc:
+        raise _FieldError("resources.initial_ratio", str(exc)) from None
+    if rf.sigma is None:
+        rf.sigma = 0.5 if rf.mode == "reflow" else 0.0
+    elif rf.mode != "reflow" and rf.sigma > 0:
+        raise _FieldError(
+            "reflow.sigma", f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})"
+        )
+    if rf.B_max is None:
+        rf.B_max = train.batch_size
+    if train.checkpoint_every and train.checkpoint_every % train.sync_every:
+        raise _FieldError(
+            "train.checkpoint_every",
+            f"{train.checkpoint_every} is not a multiple of sync_every={train.sync_every} "
+            "(checkpoints are taken at sync points)",
+        )
+    if cfg.workload.max_response_tokens >= cfg.model.max_seq_len:
+        raise _FieldError(
+            "workload.max_response_tokens",
+            f"{cfg.workload.max_response_tokens} leaves no room for the prompt within "
+            f"model.max_seq_len={cfg.model.max_seq_len}",
+        )
+    from runtime.engines.registry import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
+
+    if cfg.data.train.startswith("embedded:") and cfg.data.train not in PROMPT_SOURCES:
+        raise _FieldError(
+            "data.train",
+            f"{cfg.data.train!r} is not one of: {', '.join(sorted(PROMPT_SOURCES))} "
+            "(or a file path)",
+        )
+
+    for key, registry in (("rollout", ROLLOUT_ENGINES), ("trainer", TRAINER_ENGINES)):
+        name = getattr(cfg.engine, key)
+        if name not in registry:
+            raise _FieldError(
+                f"engine.{key}", f"{name!r} is not one of: {', '.join(sorted(registry))}"
+            )
+    if cfg.scheduler.min_concurrency > cfg.scheduler.max_concurrency:
+        raise _FieldError(
+            "scheduler.min_concurrency",
+            f"{cfg.scheduler.min_concurrency} exceeds max_concurrency="
+            f"{cfg.scheduler.max_concurrency}",
+        )
+    if cfg.control.heartbeat_timeout_s <= 2 * cfg.control.heartbeat_interval_s:
+        raise _FieldError(
+            "control.heartbeat_timeout_s",
+            f"{cfg.control.heartbeat_timeout_s} must exceed twice heartbeat_interval_s="
+            f"{cfg.control.heartbeat_interval_s}",
+        )
+    from runtime.store.metrics_sinks import missing_packages
+
+    for switch, package in missing_packages(cfg):
+        raise _FieldError(
+            f"logging.{switch}", f"true needs the {package!r} package (pip install {package})"
+        )
+    if not cfg.name or any(c in cfg.name for c in "/\\ ") or cfg.name.startswith("."):
+        raise _FieldError("name", f"{cfg.name!r} must be a non-empty name without spaces or /")
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML; it loads back to an equal :class:`Config`."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

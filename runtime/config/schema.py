@@ -1,0 +1,307 @@
+"""The typed configuration tree of a run: one dataclass per recipe section.
+
+A recipe (YAML) is turned into a :class:`Config` by :mod:`runtime.config.recipe`, which checks
+every key, type and range using the metadata declared here, then the cross-field rules in
+:func:`runtime.config.recipe.check_feasible`. Field metadata keys:
+
+- ``choices``: the allowed values;
+- ``ge``/``gt``/``le``/``lt``: numeric bounds;
+- ``doc``: one line shown in the README's recipe reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, doc: str, **checks: Any) -> Any:
+    """A dataclass field with a default, a doc line and validation metadata."""
+    meta = {"doc": doc, **checks}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+MODES = ("sync", "one_step_off", "async", "reflow")
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt(
+        "embedded:tiny-qwen3",
+        "Hugging Face folder, embedded:tiny-qwen3 (arithmetic) or embedded:tiny-qwen3-chat (text)",
+    )
+    dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
+    max_seq_len: int = opt(512, "prompt + response token limit", ge=16)
+
+
+@dataclass
+class DataConfig:
+    train: str = opt(
+        "embedded:synthetic",
+        "training prompts: embedded:NAME, or a JSONL/JSON/Parquet file (checked at launch)",
+    )
+    eval: str | None = opt(
+        None, "held-out prompts (same formats, checked at launch); none = split from train"
+    )
+    format: str = opt(
+        "auto",
+        "file format; auto = from the name (.jsonl, .json, .parquet, optionally .gz)",
+        choices=("auto", "jsonl", "json", "parquet"),
+    )
+    fields: dict[str, str] = opt(
+        {}, "role -> the file's field name, e.g. {prompt: question} (runtime/data/datasets.py)"
+    )
+    shuffle: bool = opt(True, "shuffle file prompts each epoch (seeded by train.seed)")
+    prompt_template: str = opt(
+        "{prompt}", "the first user message; {field} is any record field or role"
+    )
+
+
+@dataclass
+class WorkloadConfig:
+    kind: str = opt(
+        "arith", "agent loop", choices=("arith", "math", "code_agent", "tool_reasoning")
+    )
+    max_response_tokens: int = opt(256, "generation limit per turn", ge=1)
+    max_turns: int = opt(
+        1,
+        "model turns per episode: code attempts (code_agent), tool calls + 1 (tool_reasoning)",
+        ge=1,
+    )
+    reward_timeout_s: float = opt(
+        10.0, "wall-clock limit of one reward or tool computation; then it scores 0", gt=0
+    )
+    public_tests: int = opt(
+        1,
+        "code_agent: tests whose failures are fed back (at most total - 1); the final reward uses "
+        "the rest",
+        ge=0,
+    )
+    tool_open: str = opt("<code>", "tool_reasoning: text that opens a code block")
+    tool_close: str = opt("</code>", "tool_reasoning: text that closes it (a stop string)")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = opt("grpo", "advantage estimator", choices=("grpo",))
+    group_size: int = opt(8, "samples per prompt (n)", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", gt=0)
+    clip_low: float = opt(0.2, "PPO clip epsilon below 1", ge=0, lt=1)
+    clip_high: float = opt(0.28, "PPO clip epsilon above 1", ge=0)
+    tis_cap: float | None = opt(
+        None, "cap on the ratio for negative advantages (dual clip); none = off", gt=1
+    )
+    kl_coef: float = opt(0.0, "KL penalty coefficient (validated, not used yet)", ge=0)
+    loss_agg: str = opt(
+        "token_mean",
+        "loss aggregation: every token counts the same, or every sample "
+        "(runtime/engines/torch/loss.py)",
+        choices=("token_mean", "seq_mean_token_mean"),
+    )
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(100, "training steps (optimizer updates) of the run", ge=1)
+    batch_size: int = opt(32, "samples per training batch (b)", ge=1)
+    lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
+    sync_every: int = opt(1, "steps between weight syncs to rollout", ge=1)
+    checkpoint_every: int = opt(
+        0, "steps between checkpoints (a multiple of sync_every); 0 = only at a stop", ge=0
+    )
+    keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
+    seed: int = opt(0, "global seed", ge=0)
+
+
+@dataclass
+class ReflowConfig:
+    mode: str = opt("reflow", "execution mode", choices=MODES)
+    B_max: int | None = opt(None, "max samples in flight at rollout; none = batch_size", ge=1)
+    sigma: float | None = opt(
+        None, "max replay fraction of a batch; none = 0.5 (reflow) or 0 (others)", ge=0, lt=1
+    )
+    tau: float = opt(0.5, "loss weight of replayed samples", gt=0, le=1)
+    delta: int = opt(1, "max policy-version age of a sample", ge=0)
+    sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
+    replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
+    admission: str = opt(
+        "observed",
+        "staleness admission bound: observed fresh samples per step x (delta+1) (fresher), "
+        "or the trainer's capacity b x (delta+1) (more rollout in flight)",
+        choices=("observed", "capacity"),
+    )
+
+
+@dataclass
+class ResourcesConfig:
+    nodes: int = opt(1, "nodes of the allocation", ge=1)
+    gpus_per_node: int = opt(4, "ranks (GPUs) per node; on CPU, worker processes", ge=1)
+    trainer_gpus_per_replica: int = opt(1, "ranks of one trainer replica group", ge=1)
+    rollout_gpus_per_replica: int = opt(1, "ranks of one rollout replica (tensor parallel)", ge=1)
+    initial_ratio: str | None = opt(
+        None, "rollout:trainer ranks at start, e.g. 24:8; none = from rollout_fraction"
+    )
+    rollout_fraction: float = opt(
+        0.5, "share of ranks for rollout at start when initial_ratio is none", gt=0, lt=1
+    )
+    device: str = opt("auto", "accelerator", choices=("auto", "cpu", "cuda"))
+    torch_threads: int = opt(1, "torch intra-op threads per rank", ge=1)
+
+
+@dataclass
+class SchedulerConfig:
+    auto_rebalance: bool = opt(
+        False, "let the producer/consumer allocator move replica groups (runtime/scheduling)"
+    )
+    cooldown_steps: int = opt(5, "min training steps between two placement changes", ge=0)
+    window_steps: int = opt(5, "training steps the allocator measures rates over", ge=1)
+    rebalance_margin: float = opt(
+        0.1, "a new placement must beat the current one by this |log coverage| margin", ge=0
+    )
+    adaptive_caps: bool = opt(
+        False, "AIMD control of each rollout rank's concurrency cap from its engine's load"
+    )
+    cap_interval_s: float = opt(2.0, "seconds between two cap updates of a rank", gt=0)
+    token_admission: bool = opt(
+        True, "admit a request only if its expected tokens fit the engine's KV budget"
+    )
+    min_concurrency: int = opt(1, "lower bound of a rollout rank's cap", ge=1)
+    max_concurrency: int = opt(256, "upper bound of a rollout rank's cap (its start value)", ge=1)
+    target_kv_util: float = opt(
+        0.8, "AIMD: the cap grows while KV utilisation is below this minus 0.1", gt=0, le=1
+    )
+
+
+@dataclass
+class EngineConfig:
+    rollout: str = opt("vllm", "rollout engine (registry name)")
+    trainer: str = opt("torch", "trainer engine (registry name)")
+    kv_cache_memory_bytes: int | None = opt(None, "KV-cache size; none = engine default", ge=1)
+    max_num_seqs: int = opt(256, "engine's max running sequences", ge=1)
+    enforce_eager: bool = opt(True, "disable graph capture / compilation")
+    weight_bucket_mb: float = opt(
+        32.0, "bucket size of weight and trainer-state broadcasts (torch.distributed)", gt=0
+    )
+    synthetic_token_s: float = opt(0.0004, "synthetic rollout: seconds per generated token", ge=0)
+    synthetic_train_token_s: float = opt(
+        0.0, "synthetic trainer: seconds per trained token, split over trainer ranks", ge=0
+    )
+    synthetic_kv_tokens: int = opt(
+        0,
+        "synthetic rollout: token budget of running generations (longer responses, fewer "
+        "at once); 0 = no limit",
+        ge=0,
+    )
+    synthetic_length_schedule: dict[str, float] = opt(
+        {},
+        "synthetic rollout: response-length multiplier by policy version, linear between "
+        "points, e.g. {0: 1, 30: 4, 60: 1}",
+    )
+
+
+@dataclass
+class SandboxConfig:
+    isolation: str = opt(
+        "auto",
+        "bwrap (namespaces, rlimits, own uid) or rlimits only; auto = bwrap if installed",
+        choices=("auto", "bwrap", "rlimits"),
+    )
+    python: str = opt(
+        "/usr/bin/python3", "interpreter of sandboxed programs (under /usr with bwrap)"
+    )
+    test_timeout_s: float = opt(6.0, "wall-clock limit of one test case", gt=0)
+    memory_mb: int = opt(1024, "address space per process (RLIMIT_AS)", ge=64)
+    max_processes: int = opt(16, "processes per program (RLIMIT_NPROC of its own uid)", ge=1)
+    file_size_mb: int = opt(16, "largest file a program may write (RLIMIT_FSIZE)", ge=1)
+    scratch_mb: int = opt(64, "size of the program's private writable tmpfs", ge=1)
+    output_kb: int = opt(1024, "stdout + stderr kept; more kills the program", ge=1)
+    parallel: int = opt(4, "test cases of one program run at once", ge=1)
+    reward_workers: int = opt(2, "processes computing rewards next to each rollout engine", ge=1)
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = opt(None, "partition (-p)")
+    account: str | None = opt(None, "account (-A)")
+    qos: str | None = opt(None, "quality of service")
+    constraint: str | None = opt(None, "node features (-C)")
+    time_min: int = opt(60, "time limit in minutes", ge=1)
+    cpus_per_task: int = opt(8, "CPUs per rank", ge=1)
+    mem_gb: int | None = opt(None, "memory per node in GB; none = cluster default", ge=1)
+    exclusive: bool = opt(False, "exclusive nodes")
+    additional: dict[str, str] = opt({}, "extra sbatch parameters (name: value)")
+
+
+@dataclass
+class ControlConfig:
+    heartbeat_interval_s: float = opt(1.0, "worker heartbeat period", gt=0)
+    heartbeat_timeout_s: float = opt(15.0, "silence after which a rank is declared dead", gt=0)
+    register_timeout_s: float = opt(300.0, "time for all ranks to register", gt=0)
+    stop_grace_s: float = opt(30.0, "time ranks get to leave after a stop", gt=0)
+    max_restarts: int = opt(
+        0,
+        "automatic restarts from the last checkpoint after a rank is lost mid-training "
+        "(Slurm: requeue; local: resubmit)",
+        ge=0,
+    )
+    checkpoint_timeout_s: float = opt(
+        300.0, "time the trainer leader gets to write its part of a checkpoint", gt=0
+    )
+    max_generation_failures: int = opt(
+        64, "a rank's generations failing in a row that fail the run (0: never)", ge=0
+    )
+    collective_timeout_s: float = opt(
+        300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
+    )
+    request_timeout_s: float = opt(
+        1800.0,
+        "a generation request out this long is requeued (lost on the way, or an engine that "
+        "hangs while its rank heartbeats); long agent episodes need a longer one",
+        gt=0,
+    )
+    step_timeout_s: float = opt(
+        3600.0, "a batch in training this long without a step report fails the run", gt=0
+    )
+
+
+@dataclass
+class LoggingConfig:
+    runs_dir: str = opt("runs", "where run folders are created (env REFLOW_RUNS_DIR wins)")
+    level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    tensorboard: bool = opt(False, "write TensorBoard event files to the run's tensorboard/")
+    wandb: bool = opt(False, "log each step to Weights & Biases (needs the wandb package)")
+    wandb_project: str = opt("reflow", "W&B project")
+    wandb_mode: str = opt(
+        "online",
+        "W&B mode: offline keeps the run under the run folder",
+        choices=("online", "offline"),
+    )
+    samples: bool = opt(
+        False, "write every delivered trajectory (tokens, loss mask, reward) to samples.jsonl"
+    )
+
+
+@dataclass
+class Config:
+    """A whole run. Sections map one to one onto the recipe's top-level keys."""
+
+    name: str = opt("run", "run name (prefix of the run folder)")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reflow: ReflowConfig = field(default_factory=ReflowConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.gpus_per_node

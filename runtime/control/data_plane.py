@@ -1,0 +1,224 @@
+"""The replay data cycle as one object: dispatcher + replay buffer + policy version.
+
+The coordinator holds one :class:`DataPlane` and maps protocol messages onto it; the unit
+tests and the simulator drive it directly. Pure logic with an injected clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from runtime.config.schema import Config
+from runtime.control.dispatcher import Dispatcher
+from runtime.control.replay_buffer import Batch, ReplayBuffer
+from runtime.control.samplers import make_replay_filter, make_sampler
+from runtime.data.sample import Request, Trajectory
+
+
+class DataPlane:
+    def __init__(
+        self,
+        cfg: Config,
+        prompts: Iterator[dict[str, Any]],
+        clock: Callable[[], float],
+    ) -> None:
+        rf, train = cfg.reflow, cfg.train
+        assert rf.sigma is not None and rf.B_max is not None, "config not validated"
+        self.clock = clock
+        self.mode = rf.mode
+        self.batch_size = train.batch_size
+        self.replay_enabled = rf.mode == "reflow" and rf.sigma > 0
+        self.buffer = ReplayBuffer(
+            batch_size=train.batch_size,
+            sigma=rf.sigma if self.replay_enabled else 0.0,
+            delta=rf.delta,
+            group_size=cfg.algorithm.group_size,
+            sampler=make_sampler(rf.sampler),
+            replay_filter=make_replay_filter(rf.replay_filter) if self.replay_enabled else None,
+            seed=train.seed,
+        )
+        self.dispatcher = Dispatcher(
+            prompts=prompts,
+            group_size=cfg.algorithm.group_size,
+            B_max=rf.B_max,
+            delta=rf.delta,
+            batch_size=train.batch_size,
+            clock=clock,
+            admission=rf.admission,
+        )
+        self.policy_version = 0
+        self.rejected: Counter[str] = Counter()
+        # sample id -> the rank it came from (-1: restored from a checkpoint): a rank that
+        # sends a result again (no ack reached it) is told apart from a real duplicate
+        self.delivered_ids: dict[int, int] = {}
+        self.delivered_by_worker: Counter[int] = Counter()
+        self.trainer_idle_s = 0.0
+        self._waiting_since: float | None = None
+        self.batches: dict[int, Batch] = {}
+
+    # --- rollout side ------------------------------------------------------------------
+
+    def request_work(
+        self, worker: int, slots: int, admit: Callable[[Request], bool] | None = None
+    ) -> list[Request]:
+        buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
+        if self.mode in ("sync", "one_step_off"):
+            # Batch-at-a-time baselines: never more than one batch generated ahead of the
+            # trainer. `sync` also waits while the trainer trains (rollout idles), while
+            # `one_step_off` generates batch k+1 during step k.
+            ahead = buffered + len(self.dispatcher.outstanding)
+            allowed = max(0, self.batch_size - ahead)
+            if self.mode == "sync" and self.batches:
+                allowed = 0
+            # Groups already started are always finished, or the barrier could deadlock.
+            slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
+            if slots == 0:
+                self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
+                return []
+        return self.dispatcher.take(
+            worker, slots, buffered=buffered, version=self.policy_version, admit=admit
+        )
+
+    def deliver(self, t: Trajectory) -> bool:
+        """A finished trajectory from a rollout worker; False (counted) if unexpected."""
+        req = self.dispatcher.finished(t.sample_id, t.worker)
+        if req is None:
+            if self.delivered_ids.get(t.sample_id, -2) == t.worker:
+                why = "resent"  # at-least-once delivery: the same result, again
+            elif t.sample_id in self.delivered_ids:
+                why = "duplicate"
+            elif t.sample_id in self.dispatcher.outstanding or any(
+                r.sample_id == t.sample_id for r in self.dispatcher.pending
+            ):
+                why = "stale_worker"  # requeued after a role switch: not this worker's now
+            else:
+                why = "unknown"
+            self.rejected[why] += 1
+            return False
+        if (req.group_id, req.prompt_id) != (t.group_id, t.prompt_id):
+            self.rejected["mismatched_ids"] += 1
+            self.dispatcher.reinstate(req, t.worker)  # still owed
+            return False
+        t.dispatched_at = req.dispatched_at
+        # Each extra version span is one pause across a weight sync (partial rollout).
+        holds = len(t.versions) - 1
+        self.dispatcher.transitions["running->held"] += holds
+        self.dispatcher.transitions["held->running"] += holds
+        self.delivered_ids[t.sample_id] = t.worker
+        self.delivered_by_worker[t.worker] += 1
+        self.buffer.add(t)
+        return True
+
+    def failed(self, sample_id: int, worker: int) -> bool:
+        ok = self.dispatcher.requeue(sample_id, worker, "failed_generation")
+        self.rejected["failed_generation" if ok else "unknown_failure"] += 1
+        return ok
+
+    def refuse(self, sample_id: int, worker: int, why: str) -> None:
+        """A result that cannot be what the run asked for: counted, and its request goes
+        back to the queue (it is still owed)."""
+        self.rejected[f"invalid:{why}"] += 1
+        self.dispatcher.requeue(sample_id, worker, f"invalid:{why}")
+
+    def ledger_problems(self) -> list[str]:
+        """The request-side identities; an empty list when they hold. Every request handed
+        out is delivered, outstanding or requeued, and every delivery is in the ledger."""
+        d = self.dispatcher
+        handed, finished = d.transitions["pending->running"], d.transitions["running->finished"]
+        requeued, outstanding = d.transitions["running->pending"], len(d.outstanding)
+        out = []
+        if handed != finished + requeued + outstanding:
+            out.append(
+                f"dispatched {handed} != delivered {finished} + requeued {requeued} "
+                f"+ outstanding {outstanding}"
+            )
+        if finished != len(self.delivered_ids):
+            out.append(f"delivered {finished} != {len(self.delivered_ids)} sample ids taken in")
+        return out
+
+    def worker_gone(self, worker: int) -> int:
+        return len(self.dispatcher.requeue_worker(worker))
+
+    # --- trainer side ------------------------------------------------------------------
+
+    def next_batch(self) -> Batch | None:
+        """A batch for the trainer, or None (the wait counts as trainer idle time)."""
+        batch = self.buffer.sample_batch(self.policy_version)
+        now = self.clock()
+        if batch is None:
+            if self._waiting_since is None:
+                self._waiting_since = now
+            return None
+        if self._waiting_since is not None:
+            self.trainer_idle_s += now - self._waiting_since
+            self._waiting_since = None
+        self.batches[batch.batch_id] = batch
+        return batch
+
+    def finish_step(self, batch_id: int, new_version: int) -> Batch:
+        batch = self.batches.pop(batch_id)
+        self.buffer.complete_batch(batch_id)
+        self.policy_version = max(self.policy_version, new_version)
+        self.dispatcher.observe_step(batch.n_unused)
+        self.buffer.evict_stale(self.policy_version)
+        return batch
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.batches:
+            raise ValueError("a batch is in training: checkpoint at a step boundary")
+        return {
+            "policy_version": self.policy_version,
+            "buffer": self.buffer.state_dict(),
+            "dispatcher": self.dispatcher.state_dict(),
+            "rejected": dict(self.rejected),
+            "delivered_ids": sorted(self.delivered_ids),
+            "delivered_by_worker": {str(k): v for k, v in self.delivered_by_worker.items()},
+            "trainer_idle_s": self.trainer_idle_s,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy_version = int(state["policy_version"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.dispatcher.load_state_dict(state["dispatcher"])
+        self.rejected = Counter(state["rejected"])
+        self.delivered_ids = dict.fromkeys(state["delivered_ids"], -1)
+        self.delivered_by_worker = Counter(
+            {int(k): v for k, v in state["delivered_by_worker"].items()}
+        )
+        self.trainer_idle_s = float(state["trainer_idle_s"])
+        self._waiting_since = None
+        self.batches = {}
+
+    # --- reporting ---------------------------------------------------------------------
+
+    def ledger(self) -> dict[str, int]:
+        b = self.buffer
+        d = self.dispatcher
+        held = sum(1 for _ in b.samples())
+        evicted = sum(b.evicted.values())
+        retired = b.transitions["consumed->retired"]
+        return {
+            "dispatched": d.transitions["pending->running"] - d.transitions["running->pending"],
+            "delivered": len(self.delivered_ids),
+            "outstanding": len(d.outstanding),
+            "held_in_buffer": held,
+            "evicted": evicted,
+            "retired": retired,
+            "consumed": sum(v for k, v in b.transitions.items() if k.endswith("->consumed")),
+            "replayed": b.transitions["consumed->replayed"],
+            "lost": len(self.delivered_ids) - held - evicted - retired,
+            "duplicated": self.rejected["duplicate"],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        s = self.buffer.stats()
+        s.update(self.dispatcher.stats())
+        s["policy_version"] = self.policy_version
+        s["trainer_idle_s"] = round(self.trainer_idle_s, 3)
+        s["rejected"] = dict(self.rejected)
+        s["delivered_by_rank"] = {str(k): v for k, v in sorted(self.delivered_by_worker.items())}
+        return s

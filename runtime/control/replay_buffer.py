@@ -1,0 +1,271 @@
+"""ReFlow's sample pool: group completion, staleness eviction, batch sampling with replay.
+
+Pure logic (no I/O, no clock): the coordinator owns one and drives it.
+
+Batch rule, for batch size ``b`` and replay cap ``sigma``:
+
+- at least ``ceil(b * (1 - sigma))`` unused samples, else no batch (the trainer waits);
+- unused samples first, up to ``b``; the rest from the replay pool;
+- if unused + replay cannot make ``b``, no batch either.
+
+Staleness: a sample is eligible while ``current_version - oldest_version <= delta``;
+older ones are evicted (reason ``stale_unused`` / ``stale_replay``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from runtime.control.samplers import BatchSampler, RandomSampler, ReplayFilter
+from runtime.data.sample import Phase, Trajectory, trajectory_from_state, trajectory_state
+
+_TINY = 1e-6
+
+
+@dataclass
+class Batch:
+    batch_id: int
+    policy_version: int
+    samples: list[Trajectory]
+    n_unused: int
+    n_replay: int
+
+    @property
+    def max_age(self) -> int:
+        return max(t.age(self.policy_version) for t in self.samples)
+
+
+class ReplayBuffer:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        sigma: float,
+        delta: int,
+        group_size: int,
+        sampler: BatchSampler | None = None,
+        replay_filter: ReplayFilter | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not 0 <= sigma < 1:
+            raise ValueError("sigma must be in [0, 1)")
+        self.batch_size = batch_size
+        self.sigma = sigma
+        self.delta = delta
+        self.group_size = group_size
+        self.sampler: BatchSampler = sampler or RandomSampler()
+        self.replay_filter = replay_filter
+        self.rng = random.Random(seed)
+        self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
+        self._groups: dict[int, list[Trajectory]] = {}
+        self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
+        self._group_target: dict[int, int] = {}
+        self.unused: dict[int, Trajectory] = {}
+        self.replay: dict[int, Trajectory] = {}
+        self.in_batch: dict[int, Batch] = {}
+        self._by_version: dict[int, set[int]] = {}
+        self._next_batch = 0
+        self._ids: set[int] = set()  # every sample held, in any phase
+        self.transitions: Counter[str] = Counter()
+        self.evicted: Counter[str] = Counter()
+        self.recent: list[tuple[int, int]] = []  # (unused, replay) of the last batches
+
+    # --- arrival -----------------------------------------------------------------------
+
+    def add(self, t: Trajectory) -> None:
+        """A finished trajectory; it becomes available once its whole group is in."""
+        group = self._groups.setdefault(t.group_id, [])
+        if t.sample_id in self._ids:
+            raise ValueError(f"sample {t.sample_id} delivered twice")
+        self._ids.add(t.sample_id)
+        t.phase = Phase.FINISHED
+        group.append(t)
+        self._n_waiting += 1
+        if len(group) >= self._group_target.get(t.group_id, self.group_size):
+            self._complete(t.group_id)
+
+    def close_group(self, group_id: int, size: int) -> None:
+        """The group will have only ``size`` members (some were aborted or lost)."""
+        self._group_target[group_id] = size
+        group = self._groups.get(group_id)
+        if group is not None and len(group) >= size:
+            self._complete(group_id)
+        elif size == 0:
+            self._group_target.pop(group_id, None)
+
+    def _complete(self, group_id: int) -> None:
+        group = self._groups.pop(group_id)
+        self._n_waiting -= len(group)
+        self._group_target.pop(group_id, None)
+        rewards = [t.reward for t in group]
+        mean = statistics.fmean(rewards)
+        std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        for t in group:
+            t.advantage = (t.reward - mean) / (std + _TINY)
+            t.group_mean_reward = mean
+        if not self.sampler.accept_group(group):
+            for t in group:
+                self._evict(t, Phase.FINISHED, "sampler_rejected")
+            return
+        for t in group:
+            self._enter(t, Phase.FINISHED, Phase.AVAILABLE, self.unused)
+
+    # --- pools -------------------------------------------------------------------------
+
+    def _enter(self, t: Trajectory, src: Phase, dst: Phase, pool: dict[int, Trajectory]) -> None:
+        t.phase = dst
+        pool[t.sample_id] = t
+        self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
+        self.transitions[f"{src.value}->{dst.value}"] += 1
+
+    def _leave_pool(self, t: Trajectory) -> None:
+        pool = self.unused if t.phase is Phase.AVAILABLE else self.replay
+        del pool[t.sample_id]
+        bucket = self._by_version[t.oldest_version]
+        bucket.discard(t.sample_id)
+        if not bucket:
+            del self._by_version[t.oldest_version]
+
+    def _evict(self, t: Trajectory, src: Phase, reason: str) -> None:
+        t.phase = Phase.EVICTED
+        self._ids.discard(t.sample_id)
+        self.transitions[f"{src.value}->evicted"] += 1
+        self.evicted[reason] += 1
+
+    def evict_stale(self, current_version: int) -> int:
+        """Drop pool samples older than ``delta`` versions; returns how many."""
+        limit = current_version - self.delta
+        n = 0
+        for version in [v for v in self._by_version if v < limit]:
+            for sid in list(self._by_version[version]):
+                t = self.unused.get(sid) or self.replay[sid]
+                src = t.phase
+                self._leave_pool(t)
+                self._evict(t, src, "stale_unused" if src is Phase.AVAILABLE else "stale_replay")
+                n += 1
+        return n
+
+    # --- batches -----------------------------------------------------------------------
+
+    def sample_batch(self, current_version: int) -> Batch | None:
+        """A batch of exactly ``batch_size`` samples, or None when the rule cannot be met."""
+        self.evict_stale(current_version)
+        b = self.batch_size
+        if len(self.unused) < self.min_unused or len(self.unused) + len(self.replay) < b:
+            return None
+        fresh = self.sampler.select(list(self.unused.values()), b, self.rng)
+        if len(fresh) < self.min_unused:
+            return None
+        need = b - len(fresh)
+        old = self.sampler.select(list(self.replay.values()), need, self.rng) if need else []
+        if len(old) < need:
+            return None
+        batch = Batch(self._next_batch, current_version, [*fresh, *old], len(fresh), len(old))
+        self._next_batch += 1
+        for t in batch.samples:
+            src = t.phase
+            self._leave_pool(t)
+            t.phase = Phase.CONSUMED
+            self.transitions[f"{src.value}->consumed"] += 1
+        self.in_batch[batch.batch_id] = batch
+        self.recent = [*self.recent[-19:], (batch.n_unused, batch.n_replay)]
+        return batch
+
+    def complete_batch(self, batch_id: int) -> None:
+        """Training on the batch is done: samples the filter keeps come back as replay."""
+        batch = self.in_batch.pop(batch_id)
+        for t in batch.samples:
+            if self.replay_filter is not None and self.replay_filter.keep(t):
+                t.replay_count += 1
+                self._enter(t, Phase.CONSUMED, Phase.REPLAYED, self.replay)
+            else:
+                t.phase = Phase.RETIRED
+                self._ids.discard(t.sample_id)
+                self.transitions["consumed->retired"] += 1
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything held, as plain data; only between batches (none in training)."""
+        if self.in_batch:
+            raise ValueError("a batch is in training: checkpoint at a step boundary")
+        return {
+            "groups": {str(g): [trajectory_state(t) for t in ts] for g, ts in self._groups.items()},
+            "group_target": {str(g): n for g, n in self._group_target.items()},
+            # lists, not maps: the pools' order feeds the sampler, so it must survive
+            "unused": [trajectory_state(t) for t in self.unused.values()],
+            "replay": [trajectory_state(t) for t in self.replay.values()],
+            "rng": _rng_state(self.rng),
+            "next_batch": self._next_batch,
+            "transitions": dict(self.transitions),
+            "evicted": dict(self.evicted),
+            "recent": [list(x) for x in self.recent],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the contents with a :meth:`state_dict` (same batch size, sigma, delta)."""
+        self._groups = {
+            int(g): [trajectory_from_state(d) for d in ts] for g, ts in state["groups"].items()
+        }
+        self._group_target = {int(g): int(n) for g, n in state["group_target"].items()}
+        self._n_waiting = sum(len(g) for g in self._groups.values())
+        self.unused, self.replay, self.in_batch, self._by_version = {}, {}, {}, {}
+        for pool, key in ((self.unused, "unused"), (self.replay, "replay")):
+            for d in state[key]:
+                t = trajectory_from_state(d)
+                pool[t.sample_id] = t
+                self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
+        self._ids = {t.sample_id for t in self.samples()}
+        self.rng.setstate(_rng_from_state(state["rng"]))
+        self._next_batch = int(state["next_batch"])
+        self.transitions = Counter(state["transitions"])
+        self.evicted = Counter(state["evicted"])
+        self.recent = [(int(a), int(b)) for a, b in state["recent"]]
+
+    # --- inspection --------------------------------------------------------------------
+
+    def holds(self, sample_id: int) -> bool:
+        return sample_id in self._ids
+
+    @property
+    def n_waiting_for_group(self) -> int:
+        return self._n_waiting
+
+    def samples(self) -> Iterable[Trajectory]:
+        """Every sample the buffer holds, in any phase."""
+        for group in self._groups.values():
+            yield from group
+        yield from self.unused.values()
+        yield from self.replay.values()
+        for batch in self.in_batch.values():
+            yield from batch.samples
+
+    def stats(self) -> dict:
+        u = sum(n for n, _ in self.recent)
+        r = sum(n for _, n in self.recent)
+        return {
+            "waiting_for_group": self.n_waiting_for_group,
+            "unused": len(self.unused),
+            "replay": len(self.replay),
+            "in_batch": sum(len(b.samples) for b in self.in_batch.values()),
+            "consumed": sum(v for k, v in self.transitions.items() if k.endswith("->consumed")),
+            "replayed": self.transitions["consumed->replayed"],
+            "retired": self.transitions["consumed->retired"],
+            "evicted": dict(self.evicted),
+            "replay_fraction_recent": round(r / (u + r), 4) if u + r else 0.0,
+        }
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from_state(state: list) -> tuple:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

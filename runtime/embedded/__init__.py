@@ -1,0 +1,1 @@
+"""The embedded default: tiny models built locally and the arithmetic task they learn."""

@@ -1,0 +1,1 @@
+"""The engines behind the two roles: vLLM and synthetic rollout, the torch trainer."""

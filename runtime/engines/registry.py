@@ -1,0 +1,82 @@
+"""Registry of the engines behind the two roles, by the names recipes use.
+
+Values are ``module:attribute`` strings imported on first use, so validating a recipe (or
+``--dry-run``) never imports heavy engine code. Each factory is called as
+``factory(cfg, rank, paths, collective)`` and returns a :class:`runtime.rank.sides.RoleSide`;
+``collective`` is the rank's process group (:mod:`runtime.rank.collective`) for the engines
+that move tensors between ranks (``WEIGHT_TRANSPORT``), else None.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from runtime.config.schema import Config
+from runtime.rank.sides import RoleSide
+from runtime.store.run_dir import RunPaths
+
+ROLLOUT_ENGINES: dict[str, str] = {
+    "placeholder": "runtime.rank.sides:placeholder_rollout",
+    "synthetic": "runtime.engines.synthetic:synthetic_rollout",
+    "vllm": "runtime.engines.vllm.rollout:VLLMRolloutSide",
+}
+TRAINER_ENGINES: dict[str, str] = {
+    "placeholder": "runtime.rank.sides:placeholder_trainer",
+    "synthetic": "runtime.engines.synthetic:synthetic_trainer",
+    "torch": "runtime.engines.torch.trainer:TorchTrainerSide",
+}
+
+
+# Engine pairs whose trainer broadcasts weights to the rollout engines over
+# torch.distributed: the rank joins the run's process group for them.
+WEIGHT_TRANSPORT: set[tuple[str, str]] = {("vllm", "torch")}
+
+
+class EngineUnavailable(RuntimeError):
+    """A registered engine whose code or dependencies are not importable here."""
+
+
+def _load(kind: str, name: str, target: str):
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise EngineUnavailable(f"engine.{kind}: {name!r} cannot be loaded ({exc})") from None
+
+
+def needs_collective(cfg: Config) -> bool:
+    return (cfg.engine.rollout, cfg.engine.trainer) in WEIGHT_TRANSPORT
+
+
+def build_sides(
+    cfg: Config, rank: int, paths: RunPaths, collective: object = None
+) -> dict[str, RoleSide]:
+    e = cfg.engine
+    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank, paths, collective)
+    try:
+        trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(
+            cfg, rank, paths, collective
+        )
+    except BaseException:
+        rollout.close()  # an engine left running would keep the rank's process alive
+        raise
+    return {"rollout": rollout, "trainer": trainer}
+
+
+PROMPT_SOURCES: dict[str, str] = {
+    "embedded:synthetic": "runtime.engines.synthetic:synthetic_prompts",
+    "embedded:arith": "runtime.embedded.arith:arith_prompts",
+    "embedded:arith-drift": "runtime.embedded.arith:arith_drift_prompts",
+}
+
+
+def build_prompts(cfg: Config):
+    """The prompt stream of ``data.train``: an embedded source, or a dataset file."""
+    name = cfg.data.train
+    if not name.startswith("embedded:"):
+        from runtime.data.prompts import file_prompts
+
+        return file_prompts(cfg)
+    if name not in PROMPT_SOURCES:
+        raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
+    return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)

@@ -1,0 +1,1 @@
+"""The torch trainer and its loss."""

@@ -1,0 +1,1 @@
+"""vLLM behind the rollout side: the engine, its worker extension and its stat logger."""

@@ -1,0 +1,1 @@
+"""What every rank runs: the entry point, the hybrid worker and its sides, its process group."""

@@ -1,0 +1,340 @@
+"""The ``torch.distributed`` edge of a rank: one process group per run, regrouped per layout.
+
+Every rank of a run with real engines joins one world group (gloo on CPU, NCCL on GPU).
+At each layout epoch all ranks build, in the same order, two subgroups:
+
+- the **trainer group**: the trainer ranks, for data-parallel gradient all-reduce and for
+  initialising a new trainer replica from the leader's model and optimizer state;
+- the **sync group**: the trainer leader (global rank 0, where the trainer pool starts)
+  plus every rollout rank, for the weight broadcast of each sync point.
+
+Tensors travel in fixed-size buckets (one flat tensor per bucket, per dtype). Metadata
+(names, shapes, dtypes, versions) travels as a JSON header in a ``uint8`` tensor, never
+pickled: a process group's peers are not authenticated the way the control plane is.
+
+Rendezvous: rank 0 hosts a ``TCPStore``. Under submitit (Slurm or local) its address comes
+from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port derived from
+the job id, ``MASTER_PORT`` to override), which every rank computes alike. Outside submitit
+rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the other
+ranks wait for that file.
+
+What is not authenticated: the store and gloo's and NCCL's peer connections take no key and
+are not encrypted; CURVE covers only the control plane (runtime/transport/server.py). Anyone
+who can reach the store's port while the run is up can read and write its keys, and
+anyone who can reach a gloo or NCCL listening socket can connect to it. So the store listens
+on one address, the one the other ranks connect to (:func:`store_listen_address`), never on
+every interface: torch's own server binds ``[::]`` whatever host it is given, so rank 0
+binds the socket itself and hands it over (``master_listen_fd``). gloo binds its listening
+sockets to its device's address (``GLOO_SOCKET_IFNAME``'s, else what this host's name
+resolves to); NCCL to the interface ``NCCL_SOCKET_IFNAME`` selects. The cluster network
+between the nodes is trusted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.config.layout import ranks_with
+from runtime.store.run_dir import read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+LEADER = 0  # global rank of the trainer leader: the trainer pool starts at rank 0
+_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
+
+
+class CollectiveError(RuntimeError):
+    """The process group could not be formed or a transfer was malformed."""
+
+
+def _buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``tensors`` grouped into buckets of one dtype and at most ``bucket_bytes``
+    (a tensor larger than a bucket gets one of its own)."""
+    out: list[list[int]] = []
+    size = 0
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        if out and tensors[out[-1][0]].dtype == t.dtype and size + nbytes <= bucket_bytes:
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            size = nbytes
+    return out
+
+
+class Collective:
+    """A rank's membership of the run's process group and of the current layout's
+    subgroups. Methods are collective: every member of the group named must call them."""
+
+    def __init__(self, rank: int, world_size: int, *, bucket_bytes: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.bucket_bytes = bucket_bytes
+        self.timeout = timedelta(seconds=timeout_s)
+        self.epoch = -1
+        self.roles: tuple[str, ...] = ()
+        self.trainer_group: Any = None
+        self.sync_group: Any = None
+
+    # --- set-up ------------------------------------------------------------------------
+
+    @classmethod
+    def join(
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        rendezvous: Path,
+        bind_host: str,
+        advertise_host: str,
+        backend: str,
+        bucket_bytes: int,
+        timeout_s: float,
+        endpoint: tuple[str, int] | None = None,
+    ) -> Collective:
+        timeout = timedelta(seconds=timeout_s)
+        if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
+            host, port = endpoint
+            if rank == 0:
+                store = _master_store(
+                    store_listen_address(bind_host, host), port, world_size, timeout
+                )
+            else:
+                store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        elif rank == 0:
+            listen = store_listen_address(bind_host, advertise_host)
+            store = _master_store(listen, 0, world_size, timeout)
+            write_json_atomic(rendezvous, {"host": advertise_host, "port": store.port})
+        else:
+            host, port = _wait_for_rendezvous(rendezvous, timeout_s)
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+        log.info("joined the %s process group as rank %d of %d", backend, rank, world_size)
+        return cls(rank, world_size, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+
+    def regroup(self, epoch: int, roles: Sequence[str]) -> None:
+        """Build this epoch's trainer and sync groups. Every rank calls it, in epoch order."""
+        if epoch <= self.epoch:
+            return
+        for group in (self.trainer_group, self.sync_group):
+            if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(group)
+        trainers = ranks_with(roles, "trainer")
+        if LEADER not in trainers:
+            raise CollectiveError(f"layout {list(roles)}: rank {LEADER} must be a trainer")
+        sync = [LEADER, *ranks_with(roles, "rollout")]
+        # new_group is collective over the world group: all ranks, same order.
+        self.trainer_group = dist.new_group(trainers, timeout=self.timeout)
+        self.sync_group = dist.new_group(sync, timeout=self.timeout)
+        self.epoch, self.roles = epoch, tuple(roles)
+
+    @property
+    def trainer_ranks(self) -> list[int]:
+        return ranks_with(self.roles, "trainer")
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- data parallelism --------------------------------------------------------------
+
+    def all_reduce_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum gradients over the trainer group, bucket by bucket (DDP without overlap).
+
+        Each replica's loss is already normalised by the whole batch, so the sum is the
+        gradient of the whole batch's loss and every replica ends up with the same one.
+        """
+        if len(self.trainer_ranks) <= 1:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        for idx in _buckets(grads, self.bucket_bytes):
+            flat = torch.cat([grads[i].reshape(-1) for i in idx])
+            dist.all_reduce(flat, group=self.trainer_group)
+            self._unflatten(flat, [grads[i] for i in idx])
+
+    def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        """Sum a few floats over the trainer group (per-shard loss statistics)."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        if len(self.trainer_ranks) > 1:
+            dist.all_reduce(t, group=self.trainer_group)
+        return t.tolist()
+
+    def replica_spread(self, checksum: float) -> float:
+        """max - min of a per-replica checksum over the trainer group (0 = in agreement)."""
+        if len(self.trainer_ranks) <= 1:
+            return 0.0
+        hi = torch.tensor([checksum], dtype=torch.float64)
+        lo = -hi.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.trainer_group)
+        dist.all_reduce(lo, op=dist.ReduceOp.MAX, group=self.trainer_group)
+        return float(hi + lo)
+
+    # --- broadcasts --------------------------------------------------------------------
+
+    def broadcast_tensors(self, tensors: Sequence[torch.Tensor], *, group: Any) -> None:
+        """Broadcast ``tensors`` from the leader in place (receivers pass tensors of the same
+        shapes and dtypes, in the same order)."""
+        for idx in _buckets(tensors, self.bucket_bytes):
+            if self.is_leader:
+                flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+            else:
+                flat = torch.empty(
+                    sum(tensors[i].numel() for i in idx), dtype=tensors[idx[0]].dtype
+                )
+            dist.broadcast(flat, src=LEADER, group=group)
+            if not self.is_leader:
+                self._unflatten(flat, [tensors[i] for i in idx])
+
+    def broadcast_header(self, header: dict[str, Any] | None, *, group: Any) -> dict[str, Any]:
+        """The leader's JSON header, on every member (length first, then the bytes)."""
+        if self.is_leader:
+            assert header is not None
+            raw = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
+            size = torch.tensor([raw.numel()], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(size, src=LEADER, group=group)
+        if not self.is_leader:
+            raw = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(raw, src=LEADER, group=group)
+        try:
+            out = json.loads(bytes(raw.numpy()).decode())
+        except ValueError as exc:
+            raise CollectiveError(f"malformed transfer header: {exc}") from None
+        if not isinstance(out, dict):
+            raise CollectiveError("malformed transfer header: not an object")
+        return out
+
+    def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> float:
+        """Leader: broadcast a policy version to the sync group. Returns seconds taken."""
+        start = time.perf_counter()
+        names = list(weights)
+        header = {
+            "version": version,
+            "tensors": [[n, str(weights[n].dtype), list(weights[n].shape)] for n in names],
+        }
+        self.broadcast_header(header, group=self.sync_group)
+        self.broadcast_tensors([weights[n] for n in names], group=self.sync_group)
+        return time.perf_counter() - start
+
+    def receive_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """Rollout rank: the leader's next policy version, as named tensors."""
+        header = self.broadcast_header(None, group=self.sync_group)
+        try:
+            version = int(header["version"])
+            spec = [
+                (str(n), _DTYPES[d], [int(x) for x in shape]) for n, d, shape in header["tensors"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CollectiveError(f"malformed weights header: {exc!r}") from None
+        tensors = [torch.empty(shape, dtype=dtype) for _, dtype, shape in spec]
+        self.broadcast_tensors(tensors, group=self.sync_group)
+        return version, {name: t for (name, _, _), t in zip(spec, tensors, strict=True)}
+
+    @staticmethod
+    def _unflatten(flat: torch.Tensor, targets: Sequence[torch.Tensor]) -> None:
+        offset = 0
+        with torch.no_grad():  # targets may be parameters
+            for t in targets:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+
+
+_WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+def store_listen_address(bind_host: str, connect_host: str) -> str:
+    """The one IP address rank 0's store listens on.
+
+    ``bind_host`` when it names an address (a local run's loopback, ``REFLOW_BIND_HOST``);
+    when it is a wildcard (a Slurm run's default), the address ``connect_host`` resolves to
+    here: the name the other ranks connect to, so they reach it and nothing else is opened.
+    """
+    host = connect_host if bind_host in _WILDCARDS else bind_host
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CollectiveError(f"cannot resolve {host!r} to listen on ({exc})") from None
+    address = str(infos[0][4][0])
+    if ipaddress.ip_address(address).is_loopback and not _is_loopback_name(host):
+        # e.g. a Debian-style /etc/hosts maps this node's name to 127.0.1.1: fine on one
+        # node, but ranks on other nodes resolve it elsewhere and will time out.
+        log.warning(
+            "%s resolves to %s here: ranks on other nodes cannot reach the store; "
+            "set REFLOW_BIND_HOST to this node's cluster address",
+            host,
+            address,
+        )
+    return address
+
+
+def _is_loopback_name(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _master_store(address: str, port: int, world_size: int, timeout: timedelta) -> Any:
+    """Rank 0's TCPStore, listening on ``address`` only.
+
+    ``dist.TCPStore(host, ...)`` with ``is_master=True`` uses ``host`` only to connect its
+    own client; its server binds every interface. A socket bound here and passed as
+    ``master_listen_fd`` is the one it listens on instead.
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # a requeued job reuses its port (derived from the job id) within TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise CollectiveError(f"the store cannot listen on {address}:{port} ({exc})") from None
+    bound_port = sock.getsockname()[1]
+    # detach: the store owns the descriptor from here (closing it is the store's business)
+    fd = sock.detach()
+    return dist.TCPStore(
+        address,
+        bound_port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=fd,
+    )
+
+
+def _wait_for_rendezvous(path: Path, timeout_s: float) -> tuple[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            info = read_json(path)
+            return str(info["host"]), int(info["port"])
+        except (FileNotFoundError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise CollectiveError(
+                    f"{path}: rank 0 did not publish its process-group address "
+                    f"within {timeout_s:.0f} s"
+                ) from None
+            time.sleep(0.1)

@@ -1,0 +1,317 @@
+"""The one entry point every rank runs (submitit calls :func:`rank_main`).
+
+Rank 0 also hosts the coordinator (a thread) before becoming a hybrid worker like the
+others. The function returns normally for COMPLETED/STOPPED and raises for FAILED, so the
+process exit code is the run's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runtime.config.recipe import load_recipe
+from runtime.config.schema import Config
+from runtime.control.coordinator import Coordinator
+from runtime.embedded.resolve import vocab_size
+from runtime.engines.registry import build_prompts, build_sides, needs_collective
+from runtime.rank.auto_restart import restart_job, restarts_so_far
+from runtime.rank.orphans import guard_process_group
+from runtime.rank.worker import HybridWorker, WorkerError, node_name
+from runtime.store import checkpoint
+from runtime.store.run_dir import RunPaths, write_json_atomic
+from runtime.transport.auth import CLIENT, SERVER, load_keypair
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from runtime.rank.collective import Collective
+
+log = logging.getLogger("reflow")
+
+
+class RunFailed(RuntimeError):
+    """The run ended FAILED; raising it makes the rank's exit code say so."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    node: str
+
+
+def rank_info() -> RankInfo:
+    """Rank and world from submitit's job environment (local or Slurm), else REFLOW_* vars."""
+    if "REFLOW_RANK" in os.environ:
+        return RankInfo(
+            int(os.environ["REFLOW_RANK"]), int(os.environ["REFLOW_WORLD_SIZE"]), node_name()
+        )
+    import submitit
+
+    env = submitit.JobEnvironment()
+    return RankInfo(env.global_rank, env.num_tasks, node_name())
+
+
+def attempt_id(env: dict[str, str] | os._Environ) -> str:
+    """This start of the job, the same on every rank: the job id (a resumed run is a new
+    job), and Slurm's restart count (a requeued job keeps its id)."""
+    job = env.get("REFLOW_ATTEMPT")
+    if job is None:
+        try:
+            import submitit
+
+            job = str(submitit.JobEnvironment().job_id)
+        except RuntimeError:  # not under submitit
+            job = env.get("SLURM_JOB_ID", "")
+    return f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}"
+
+
+def control_endpoint(env: dict[str, str] | os._Environ) -> tuple[str, str]:
+    """Where rank 0 listens and the address it publishes.
+
+    Local runs stay on loopback. Under Slurm the other ranks are on other nodes: listen on
+    every interface and publish this node's name (CURVE keeps the control server closed to
+    outsiders; the torch.distributed store is not authenticated and listens on one address
+    only: runtime/rank/collective.py).
+    REFLOW_BIND_HOST / REFLOW_ADVERTISE_HOST override both.
+    """
+    on_slurm = "SLURM_JOB_ID" in env and env.get("SUBMITIT_EXECUTOR") != "local"
+    bind = env.get("REFLOW_BIND_HOST") or ("0.0.0.0" if on_slurm else "127.0.0.1")
+    default_advertise = socket.gethostname() if bind == "0.0.0.0" else bind
+    return bind, env.get("REFLOW_ADVERTISE_HOST") or default_advertise
+
+
+def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
+    paths.logs.mkdir(exist_ok=True)
+    handler = logging.FileHandler(paths.rank_log(rank))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler, logging.StreamHandler(sys.stderr)]
+    root.setLevel(level)
+
+
+# the watcher of this rank's process group, kept referenced (runtime/rank/orphans.py)
+_GUARD: list[subprocess.Popen | None] = []
+
+
+def rank_main(run_root: str) -> str:
+    paths = RunPaths(Path(run_root))
+    info = rank_info()
+    cfg: Config = load_recipe(paths.config)
+    _setup_logging(paths, info.rank, cfg.logging.level)
+    log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        # A killed local rank leaves no engine processes behind. On Slurm the job's
+        # process tracking does that, and a new process group could hide a rank from it
+        # (proctrack/pgid).
+        _GUARD.append(guard_process_group())
+    # Models are local folders (a cluster's shared FS, or the embedded one): never let a
+    # typo in model.path turn into a hub download attempt.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if cfg.resources.device != "cuda":
+        # Several engines share few cores: pin each rank's vLLM threads to its own core and
+        # keep torch to the recipe's thread count, or they all slow to a crawl.
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[info.rank % len(cores)]))
+        os.environ.setdefault("OMP_NUM_THREADS", str(cfg.resources.torch_threads))
+    if info.world_size != cfg.world_size:
+        raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")
+    bind, advertise = control_endpoint(os.environ)
+    attempt = attempt_id(os.environ)
+    server = None
+    if info.rank == 0:
+        from runtime.transport.server import ControlServer
+
+        # An earlier attempt's rendezvous must not be read by this one's ranks (they read
+        # it only after rank 0 has welcomed them, so removing it now is enough).
+        (paths.root / "dist.json").unlink(missing_ok=True)
+        try:
+            coordinator = Coordinator(
+                cfg,
+                run=paths.name,
+                prompts=build_prompts(cfg),
+                save_checkpoint=checkpoint.coordinator_writer(
+                    paths.checkpoints, cfg.train.keep_checkpoints
+                ),
+                vocab_size=vocab_size(cfg),
+            )
+            resume = _resume(coordinator, paths)
+        except Exception as exc:
+            # Tell the other ranks (they wait for control.json) and `reflow status`.
+            reason = f"rank 0 could not start: {type(exc).__name__}: {exc}"
+            log.error("%s", reason)
+            write_json_atomic(paths.control, {"failed": reason, "attempt": attempt})
+            write_json_atomic(
+                paths.status,
+                {
+                    "run": paths.name,
+                    "state": "FAILED",
+                    "reason": reason,
+                    "workers": [],
+                    "layout": {},
+                },
+            )
+            raise RunFailed(reason) from None
+        server = ControlServer(
+            coordinator,
+            paths,
+            load_keypair(paths.keys, SERVER),
+            load_keypair(paths.keys, CLIENT).public,
+            bind_host=bind,
+            advertise_host=advertise,
+            publish={"attempt": attempt, "resume": resume},
+        )
+        server.start()
+    worker = HybridWorker(
+        rank=info.rank,
+        world_size=info.world_size,
+        paths=paths,
+        cfg=cfg,
+        make_sides=lambda collective: build_sides(cfg, info.rank, paths, collective),
+        make_collective=lambda: join_collective(cfg, info, paths, bind, advertise),
+        node=info.node,
+        on_stop_signal=server.request_stop if server is not None else None,
+        attempt=attempt,
+    )
+    worker.install_signal_handlers()
+    failure: str | None = None
+    try:
+        reason = worker.run()
+    except WorkerError as exc:
+        log.error("%s", exc)
+        if server is None:
+            raise RunFailed(str(exc)) from None
+        server.fail(str(exc))  # rank 0's own side failed (e.g. a collective with a dead rank)
+        reason = failure = str(exc)
+    if server is not None:
+        server.join(cfg.control.stop_grace_s + 5)
+        state, why = server.coordinator.state, server.coordinator.reason
+        log.info("run ended %s: %s", state, why)
+        if state == "FAILED":
+            note = _maybe_restart(server.coordinator, cfg, paths)
+            if note:
+                server.amend_reason(note)
+            raise RunFailed(why + note)
+        if failure is not None:
+            raise RunFailed(failure)
+        if worker.preempted and state == "STOPPED":
+            _requeue(worker.preempt_handler)
+    return reason
+
+
+def _maybe_restart(coordinator: Coordinator, cfg: Config, paths: RunPaths) -> str:
+    """A run that failed mid-training starts again from its last checkpoint, up to
+    ``control.max_restarts`` times; the text is added to the failure reason."""
+    if not coordinator.failed_while_training or cfg.control.max_restarts == 0:
+        return ""
+    done = restarts_so_far(paths, os.environ)
+    if done >= cfg.control.max_restarts:
+        return f" (no restart: {done} of {cfg.control.max_restarts} used)"
+    info, _ = checkpoint.latest_valid(paths.checkpoints)
+    if info is None:
+        return " (no restart: no checkpoint yet)"
+    try:
+        how = restart_job(paths, os.environ)
+    except Exception as exc:  # say why and fail as before
+        log.exception("restart failed")
+        return f" (restart failed: {type(exc).__name__}: {exc})"
+    note = f"; restart {done + 1} of {cfg.control.max_restarts} from {info.name}: {how}"
+    log.warning("run failed: %s%s", coordinator.reason, note)
+    return note
+
+
+class RankMain:
+    """What submitit runs on every task. ``checkpoint`` is submitit's hook, called on rank 0
+    when Slurm warns of preemption or the time limit (USR2): the run has saved its
+    checkpoint by then, so the requeued job is the same call, and rank 0 resumes from the
+    newest checkpoint in the run folder."""
+
+    def __call__(self, run_root: str) -> str:
+        return rank_main(run_root)
+
+    def checkpoint(self, run_root: str):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, run_root)
+
+
+def _requeue(handler: object) -> None:
+    """After a preempted run stopped with its checkpoint: submitit's USR2 handler calls
+    :meth:`RankMain.checkpoint` and requeues the job (``scontrol requeue``), then exits."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or not callable(handler):
+        log.info("preempted outside Slurm: stopped with a checkpoint, not requeued")
+        return
+    log.info("preempted: requeueing the job through submitit")
+    handler(signal.SIGUSR2, None)
+
+
+def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:
+    """Continue from the newest checkpoint that verifies (a resumed or requeued run);
+    corrupt or partial ones are skipped with a line in the log. None: a fresh start."""
+    info, rejected = checkpoint.latest_valid(paths.checkpoints)
+    for line in rejected:
+        log.warning("checkpoint rejected: %s", line)
+    if info is None:
+        return None
+    coordinator.load_state_dict(checkpoint.read_coordinator_state(info), source=info.name)
+    assert coordinator.resumed is not None
+    write_json_atomic(
+        paths.root / f"resumed-{coordinator.attempt}.json",
+        {**coordinator.resumed, "rejected": rejected},
+    )
+    log.info(
+        "resuming from %s: step %d, policy v%d, %d samples in the buffer%s",
+        info.name,
+        info.step,
+        info.policy_version,
+        len(coordinator.resumed["buffer"]["samples"]),
+        f" ({len(rejected)} newer checkpoint(s) rejected)" if rejected else "",
+    )
+    return info.name
+
+
+def _torch_endpoint(advertise: str) -> tuple[str, int] | None:
+    """The process group's address from submitit's TorchDistributedEnvironment: the job's
+    first node (rank 0's) and a port from the job id. A local run stays on loopback.
+    None outside submitit (the dist.json rendezvous is used then)."""
+    import submitit
+
+    try:
+        env = submitit.helpers.TorchDistributedEnvironment()
+    except RuntimeError:
+        return None
+    on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    return (env.master_addr if on_slurm else advertise), env.master_port
+
+
+def join_collective(
+    cfg: Config, info: RankInfo, paths: RunPaths, bind: str, advertise: str
+) -> Collective | None:
+    """The run's torch.distributed group, for engines that broadcast weights and state."""
+    if not needs_collective(cfg):
+        return None
+    from runtime.rank.collective import Collective  # imports torch: only ranks that need it
+
+    if bind == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # a local run stays on loopback
+    return Collective.join(
+        rank=info.rank,
+        world_size=info.world_size,
+        rendezvous=paths.root / "dist.json",
+        endpoint=_torch_endpoint(advertise),
+        bind_host=bind,
+        advertise_host=advertise,
+        # On GPU nodes CUDA tensors go over NCCL and CPU ones (headers) over gloo.
+        backend="cpu:gloo,cuda:nccl" if cfg.resources.device == "cuda" else "gloo",
+        bucket_bytes=int(cfg.engine.weight_bucket_mb * 2**20),
+        timeout_s=cfg.control.collective_timeout_s,
+    )

@@ -1,0 +1,403 @@
+"""Every rank is a :class:`HybridWorker`: it registers with rank 0, plays the role it is
+given, heartbeats, and switches roles when the coordinator broadcasts a new layout.
+
+The worker's ZeroMQ socket is a DEALER with the run's CURVE client key. Messages from the
+coordinator are validated like any other input; invalid ones are logged and dropped.
+
+Delivery is at least once for what the run cannot lose: every ``SampleDone`` and
+``SampleFailed`` is kept until rank 0 acknowledges its sample id (``HeartbeatAck.acked``),
+the leader's last ``StepDone`` until a ``HeartbeatAck`` shows that step; both are sent
+again while unacknowledged (rank 0 recognises a result it already has). A send that
+cannot go out now (no connection: ``zmq.Again``) is not dropped either: it is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import zmq
+
+from runtime.config.layout import LayoutChange
+from runtime.config.schema import Config
+from runtime.rank.sides import RoleSide
+from runtime.store import checkpoint
+from runtime.store.run_dir import RunPaths, read_json
+from runtime.transport import protocol as p
+from runtime.transport.auth import CLIENT, load_keypair, secure_client
+
+if TYPE_CHECKING:  # torch is imported only by ranks that join a process group
+    from runtime.rank.collective import Collective
+
+log = logging.getLogger(__name__)
+
+# Results rank 0 must acknowledge; sent again while it has not.
+RELIABLE = (p.SampleDone, p.SampleFailed)
+
+
+class WorkerError(RuntimeError):
+    """The rank cannot take part in the run (no coordinator, rejected, lost contact)."""
+
+
+def wait_for_control(paths: RunPaths, timeout_s: float, attempt: str = "") -> dict:
+    """Rank 0 publishes control.json once it listens; other ranks wait for it.
+
+    ``attempt`` names this start of the job (a requeued or resumed run has a new one):
+    a control.json left by an earlier attempt is not ours, so we wait for rank 0's."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            control = read_json(paths.control)
+            if control.get("attempt", "") != attempt:
+                raise ValueError("an earlier attempt's")
+            if "failed" in control:
+                raise WorkerError(control["failed"])
+            return control
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise WorkerError(
+                    f"{paths.control}: rank 0 did not publish its address within {timeout_s:.0f} s"
+                ) from None
+            time.sleep(0.1)
+
+
+class HybridWorker:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        paths: RunPaths,
+        cfg: Config,
+        make_sides: Callable[[Collective | None], dict[str, RoleSide]],
+        make_collective: Callable[[], Collective | None] = lambda: None,
+        node: str | None = None,
+        on_stop_signal=None,
+        attempt: str = "",
+    ) -> None:
+        self.attempt = attempt
+        self.resume: str | None = None  # checkpoint folder rank 0 resumes from
+        self.rank = rank
+        self.world_size = world_size
+        self.paths = paths
+        self.cfg = cfg
+        self._make_sides = make_sides
+        self._make_collective = make_collective
+        self.collective: Collective | None = None
+        self.sides: dict[str, RoleSide] = {}
+        self.roles: tuple[str, ...] = ()
+        self.node = node or socket.gethostname()
+        self.role: str | None = None
+        self.layout_epoch = 0
+        self.stop_reason: str | None = None
+        self._signal_reason: str | None = None
+        self._on_stop_signal = on_stop_signal
+        self.heartbeat_interval = cfg.control.heartbeat_interval_s
+        self.last_ack = time.monotonic()
+        self.switch_durations: list[float] = []
+        self.unsent = 0
+        self.resent = 0
+        # sample id -> [message, when last sent]; forgotten when rank 0 acks the id
+        self._unacked: dict[int, list] = {}
+        self._step_report: list | None = None  # [StepDone, when last sent] until acked
+        # unanswered this long after the last send: sent again (acks come with each beat)
+        self.resend_after_s = 5 * cfg.control.heartbeat_interval_s
+        self.rollout_active_s = 0.0
+        self.rollout_busy_s = 0.0
+        self.preempted = False
+        self.preempt_handler: object = None
+
+    # --- signals -----------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        # submitit's own USR2 handler (checkpoint + requeue on Slurm) is kept for later:
+        # the run saves its checkpoint first, then rank 0 hands over to it.
+        self.preempt_handler = signal.getsignal(signal.SIGUSR2)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGUSR2:  # Slurm's warning: preemption or the time limit
+            self.preempted = True
+        self._signal_reason = f"rank {self.rank} got {signal.Signals(signum).name}"
+        if self._on_stop_signal is not None:
+            self._on_stop_signal(self._signal_reason)
+
+    # --- main loop ---------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Serve until told to stop; returns the coordinator's stop reason."""
+        control = wait_for_control(self.paths, self.cfg.control.register_timeout_s, self.attempt)
+        self.resume = control.get("resume")
+        keys = load_keypair(self.paths.keys, CLIENT)
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"rank-{self.rank}-{os.getpid()}".encode())
+        sock.setsockopt(zmq.LINGER, 2000)
+        secure_client(sock, keys, control["server_public"].encode())
+        sock.connect(control["address"])
+        self._sock = sock
+        try:
+            self._register()
+            try:
+                self._serve()
+            except WorkerError:
+                raise
+            except Exception as exc:
+                # An engine or collective failure: tell rank 0 why (it fails the run at
+                # once instead of waiting for the heartbeat timeout), then leave.
+                reason = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:1000]
+                log.exception("%s", reason)
+                self._send(p.Bye(rank=self.rank, reason=reason))
+                raise WorkerError(reason) from exc
+        finally:
+            if self.role is not None:
+                self.sides[self.role].deactivate()
+            for side in self.sides.values():
+                try:
+                    side.close()
+                except Exception:  # exiting anyway; say why, do not mask the real error
+                    log.exception("closing the %s side failed", side.name)
+            if self.collective is not None:
+                self.collective.close()
+            sock.close()
+            ctx.term()
+        return self.stop_reason or ""
+
+    def _engine_stats(self) -> dict[str, float]:
+        """The rollout engine's load for rank 0's generation scheduler, while rollout."""
+        side = self.sides.get("rollout")
+        if self.role != "rollout" or side is None or not hasattr(side, "engine_stats"):
+            return {}
+        return side.engine_stats()
+
+    def _send(self, msg: p.Message) -> bool:
+        """Send now if we can. Results and step reports are also kept until acknowledged
+        (and so count as sent: they will reach rank 0)."""
+        now = time.monotonic()
+        if isinstance(msg, RELIABLE):
+            self._unacked[msg.sample_id] = [msg, now]
+        elif isinstance(msg, p.StepDone):
+            self._step_report = [msg, now]
+        sent = self._transmit(msg)
+        return sent or isinstance(msg, (*RELIABLE, p.StepDone))
+
+    def _transmit(self, msg: p.Message) -> bool:
+        # Never block: with no live connection to rank 0 (not up yet, gone, or the CURVE
+        # handshake refused) a DEALER send would wait forever. The heartbeat and HELLO
+        # loops retry, and silence is what the coordinator's timeout is for.
+        try:
+            self._sock.send_multipart(p.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.unsent += 1
+            return False
+
+    def _on_ack(self, ack: p.HeartbeatAck) -> None:
+        for sid in ack.acked:
+            self._unacked.pop(sid, None)
+        if self._step_report is not None and ack.step >= self._step_report[0].step:
+            self._step_report = None
+
+    def _resend_unacked(self, now: float) -> None:
+        """What rank 0 has not acknowledged in ``resend_after_s`` goes out again."""
+        entries = list(self._unacked.values())
+        if self._step_report is not None:
+            entries.append(self._step_report)
+        for entry in entries:
+            if now - entry[1] > self.resend_after_s:
+                self.resent += 1
+                self._transmit(entry[0])
+                entry[1] = now
+
+    def _recv(self, timeout_ms: int) -> p.Message | None:
+        if not self._sock.poll(timeout_ms):
+            return None
+        frames = self._sock.recv_multipart()
+        try:
+            return p.decode(frames)
+        except p.ProtocolError as exc:
+            log.warning("dropping an invalid message from the coordinator: %s", exc)
+            return None
+
+    def _register(self) -> None:
+        timeout = self.cfg.control.register_timeout_s
+        deadline = time.monotonic() + timeout
+        hello = p.Hello(rank=self.rank, world_size=self.world_size, node=self.node, pid=os.getpid())
+        next_hello = 0.0
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise WorkerError(f"rank {self.rank}: no answer from rank 0 within {timeout:.0f} s")
+            if self._signal_reason is not None:
+                raise WorkerError(f"{self._signal_reason} before registering")
+            if now >= next_hello:  # repeat: a HELLO sent before rank 0 listened is not lost
+                self._send(hello)
+                next_hello = now + 2.0
+            msg = self._recv(100)
+            if isinstance(msg, p.Welcome) and msg.rank == self.rank:
+                # Engines are built only once rank 0 knows us, so a rank whose engine cannot
+                # start says why (Bye) instead of silently missing the registration.
+                try:
+                    if len(msg.roles) != self.world_size:
+                        raise WorkerError(f"rank 0 sent a layout of {len(msg.roles)} ranks")
+                    # The process group first (every rank joins it now), then the engines.
+                    self.collective = self._make_collective()
+                    if self.collective is not None:
+                        self.collective.regroup(msg.layout_epoch, msg.roles)
+                    self.sides = self._make_sides(self.collective)
+                    for side in self.sides.values():
+                        side.attach(self._send, self.rank)
+                    if self.resume:
+                        self._restore(self.resume)
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    self._send(p.Bye(rank=self.rank, reason=reason))
+                    raise WorkerError(f"rank {self.rank}: {reason}") from exc
+                self.heartbeat_interval = msg.heartbeat_interval_s
+                self.layout_epoch = msg.layout_epoch
+                self.roles = tuple(msg.roles)
+                self._enter(msg.role)
+                self._send(p.Ready(rank=self.rank, role=msg.role, layout_epoch=self.layout_epoch))
+                self.last_ack = time.monotonic()
+                log.info("rank %d registered as %s", self.rank, msg.role)
+                return
+            if isinstance(msg, p.Stop):
+                raise WorkerError(f"rank {self.rank}: refused by rank 0: {msg.reason}")
+
+    def _restore(self, name: str) -> None:
+        """Sides with state (trainers) load it from the checkpoint rank 0 resumes from."""
+        info = checkpoint.find(self.paths.checkpoints, name)
+        for side in self.sides.values():
+            restore = getattr(side, "restore", None)
+            if restore is not None:
+                restore(info.path)
+        log.info("rank %d restored %s (step %d)", self.rank, info.name, info.step)
+
+    def _checkpoint(self, step: int) -> None:
+        """Rank 0 asks the trainer leader (us) for its part of checkpoint ``step``."""
+        side = self.sides.get("trainer")
+        save = getattr(side, "save_checkpoint", None)
+        ok, error = False, ""
+        if save is None:
+            error = f"engine.trainer {self.cfg.engine.trainer!r} cannot checkpoint"
+        else:
+            try:
+                staging = checkpoint.start(self.paths.checkpoints, step)
+                save(staging / checkpoint.TRAINER_FILE, step)
+                ok = True
+            except Exception as exc:  # reported; the run goes on without this checkpoint
+                log.exception("checkpoint %d failed", step)
+                error = f"{type(exc).__name__}: {exc}"[:1000]
+        self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
+
+    def _enter(self, role: str) -> None:
+        if self.role == role:
+            return
+        if self.role is not None:
+            self.sides[self.role].deactivate()
+        else:  # first role: the other side starts asleep (vLLM sleep mode on CUDA)
+            for name, side in self.sides.items():
+                if name != role:
+                    side.deactivate()
+        self.sides[role].activate()
+        self.role = role
+
+    def _serve(self) -> None:
+        assert self.role is not None
+        next_beat = 0.0
+        last_tick = time.monotonic()
+        asked_stop = False
+        lost_after = self.cfg.control.heartbeat_timeout_s
+        while self.stop_reason is None:
+            now = time.monotonic()
+            if now - last_tick > self.heartbeat_interval:
+                # We were busy (a long step, an engine call), not listening: that time is
+                # not silence from rank 0.
+                self.last_ack += now - last_tick
+            if self._signal_reason is not None and not asked_stop:
+                # Ask rank 0 to stop the whole run; we leave when it says so.
+                self._send(p.StopRequest(reason=self._signal_reason))
+                asked_stop = True
+            if self.role == "rollout":  # for the rollout idle ratio
+                dt = now - last_tick
+                self.rollout_active_s += dt
+                if self.sides["rollout"].state == "busy":
+                    self.rollout_busy_s += dt
+            last_tick = now
+            if now >= next_beat:
+                self._resend_unacked(now)
+                self._send(
+                    p.Heartbeat(
+                        rank=self.rank,
+                        role=self.role,
+                        state=self.sides[self.role].state,
+                        layout_epoch=self.layout_epoch,
+                        rollout_active_s=self.rollout_active_s,
+                        rollout_busy_s=self.rollout_busy_s,
+                        engine=self._engine_stats(),
+                    )
+                )
+                next_beat = now + self.heartbeat_interval
+            if now - self.last_ack > lost_after:
+                raise WorkerError(
+                    f"rank {self.rank}: lost contact with rank 0 (no answer for {lost_after:.0f} s)"
+                )
+            self.sides[self.role].step()
+            msg = self._recv(5 if self.sides[self.role].state == "busy" else 50)
+            if msg is not None:
+                self._handle(msg)
+        self._send(p.Bye(rank=self.rank, reason=self.stop_reason))
+
+    def _handle(self, msg: p.Message) -> None:
+        if isinstance(msg, p.HeartbeatAck):
+            self.last_ack = time.monotonic()
+            self._on_ack(msg)
+            assert self.role is not None
+            self.sides[self.role].on_message(msg)
+        elif isinstance(msg, (p.Work, p.Batch, p.BatchWait, p.WeightSync)):
+            assert self.role is not None
+            self.sides[self.role].on_message(msg)
+        elif isinstance(msg, p.RoleSwitch):
+            self.last_ack = time.monotonic()
+            if len(msg.roles) != self.world_size or msg.layout_epoch <= self.layout_epoch:
+                log.warning("ignoring role switch %s", msg)
+                return
+            start = time.perf_counter()
+            new_role = msg.roles[self.rank]
+            old_role = self.role
+            change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
+            self._enter(new_role)
+            # Every rank regroups (collectively), then the sides move state: new trainer
+            # replicas get the leader's, new rollout ranks its weights.
+            if self.collective is not None:
+                self.collective.regroup(msg.layout_epoch, msg.roles)
+            for name in ("trainer", "rollout"):
+                self.sides[name].on_layout(change)
+            self.layout_epoch, self.roles = msg.layout_epoch, change.after
+            took = time.perf_counter() - start
+            self.switch_durations.append(took)
+            log.info("epoch %d: %s -> %s in %.3f s", msg.layout_epoch, old_role, new_role, took)
+            assert self.role is not None
+            self._send(
+                p.RoleSwitchDone(
+                    rank=self.rank, role=self.role, layout_epoch=self.layout_epoch, duration_s=took
+                )
+            )
+        elif isinstance(msg, p.Checkpoint):
+            self._checkpoint(msg.step)
+        elif isinstance(msg, p.Stop):
+            log.info("rank %d stopping: %s", self.rank, msg.reason)
+            self.stop_reason = msg.reason
+        else:
+            log.warning("ignoring unexpected %s", msg.TYPE)
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

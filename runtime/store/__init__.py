@@ -1,0 +1,1 @@
+"""The run folder on disk: its paths, checkpoints and metrics sinks."""

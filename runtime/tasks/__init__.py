@@ -1,1 +1,0 @@
-"""Workloads: how prompts are made and how responses are scored."""

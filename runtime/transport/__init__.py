@@ -1,0 +1,1 @@
+"""The control plane on the wire: typed messages, frames, CURVE keys and the ZeroMQ server."""

@@ -1,0 +1,1 @@
+"""Workloads: agent loops, rewards, and the sandbox model-written code runs in."""

@@ -1,0 +1,357 @@
+"""Run one untrusted Python program under the sandbox's limits and return what it did.
+
+The caller (a reward, an agent's tool call, ``reflow reward code``) hands in source and
+stdin; :class:`Sandbox` writes the source to a fresh read-only folder, claims a uid of its
+own (when root) and a memory + pids cgroup for it (where one can be made), starts the
+isolation layer inside that cgroup, feeds stdin and reads at most ``output_bytes`` back
+(more kills the program: a reader that buffers everything is a memory bomb of its own),
+and on the wall-clock limit kills the whole process tree. Every process still in the
+run's cgroup or owned by its uid is killed afterwards and the cgroup removed, so nothing a
+program forked outlives its run even where it left the process group.
+
+What a sandbox lacks here (no uid switch when not root, no cgroup, no seccomp table for
+the machine) is in :attr:`Sandbox.weakened`, each line logged once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import platform
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from runtime.workloads.sandbox import cgroups, seccomp
+from runtime.workloads.sandbox.isolation import ISOLATION, resolve
+from runtime.workloads.sandbox.limits import RunResult, SandboxLimits
+from runtime.workloads.sandbox.uids import UidPool
+
+log = logging.getLogger(__name__)
+
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _warn_once(line: str) -> None:
+    # Every Sandbox of a process (one per settings) would repeat the same lines.
+    with _logged_lock:
+        if line in _logged:
+            return
+        _logged.add(line)
+    log.warning("%s", line)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not be set up (not the program's fault)."""
+
+
+class Sandbox:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        isolation: str = "auto",
+        python: str = "/usr/bin/python3",
+        uid_base: int = 61000,
+        uid_slots: int = 64,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.isolation = resolve(isolation)
+        self.python = python
+        self._build = ISOLATION[self.isolation]
+        if self.isolation == "bwrap" and not python.startswith("/usr/"):
+            # Only /usr is mounted inside; an interpreter elsewhere would not exist there.
+            raise SandboxError(f"sandbox.python: {python!r} must be under /usr with bwrap")
+        if not os.access(python, os.X_OK):
+            raise SandboxError(f"sandbox.python: {python!r} is not an executable file")
+        self.uids = UidPool(uid_base, uid_slots) if os.geteuid() == 0 else None
+        self.cgroups, no_cgroup = cgroups.detect()
+        self.seccomp = (
+            seccomp.build_filter() if self.isolation == "bwrap" and seccomp.supported() else None
+        )
+        _become_subreaper()
+        self.weakened = self._weakened(no_cgroup)
+        for line in self.weakened:
+            _warn_once(line)
+
+    def _weakened(self, no_cgroup: str) -> list[str]:
+        """One line per layer this sandbox lacks, saying what is left."""
+        lines = []
+        if self.uids is None:
+            uid = os.geteuid()
+            left = (
+                "bwrap still hides the network, host processes and every file but /usr, "
+                "under seccomp and per-process rlimits"
+                if self.isolation == "bwrap"
+                else "with rlimits only they read and write whatever this uid can"
+            )
+            lines.append(
+                f"SANDBOX WEAKENED: not root (uid {uid}), so no uid switch: sandboxed "
+                f"programs run as uid {uid}, with no process limit and no memory cgroup; "
+                f"{left} (docs/sandbox.md)"
+            )
+        elif self.cgroups is None:
+            lines.append(
+                f"SANDBOX WEAKENED: no memory+pids cgroup ({no_cgroup}): memory is limited "
+                "per process only (RLIMIT_AS), not for a program's processes and its tmpfs "
+                "or shared memory together (docs/sandbox.md)"
+            )
+        if self.isolation == "bwrap" and self.seccomp is None:
+            lines.append(
+                f"SANDBOX WEAKENED: no seccomp table for {platform.machine()}: io_uring, "
+                "bpf, ptrace, keyctl and the like stay reachable (docs/sandbox.md)"
+            )
+        return lines
+
+    def run_python(
+        self, source: str, stdin: str = "", limits: SandboxLimits | None = None
+    ) -> RunResult:
+        limits = limits or self.limits
+        code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-"))
+        work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-"))
+        try:
+            code_dir.chmod(0o755)
+            (code_dir / "main.py").write_text(source, encoding="utf-8")
+            (code_dir / "main.py").chmod(0o644)
+            if self.uids is None:
+                return self._run_in_cgroup(code_dir, work_dir, stdin, limits, None)
+            with self.uids.claim() as uid:
+                os.chown(work_dir, uid, uid)
+                work_dir.chmod(0o700)
+                try:
+                    return self._run_in_cgroup(code_dir, work_dir, stdin, limits, uid)
+                finally:
+                    _kill_uid(uid)
+        finally:
+            shutil.rmtree(code_dir, ignore_errors=True)
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    def _run_in_cgroup(
+        self, code_dir: Path, work_dir: Path, stdin: str, limits: SandboxLimits, uid: int | None
+    ) -> RunResult:
+        if self.cgroups is None:
+            return self._run(code_dir, work_dir, stdin, limits, uid, None)
+        try:
+            cg = cgroups.RunCgroup(
+                self.cgroups,
+                cgroups.run_name(uid),
+                limits.group_memory_bytes,
+                limits.max_processes,
+            )
+        except OSError as exc:
+            raise SandboxError(f"sandbox: cannot set up the run's cgroup: {exc}") from exc
+        try:
+            return self._run(code_dir, work_dir, stdin, limits, uid, cg)
+        finally:
+            cg.close()
+
+    def _run(
+        self,
+        code_dir: Path,
+        work_dir: Path,
+        stdin: str,
+        limits: SandboxLimits,
+        uid: int | None,
+        cg: cgroups.RunCgroup | None,
+    ) -> RunResult:
+        argv = [self.python, "-s", str(code_dir / "main.py")]
+        fds: list[int] = []  # passed to the launch, closed here once it started
+        try:
+            extra: dict[str, int] = {}
+            if self.seccomp is not None:  # bwrap only: it loads the filter before the exec
+                extra["seccomp_fd"] = _pipe_with(self.seccomp)
+                fds.append(extra["seccomp_fd"])
+            launch = self._build(argv, str(code_dir), str(work_dir), limits, uid, **extra)
+            launch_argv = cg.wrap(launch.argv) if cg is not None else launch.argv
+            start = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    launch_argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=launch.env,
+                    cwd=launch.cwd,
+                    start_new_session=True,  # one process group to kill
+                    close_fds=True,
+                    pass_fds=fds,
+                )
+            except OSError as exc:
+                raise SandboxError(f"sandbox: cannot start {launch_argv[0]!r}: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+            fds.clear()
+        try:
+            out, err, why = _pump(proc, stdin.encode(), start + limits.wall_s, limits.output_bytes)
+            if why is None:
+                try:
+                    proc.wait(timeout=max(0.0, start + limits.wall_s - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    why = "timeout"
+        finally:
+            _kill_group(proc)
+        if cg is not None and cg.never_joined():
+            raise SandboxError(f"sandbox: the launch could not join its cgroup: {_text(err)}")
+        code = proc.returncode
+        wall = time.monotonic() - start
+        status = why or _status(code)
+        # A process the OOM killer took may show as any status (SIGKILL, a parent's
+        # error, a parent still waiting at the timeout): the limit is the cause.
+        if cg is not None and status != "output_limit" and cg.oom_kills():
+            status = "memory_limit"
+        return RunResult(status, code, _text(out), _text(err), wall)
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (bwrap reads its seccomp program from an fd)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)  # far below a pipe's 64 KiB: never blocks
+    finally:
+        os.close(w)
+    return r
+
+
+def _pump(
+    proc: subprocess.Popen, data: bytes, deadline: float, cap: int
+) -> tuple[bytes, bytes, str | None]:
+    """Feed stdin, collect stdout/stderr until EOF; stop at the deadline or the cap."""
+    assert proc.stdin and proc.stdout and proc.stderr
+    sel = selectors.DefaultSelector()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    for stream in bufs:
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ)
+    offset = 0
+    if data:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    why = None
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = "timeout"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.5)):
+                stream = key.fileobj
+                if stream is proc.stdin:
+                    try:
+                        offset += os.write(proc.stdin.fileno(), data[offset : offset + 65536])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the program stopped reading: fine
+                        offset = len(data)
+                    if offset >= len(data):
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(stream.fileno(), 65536)  # type: ignore[union-attr]
+                if not chunk:
+                    sel.unregister(stream)
+                    continue
+                bufs[stream] += chunk  # type: ignore[index]
+                if len(bufs[proc.stdout]) + len(bufs[proc.stderr]) > cap:
+                    why = "output_limit"
+                    break
+            if why:
+                break
+    finally:
+        sel.close()
+        if not proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+    return bytes(bufs[proc.stdout])[:cap], bytes(bufs[proc.stderr])[:cap], why
+
+
+def _status(code: int | None) -> str:
+    if code == 0:
+        return "ok"
+    if code is None:
+        return "timeout"
+    # A signal shows as -N from a direct child, as 128+N through bwrap.
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig == signal.SIGXCPU:
+        return "cpu_limit"
+    if sig == signal.SIGXFSZ:
+        return "file_limit"
+    if code < 0 or sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM):
+        return "signal"
+    return "error"
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
+        log.error("sandbox: process %d survived SIGKILL", proc.pid)
+
+
+def _become_subreaper() -> None:
+    """Orphans of sandboxed runs (bwrap's inner process when the outer one is killed)
+    become our children instead of PID 1's: in a container PID 1 may never reap them, and
+    each zombie would count against its uid's process limit forever."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _processes_of(uid: int) -> list[tuple[int, str, int]]:
+    """(pid, state, ppid) of every process whose real uid is ``uid``."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                fields = dict(
+                    line.split(b":", 1) for line in fh.read().splitlines() if b":" in line
+                )
+            if int(fields[b"Uid"].split()[0]) != uid:
+                continue
+            out.append(
+                (int(entry.name), fields[b"State"].split()[0].decode(), int(fields[b"PPid"]))
+            )
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return out
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of the run's own uid, and reap the ones that became ours."""
+    me = os.getpid()
+    for _ in range(50):
+        procs = _processes_of(uid)
+        for pid, state, ppid in procs:
+            if state != "Z":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            elif ppid == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        if not procs or all(state == "Z" and ppid != me for _, state, ppid in procs):
+            return
+        time.sleep(0.01)
+    log.warning("sandbox: processes of uid %d still alive after SIGKILL", uid)
