@@ -7,8 +7,8 @@ import os
 import signal
 import time
 
-from tests.conftest import launch_recipe_text, status_json
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text, status_json
+from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
 RECIPE = """

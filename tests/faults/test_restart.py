@@ -9,9 +9,9 @@ import json
 import os
 import signal
 
-from tests.conftest import launch_recipe_text
-from tests.conftest import wait_for_status as wait_for
 from tests.faults.test_resume import metrics, wait_gone
+from tests.helpers import launch_recipe_text
+from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
 name: restart

@@ -11,9 +11,9 @@ import os
 import signal
 from pathlib import Path
 
-from tests.conftest import REPO, reflow
-from tests.conftest import wait_for_status as wait_for
 from tests.faults.test_resume import metrics, wait_gone
+from tests.helpers import REPO, reflow
+from tests.helpers import wait_for_status as wait_for
 
 
 def descendants(pid: int) -> list[int]:

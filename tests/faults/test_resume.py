@@ -14,8 +14,8 @@ import msgpack
 
 from runtime.data.sample import trajectory_digest, trajectory_from_state
 from runtime.store import checkpoint as ck
-from tests.conftest import launch_recipe_text, reflow, status_json
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text, reflow, status_json
+from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
 RECIPE = """

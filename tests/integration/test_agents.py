@@ -18,7 +18,7 @@ from runtime.workloads.agents.code_agent import CodeAgent, feedback_text
 from runtime.workloads.agents.pool import RewardPool
 from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
 from runtime.workloads.agents.tool_reasoning import ToolAgent
-from tests.conftest import SHARED_DATA, needs_shared_data
+from tests.helpers import SHARED_DATA, needs_shared_data
 from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed")

@@ -5,8 +5,8 @@ the trainer to the rollout pool and back, each decision visible in status and me
 import itertools
 import json
 
-from tests.conftest import launch_recipe_text, reflow
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text, reflow
+from tests.helpers import wait_for_status as wait_for
 
 # Rollout: a KV budget of 1024 tokens, 4 ms per token; responses grow 8x by version 12,
 # then shrink back by 24. Trainer: 0.5 ms per token, shared by the trainer ranks. Short

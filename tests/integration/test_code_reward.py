@@ -13,7 +13,7 @@ import pytest
 from runtime.config.schema import SandboxConfig
 from runtime.data.datasets import load_records
 from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
-from tests.conftest import SHARED_DATA, needs_shared_data
+from tests.helpers import SHARED_DATA, needs_shared_data
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"

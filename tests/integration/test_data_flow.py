@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from tests.conftest import launch_recipe_text, reflow
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text, reflow
+from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
 name: flow

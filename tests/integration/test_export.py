@@ -11,7 +11,7 @@ from runtime.embedded.resolve import resolve_model_path
 from runtime.embedded.tiny_qwen3 import BOS
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store.run_dir import RunPaths
-from tests.conftest import REPO, reflow
+from tests.helpers import REPO, reflow
 from tests.integration.test_vllm_engine import hf_logprobs
 from tests.unit.test_trainer import batch
 

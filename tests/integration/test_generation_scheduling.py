@@ -4,7 +4,7 @@ AIMD caps and token admission hold the rollout ranks back; nothing is lost."""
 
 import json
 
-from tests.conftest import REPO, reflow
+from tests.helpers import REPO, reflow
 
 
 def test_aimd_caps_follow_real_engine_preemptions(runs_dir):

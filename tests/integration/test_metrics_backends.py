@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from tests.conftest import launch_recipe_text
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text
+from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
 name: logged

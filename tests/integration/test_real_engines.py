@@ -3,8 +3,8 @@ with a role switch 2:2 -> 3:1 -> 2:2 in the middle of training."""
 
 import json
 
-from tests.conftest import REPO, reflow
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import REPO, reflow
+from tests.helpers import wait_for_status as wait_for
 
 
 def test_real_engines_train_through_role_switches(runs_dir):

@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO, needs_shared_data
-from tests.conftest import SHARED_DATA as DATA
+from tests.helpers import REPO, needs_shared_data
+from tests.helpers import SHARED_DATA as DATA
 
 
 @needs_shared_data

@@ -286,7 +286,7 @@ def test_auto_without_bwrap_warns_loudly(monkeypatch, caplog):
 
 
 def test_launch_rejects_an_unusable_sandbox_in_one_line(runs_dir):
-    from tests.conftest import REPO, reflow
+    from tests.helpers import REPO, reflow
 
     recipe = str(REPO / "recipes" / "retool_cpu.yaml")
     for value, message in (
@@ -588,7 +588,7 @@ def test_not_root_says_there_is_no_uid_switch_in_one_line(monkeypatch, caplog):
     import runtime.workloads.sandbox.runner as runner
     from runtime.config.recipe import load_recipe
     from runtime.workloads.sandbox import check_sandbox
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     cfg = load_recipe(REPO / "recipes" / "retool_cpu.yaml")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -604,7 +604,7 @@ def test_not_root_says_there_is_no_uid_switch_in_one_line(monkeypatch, caplog):
 
 
 def test_launch_says_no_uid_switch_before_the_run_starts(tmp_path, runs_dir, monkeypatch):
-    from tests.conftest import REPO, reflow
+    from tests.helpers import REPO, reflow
 
     # The real CLI in a subprocess, made to believe it is not root and stopped where it
     # would submit: what it printed by then is what a user on Slurm reads.

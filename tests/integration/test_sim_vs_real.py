@@ -17,8 +17,8 @@ from runtime.sim.fit import (
     synthetic_profiles,
     window_throughput,
 )
-from tests.conftest import launch_recipe_text
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import launch_recipe_text
+from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
 name: simcheck

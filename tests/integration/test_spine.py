@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import reflow, status_json
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import reflow, status_json
+from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
 name: spine

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import REPO, needs_shared_data, reflow
+from tests.helpers import REPO, needs_shared_data, reflow
 
 pytestmark = [
     needs_shared_data,

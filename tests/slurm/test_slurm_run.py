@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.conftest import reflow
-from tests.conftest import wait_for_status as wait_for
+from tests.helpers import reflow
+from tests.helpers import wait_for_status as wait_for
 
 
 def _cluster() -> str | None:
@@ -103,7 +103,7 @@ def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir)
 def test_real_engines_train_across_two_nodes(runs_dir):
     """vLLM + torch on 2 nodes x 2 tasks: the gloo group spans the nodes (trainer replicas
     on n1, the weight broadcast from n1 to the rollout ranks on n2)."""
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     sets = [
         "resources.gpus_per_node=2",

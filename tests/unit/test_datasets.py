@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runtime.data.datasets import DatasetError, load_records
-from tests.conftest import SHARED_DATA as DATA
-from tests.conftest import needs_shared_data as needs_data
+from tests.helpers import SHARED_DATA as DATA
+from tests.helpers import needs_shared_data as needs_data
 
 
 @needs_data

@@ -4,8 +4,8 @@ answer, written into a model-style response, scores 1; a perturbed one scores 0.
 import json
 
 from runtime.workloads.rewards.math import gold_answer, math_reward
-from tests.conftest import SHARED_DATA as DATA
-from tests.conftest import needs_shared_data as needs_data
+from tests.helpers import SHARED_DATA as DATA
+from tests.helpers import needs_shared_data as needs_data
 
 
 def records(name):

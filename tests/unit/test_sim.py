@@ -13,7 +13,7 @@ from runtime.sim import cluster as sim_cluster
 from runtime.sim.parameters import ModelProfile, ProfileError, load_profiles
 from runtime.sim.replica import RolloutReplica
 from runtime.sim.run import figures, plan, simulate
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PROFILES = load_profiles()
 
@@ -156,7 +156,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_reflow_simulate_on_the_command_line():
-    from tests.conftest import reflow
+    from tests.helpers import reflow
 
     recipe = str(REPO / "recipes" / "dapo_math.yaml")
     done = reflow(
