@@ -374,7 +374,7 @@ def coordinator(clock, saves, **train):
         train={"steps": 20, "batch_size": 4, "sync_every": 2, "checkpoint_every": 2, **train},
         algorithm={"group_size": 2},
     )
-    c._save_checkpoint = saves
+    c.ckpt.save = saves
     return c
 
 

@@ -32,7 +32,7 @@ def test_the_simulated_control_plane_is_the_runtime_itself():
     assert type(c.data.buffer) is replay_buffer.ReplayBuffer
     assert type(c.data.dispatcher) is dispatcher.Dispatcher
     assert type(c.generation) is generation.GenerationScheduler
-    assert type(c.allocator) is allocator.ProducerConsumerAllocator
+    assert type(c.rebalance.allocator) is allocator.ProducerConsumerAllocator
     # and the module uses them, it does not define look-alikes
     assert sim_cluster.Coordinator is coordinator.Coordinator
 

@@ -1,0 +1,255 @@
+"""Which ranks rank 0 knows, and whether they are alive: registration and liveness.
+
+Pure bookkeeping with the coordinator's clock. What a registration or a death *means* for
+the run (fail it, requeue a dead rank's work) is the coordinator's call; this module only
+says who is there, who is the sender of a message, and who went silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runtime.config.layout import Role
+from runtime.transport import protocol as p
+from runtime.transport.states import GONE, TERMINAL, RunState, WorkerState
+
+if TYPE_CHECKING:
+    from runtime.control.coordinator import Coordinator
+
+Outgoing = tuple[bytes, p.Message]
+
+
+@dataclass
+class WorkerInfo:
+    rank: int
+    node: str
+    pid: int
+    identity: bytes
+    role: str
+    state: WorkerState = WorkerState.STARTING
+    layout_epoch: int = 0
+    last_seen: float = 0.0
+    rollout_time: tuple[float, float] = (0.0, 0.0)  # cumulative (active, busy) seconds
+    beat_at: float = 0.0  # when rollout_time arrived
+    failures_in_a_row: int = 0  # generations that failed since its last delivered sample
+    to_ack: list[int] = field(default_factory=list)  # sample ids for its next HeartbeatAck
+
+    @property
+    def gone(self) -> bool:
+        return self.state in GONE
+
+
+class Membership:
+    """The registered ranks by rank and by socket identity."""
+
+    def __init__(self, world_size: int, clock: Callable[[], float]) -> None:
+        self.world_size = world_size
+        self.clock = clock
+        self.workers: dict[int, WorkerInfo] = {}
+        self._rank_of: dict[bytes, int] = {}  # socket identity -> registered rank
+
+    def __iter__(self) -> Iterator[WorkerInfo]:
+        return iter(self.workers.values())
+
+    def rank_of(self, identity: bytes) -> int | None:
+        return self._rank_of.get(identity)
+
+    def is_anonymous(self, identity: bytes) -> bool:
+        """Not a registered, live rank: a CLI client, a rank before its Hello, a dead one."""
+        rank = self._rank_of.get(identity)
+        return rank is None or self.workers[rank].gone
+
+    def sender(self, identity: bytes, rank: int) -> WorkerInfo | str:
+        """The registered, live worker behind a message, or why it is refused. A rank
+        declared dead stays dead: it must register again (Hello)."""
+        w = self.workers.get(rank)
+        if w is None or w.identity != identity:
+            return "unknown_sender"
+        if w.gone:
+            return "dead_sender"
+        w.last_seen = self.clock()
+        return w
+
+    def may_register(self, identity: bytes, rank: int) -> bool:
+        """False when another live process already holds ``rank``."""
+        old = self.workers.get(rank)
+        return old is None or old.identity == identity or old.gone
+
+    def register(self, identity: bytes, msg: p.Hello, role: str, epoch: int) -> WorkerInfo:
+        old = self.workers.get(msg.rank)
+        if old is not None:
+            self._rank_of.pop(old.identity, None)
+        self._rank_of[identity] = msg.rank
+        w = WorkerInfo(
+            rank=msg.rank,
+            node=msg.node,
+            pid=msg.pid,
+            identity=identity,
+            role=role,
+            layout_epoch=epoch,
+            last_seen=self.clock(),
+        )
+        self.workers[msg.rank] = w
+        return w
+
+    def all_ready(self) -> bool:
+        return len(self.workers) == self.world_size and all(
+            w.state != WorkerState.STARTING and not w.gone for w in self.workers.values()
+        )
+
+    def n_ready(self) -> int:
+        return sum(w.state != WorkerState.STARTING and not w.gone for w in self.workers.values())
+
+    def all_gone(self) -> bool:
+        return all(w.gone for w in self.workers.values())
+
+    def alive(self) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if not w.gone]
+
+    def leader(self) -> WorkerInfo | None:
+        w = self.workers.get(0)
+        return w if w is not None and not w.gone else None
+
+    def silent(
+        self, now: float, register_timeout_s: float, heartbeat_timeout_s: float
+    ) -> Iterator[WorkerInfo]:
+        """Live workers silent past their timeout, each marked dead as it is yielded (the
+        caller's verdict on one is told to the ranks still alive). A rank starting its
+        engines (model build, engine start) is silent for a while; it gets the
+        registration budget, not the heartbeat timeout."""
+        for w in self.workers.values():
+            timeout = register_timeout_s if w.state == WorkerState.STARTING else heartbeat_timeout_s
+            if not w.gone and now - w.last_seen > timeout:
+                w.state = WorkerState.DEAD
+                yield w
+
+    def send(self, msg: p.Message, ranks: Iterable[int] | None = None) -> list[Outgoing]:
+        """``msg`` to every live worker, or to the live ones among ``ranks``."""
+        members = None if ranks is None else set(ranks)
+        return [
+            (w.identity, msg)
+            for w in self.workers.values()
+            if not w.gone and (members is None or w.rank in members)
+        ]
+
+    # --- rollout time, from heartbeats ---------------------------------------------------
+
+    def rollout_busy_s(self, now: float, cap_s: float) -> float:
+        """Rollout rank-seconds busy up to ``now``. The ranks report theirs with each
+        heartbeat; a rank busy at its last one is counted busy since (up to ``cap_s``),
+        so that windows of a few seconds are not off by a heartbeat interval per rank."""
+        total = 0.0
+        for w in self.workers.values():
+            total += w.rollout_time[1]
+            if w.state == WorkerState.BUSY and w.role == Role.ROLLOUT.value:
+                total += min(max(now - w.beat_at, 0.0), cap_s)
+        return total
+
+    def rollout_idle_ratio(self) -> float:
+        """Share of rollout-role time with nothing generating (from heartbeats)."""
+        active = sum(w.rollout_time[0] for w in self.workers.values())
+        busy = sum(w.rollout_time[1] for w in self.workers.values())
+        return 1.0 - busy / active if active > 0 else 0.0
+
+    def status(self, now: float) -> list[dict[str, Any]]:
+        return [
+            {
+                "rank": w.rank,
+                "node": w.node,
+                "pid": w.pid,
+                "role": w.role,
+                "state": w.state,
+                "layout_epoch": w.layout_epoch,
+                "heartbeat_age_s": round(now - w.last_seen, 3),
+            }
+            for w in (self.workers[r] for r in sorted(self.workers))
+        ]
+
+
+# --- the messages --------------------------------------------------------------------
+
+
+def on_hello(c: Coordinator, identity: bytes, msg: p.Hello) -> list[Outgoing]:
+    if msg.world_size != c.cfg.world_size:
+        c.reject("wrong_world")
+        return []
+    if not c.members.may_register(identity, msg.rank):
+        c.reject("duplicate_rank")
+        return []
+    c.accepted += 1
+    if c.state in TERMINAL or c.state == RunState.STOPPING:
+        return [(identity, p.Stop(reason=f"run is {c.state}"))]
+    role = c.layout.role_of(msg.rank).value
+    c.members.register(identity, msg, role, c.layout_epoch)
+    welcome = p.Welcome(
+        rank=msg.rank,
+        role=role,
+        layout_epoch=c.layout_epoch,
+        heartbeat_interval_s=c.cfg.control.heartbeat_interval_s,
+        roles=[r.value for r in c.layout.roles()],
+    )
+    return [(identity, welcome)]
+
+
+def on_ready(c: Coordinator, identity: bytes, msg: p.Ready) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
+    if c.state == RunState.STARTING and c.members.all_ready():
+        c.state = RunState.RUNNING
+        if c.policy_version > 0:
+            # Resumed: the rollout engines start from the base model; the leader
+            # restored the checkpoint's weights and broadcasts them before any work.
+            return c.weight_sync()
+    return []
+
+
+def on_heartbeat(c: Coordinator, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    if w.state == WorkerState.SWITCHING and msg.layout_epoch == c.layout_epoch:
+        # A rank reports RoleSwitchDone before its next beat; a beat from the new epoch
+        # while we still wait means that report was lost: the beat stands in for it.
+        switched(c, w, msg.role, msg.layout_epoch, None)
+    if w.state not in (WorkerState.STARTING, WorkerState.SWITCHING):
+        w.state, w.role, w.layout_epoch = WorkerState(msg.state), msg.role, msg.layout_epoch
+    w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
+    w.beat_at = c.clock()
+    if msg.role == Role.ROLLOUT.value and c.layout.role_of(msg.rank) == Role.ROLLOUT:
+        c.generation.observe(msg.rank, msg.engine)
+        c.engine_profile.observe(msg.rank, c.clock(), msg.engine)
+    else:
+        c.engine_profile.forget(msg.rank)
+    acked, w.to_ack = w.to_ack[: p.MAX_IDS], w.to_ack[p.MAX_IDS :]  # the rest next beat
+    ack = p.HeartbeatAck(step=c.step, policy_version=c.policy_version, acked=acked)
+    return [(identity, ack)]
+
+
+def on_switch_done(c: Coordinator, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    switched(c, w, msg.role, msg.layout_epoch, msg.duration_s)
+    return []
+
+
+def switched(
+    c: Coordinator, w: WorkerInfo, role: str, epoch: int, duration_s: float | None
+) -> None:
+    w.role, w.layout_epoch, w.state = role, epoch, WorkerState.IDLE
+    c.rebalance.switched(w.rank, epoch, duration_s)
+
+
+def on_bye(c: Coordinator, identity: bytes, msg: p.Bye) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    w.state = WorkerState.EXITED
+    if c.state in (RunState.STARTING, RunState.RUNNING):
+        return c.finish(RunState.FAILED, f"rank {msg.rank} left: {msg.reason}")
+    c.check_ended()
+    return []

@@ -1,0 +1,224 @@
+"""Moving ranks between the roles: the layout, its changes, and the allocator's windows.
+
+A change of layout is requested (``reflow rebalance``, or the producer/consumer allocator
+at a sync point), waits as the *pending* layout, is applied at the next synchronization
+point (right after a weight sync) and is done when every live rank has switched. The
+allocator decides from windows of cumulative counters marked at each training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config.layout import Layout, parse_ratio
+from runtime.config.schema import Config
+from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
+from runtime.data.sample import Trajectory
+
+
+@dataclass
+class SwitchRecord:
+    epoch: int
+    ratio: str
+    requested_at: float
+    applied_at: float | None = None
+    done_at: float | None = None
+    waiting_for: set[int] = field(default_factory=set)
+    durations: dict[int, float] = field(default_factory=dict)
+    source: str = "manual"  # manual (reflow rebalance) or auto (the allocator)
+    reported: bool = False  # its duration went into metrics.jsonl
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "ratio": self.ratio,
+            "applied": self.applied_at is not None,
+            "duration_s": (
+                round(self.done_at - self.applied_at, 3)
+                if self.done_at is not None and self.applied_at is not None
+                else None
+            ),
+            "max_rank_switch_s": max(self.durations.values(), default=None),
+            "source": self.source,
+        }
+
+
+@dataclass
+class Mark:
+    """Cumulative counters at a training step: the allocator's windows are differences."""
+
+    step: int
+    time: float
+    epoch: int
+    produced: int
+    consumed: int
+    fresh: int
+    replay_life: int
+    rollout_busy_s: float
+    trainer_idle_s: float
+
+
+class Rebalancer:
+    """The current layout, the pending one, the switch records and the allocator."""
+
+    def __init__(self, cfg: Config, layout: Layout, clock: Callable[[], float], sigma: float):
+        sch, res = cfg.scheduler, cfg.resources
+        self.clock = clock
+        self.layout = layout
+        self.epoch = 0
+        self.pending: Layout | None = None
+        self.switches: list[SwitchRecord] = []
+        self.auto = sch.auto_rebalance
+        self.allocator = ProducerConsumerAllocator(
+            cfg.world_size,
+            res.rollout_gpus_per_replica,
+            res.trainer_gpus_per_replica,
+            sigma=sigma,
+            cooldown_steps=sch.cooldown_steps,
+            margin=sch.rebalance_margin,
+            min_window_steps=min(3, sch.window_steps),
+        )
+        self._window_steps = sch.window_steps
+        self._delta = cfg.reflow.delta
+        self._marks: list[Mark] = []
+        self.fresh_total = 0  # samples trained on for the first time
+        self.replay_life_total = 0  # later batches those could still join (delta - age)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def request(self, target: Layout, source: str = "manual", ratio: str | None = None) -> None:
+        self.pending = target
+        self.switches.append(
+            SwitchRecord(
+                epoch=self.epoch + 1,
+                ratio=ratio or target.ratio,
+                requested_at=self.clock(),
+                source=source,
+            )
+        )
+
+    def switching(self) -> bool:
+        """A layout applied and not yet taken up by every rank."""
+        return bool(self.switches) and (
+            self.switches[-1].applied_at is not None and self.switches[-1].done_at is None
+        )
+
+    def apply_pending(self, alive: Iterable[int]) -> bool:
+        """Make the pending layout current (at a sync point), waiting for the ``alive``
+        ranks to take it up; False when there is nothing to broadcast."""
+        if self.pending is None or self.switching():
+            return False
+        target, self.pending = self.pending, None
+        record = self.switches[-1]
+        if target == self.layout:
+            record.applied_at = record.done_at = self.clock()
+            record.epoch = self.epoch
+            return False
+        self.epoch += 1
+        self.layout = target
+        record.epoch, record.applied_at = self.epoch, self.clock()
+        record.waiting_for = set(alive)
+        return True
+
+    def switched(self, rank: int, epoch: int, duration_s: float | None) -> None:
+        current = self.switches[-1] if self.switches else None
+        if current is not None and current.epoch == epoch:
+            current.waiting_for.discard(rank)
+            if duration_s is not None:
+                current.durations[rank] = duration_s
+            if not current.waiting_for and current.done_at is None:
+                current.done_at = self.clock()
+
+    def new_transitions(self) -> list[dict[str, Any]]:
+        """Layout changes finished since the last call, for the step's metrics line."""
+        out = []
+        for record in self.switches:
+            if record.done_at is not None and record.applied_at is not None and not record.reported:
+                record.reported = True
+                out.append(
+                    {
+                        "ratio": record.ratio,
+                        "source": record.source,
+                        "duration_s": round(record.done_at - record.applied_at, 4),
+                    }
+                )
+        return out
+
+    # --- the allocator -------------------------------------------------------------------
+
+    def count_replay_life(self, fresh: list[Trajectory], policy_version: int) -> None:
+        """How much replay a batch's fresh samples can still supply: each may join the
+        later batches of versions up to ``oldest_version + delta`` (the allocator keeps
+        rollout ranks that replay could not replace)."""
+        self.fresh_total += len(fresh)
+        self.replay_life_total += sum(max(0, self._delta - t.age(policy_version)) for t in fresh)
+
+    def mark(
+        self,
+        step: int,
+        now: float,
+        produced: int,
+        consumed: int,
+        rollout_busy_s: float,
+        trainer_idle_s: float,
+    ) -> None:
+        self._marks.append(
+            Mark(
+                step=step,
+                time=now,
+                epoch=self.epoch,
+                produced=produced,
+                consumed=consumed,
+                fresh=self.fresh_total,
+                replay_life=self.replay_life_total,
+                rollout_busy_s=rollout_busy_s,
+                trainer_idle_s=trainer_idle_s,
+            )
+        )
+        del self._marks[: -(self._window_steps + 1)]
+
+    def window(self) -> WindowStats | None:
+        """Rates over the last ``window_steps`` steps of the current layout."""
+        last = self._marks[-1]
+        same = [m for m in self._marks if m.epoch == last.epoch and m.step < last.step]
+        if not same or self.switching():
+            return None
+        first = same[0]
+        dt = last.time - first.time
+        idle = last.trainer_idle_s - first.trainer_idle_s
+        return WindowStats(
+            steps=last.step - first.step,
+            seconds=dt,
+            produced=last.produced - first.produced,
+            consumed=last.consumed - first.consumed,
+            rollout_busy_s=last.rollout_busy_s - first.rollout_busy_s,
+            trainer_busy_s=self.layout.n_trainer_ranks * max(dt - idle, 0.0),
+            fresh=last.fresh - first.fresh,
+            replay_life=last.replay_life - first.replay_life,
+        )
+
+    def allocate(self, step: int) -> dict[str, Any] | None:
+        """One allocator decision at a sync point; a chosen placement becomes the pending
+        layout, applied right after this step's weight sync like a manual rebalance."""
+        if self.pending is not None or self.switching():
+            return None
+        w = self.window()
+        if w is None:
+            return None
+        current = Placement(self.layout.n_rollout_ranks, self.layout.n_trainer_ranks)
+        d = self.allocator.decide(step, current, w)
+        if d.applied:
+            rollout, trainer = parse_ratio(d.best)
+            self.request(self.layout.with_ratio(rollout, trainer), source="auto", ratio=d.best)
+        return d.as_dict()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rollout_gpus": self.layout.n_rollout_ranks,
+            "trainer_gpus": self.layout.n_trainer_ranks,
+            "epoch": self.epoch,
+            "pending": self.pending.ratio if self.pending is not None else None,
+            "switching": self.switching(),
+        }

@@ -1,0 +1,106 @@
+"""Rollout work at rank 0: requests out to the rollout ranks, finished samples back in.
+
+A rank asks for ``slots`` (``WorkRequest``); the generation scheduler grants what its
+concurrency cap and token admission allow and the data plane hands out requests. A
+finished sample (``SampleDone``) is checked against the request it answers before it enters
+the buffer; a failed one (``SampleFailed``) is requeued.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.config.layout import Role
+from runtime.control import telemetry
+from runtime.control.sample_check import sample_problem
+from runtime.data.sample import Request
+from runtime.transport import frames as wire
+from runtime.transport import protocol as p
+from runtime.transport.states import TERMINAL, RunState
+
+if TYPE_CHECKING:
+    from runtime.control.coordinator import Coordinator, Outgoing
+
+
+def on_work_request(c: Coordinator, identity: bytes, msg: p.WorkRequest) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    requests = []
+    if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
+        gen = c.generation
+        running = c.data.dispatcher.running_at(msg.rank)
+        slots = gen.grant(msg.rank, msg.slots, running)
+        if slots < msg.slots:
+            c.data.dispatcher.blocked["concurrency_cap"] += 1
+
+        def admit(r: Request) -> bool:
+            prompt_ids = r.prompt.get("prompt_ids") or ()
+            return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids))
+
+        for r in c.data.request_work(msg.rank, slots, admit) if slots else []:
+            requests.append(
+                {
+                    "sample_id": r.sample_id,
+                    "group_id": r.group_id,
+                    "prompt_id": r.prompt_id,
+                    "prompt": r.prompt,
+                }
+            )
+    return [(identity, p.Work(policy_version=c.policy_version, requests=requests))]
+
+
+def on_sample_done(c: Coordinator, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    # Whatever becomes of it, rank 0 has decided: the rank may forget it (sending it
+    # again would not change the decision).
+    w.to_ack.append(msg.sample_id)
+    t = wire.trajectory(msg)
+    entry = c.data.dispatcher.outstanding.get(t.sample_id)
+    if entry is not None and entry[1] == msg.rank:
+        why = sample_problem(
+            token_ids=t.token_ids,
+            logprobs=t.logprobs,
+            versions=t.versions,
+            extra=t.extra,
+            reward=t.reward,
+            ids=(t.group_id, t.prompt_id),
+            request=entry[0],
+            policy_version=c.policy_version,
+            bounds=c.bounds,
+        )
+        if why is not None:
+            c.data.refuse(t.sample_id, msg.rank, why)
+            c.generation.finished(t.sample_id, None)
+            return []
+    if not c.data.deliver(t):
+        return []
+    w.failures_in_a_row = 0
+    c.counters.delivered_sample(t.reward, len(t.token_ids))
+    c.generation.finished(t.sample_id, len(t.token_ids))
+    if c.cfg.logging.samples:
+        c.samples_log.append(telemetry.sample_record(t, msg.rank))
+    return []
+
+
+def on_sample_failed(c: Coordinator, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    w.to_ack.append(msg.sample_id)
+    if not c.data.failed(msg.sample_id, msg.rank):
+        return []
+    c.generation.finished(msg.sample_id, None)
+    # The sample is requeued. An engine that fails every generation (a model it cannot
+    # serve) would requeue forever; past a limit the run fails and says why.
+    w.failures_in_a_row += 1
+    limit = c.cfg.control.max_generation_failures
+    if limit and w.failures_in_a_row >= limit and c.state not in TERMINAL:
+        return c.finish(
+            RunState.FAILED,
+            f"rank {msg.rank}: {w.failures_in_a_row} generations in a row failed, "
+            f"last: {msg.reason}",
+        )
+    return []

@@ -1,0 +1,187 @@
+"""What rank 0 reports: the step's metrics line, ``reflow status``, ``summary.json``.
+
+Read-only views of the coordinator's state (the counters they need are kept in
+:class:`StepCounters`); the server writes them out (runtime/transport/server.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runtime.control.replay_buffer import Batch
+from runtime.data.sample import Trajectory
+from runtime.transport import protocol as p
+
+if TYPE_CHECKING:
+    from runtime.control.coordinator import Coordinator
+
+LEDGER_KEYS = ("dispatched", "delivered", "consumed", "replayed", "evicted", "lost", "duplicated")
+
+
+@dataclass
+class StepCounters:
+    """Running totals between and across steps, for the metrics line and the summary."""
+
+    generated_tokens: int = 0  # tokens of every accepted trajectory
+    tokens_at_last_step: int = 0  # generated_tokens at the previous step
+    tokens_at_first_step: int = 0
+    idle_at_first_step: float = 0.0
+    reward_sum: float = 0.0  # of the samples delivered since the last step
+    delivered: int = 0
+    consumed_total: int = 0
+
+    def delivered_sample(self, reward: float, n_tokens: int) -> None:
+        self.reward_sum += reward
+        self.delivered += 1
+        self.generated_tokens += n_tokens
+
+
+def step_line(c: Coordinator, msg: p.StepDone, batch: Batch | None, now: float) -> dict[str, Any]:
+    """The metrics line of a finished step, before the coordinator adds its decisions."""
+    n = c.counters
+    line: dict[str, Any] = {
+        "step": msg.step,
+        "policy_version": msg.policy_version,
+        "attempt": c.attempt,
+    }
+    if batch is not None:
+        line.update(
+            batch_unused=batch.n_unused,
+            batch_replay=batch.n_replay,
+            max_sample_age=batch.max_age,
+            reward_mean=sum(t.reward for t in batch.samples) / len(batch.samples),
+            # rewards that crashed or timed out (scored 0, recorded by the agent)
+            reward_failures=sum(
+                1 for t in batch.samples if t.extra.get("info", {}).get("reward_error")
+            ),
+            tokens=sum(t.n_valid for t in batch.samples),
+        )
+    if n.delivered:  # every group, before a sampler drops any: the policy's own reward
+        line["rollout_reward_mean"] = n.reward_sum / n.delivered
+        line["rollout_samples"] = n.delivered
+        # their mean response length: the trend the allocator reacts to
+        line["rollout_response_tokens"] = round(
+            (n.generated_tokens - n.tokens_at_last_step) / n.delivered, 2
+        )
+    n.tokens_at_last_step = n.generated_tokens
+    n.reward_sum, n.delivered = 0.0, 0
+    line.update(
+        wall_s=round(now - c.started_at, 4),
+        trainer_idle_s=round(c.data.trainer_idle_s, 4),
+        layout=c.layout.ratio,
+        **{k: v for k, v in msg.metrics.items() if k not in line},
+    )
+    if not c.all_metrics:
+        n.idle_at_first_step = c.data.trainer_idle_s
+        n.tokens_at_first_step = n.generated_tokens
+    return line
+
+
+def resumed_brief(c: Coordinator) -> dict[str, Any] | None:
+    if c.resumed is None:
+        return None
+    buf = c.resumed["buffer"]
+    return {
+        **{k: v for k, v in c.resumed.items() if k != "buffer"},
+        "samples": len(buf["samples"]),
+        "pending": len(buf["pending"]),
+    }
+
+
+def summary(c: Coordinator) -> dict[str, Any]:
+    """End-of-run figures (``summary.json``)."""
+    n = c.counters
+    end = c.ended_at if c.ended_at is not None else c.clock()
+    wall = max(end - c.started_at, 1e-9)
+    ledger = c.data.ledger()
+    tokens = sum(line.get("tokens", 0) for line in c.all_metrics)
+    first = c.all_metrics[0]["wall_s"] if c.all_metrics else 0.0
+    syncs = sorted(x["weight_sync_s"] for x in c.all_metrics if "weight_sync_s" in x)
+    return {
+        "run": c.run,
+        "state": c.state,
+        "reason": c.reason,
+        "mode": c.cfg.reflow.mode,
+        "steps": c.step,
+        "wall_s": round(wall, 3),
+        "trainer_tokens_per_s": round(tokens / wall, 2),
+        # Idle is counted from the first step on: before it the pools are warming up.
+        "trainer_idle_ratio": round(
+            max(0.0, c.data.trainer_idle_s - n.idle_at_first_step) / max(wall - first, 1e-9), 4
+        ),
+        "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
+        "rollout_tokens": n.generated_tokens,
+        # over the training window (first step to the end), as trainer idle is
+        "rollout_tokens_per_s": round(
+            (n.generated_tokens - n.tokens_at_first_step) / max(wall - first, 1e-9), 2
+        ),
+        "eval_reward_start": c.evals.get("eval_reward_start"),
+        "eval_reward_end": c.evals.get("eval_reward_end"),
+        "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
+        # tokens and seconds of the rollout engines by running requests (heartbeats)
+        "rollout_decode_by_concurrency": c.engine_profile.summary(),
+        "switches": [s.as_dict() for s in c.rebalance.switches],
+        "lost_ranks": list(c.lost_ranks),
+        "attempt": c.attempt,
+        "resumed": resumed_brief(c),
+        "checkpoints": list(c.checkpoints),
+        "failed_while_training": c.failed_while_training,
+        "ledger_violations": len(c.ledger_violations),
+        "samples": {k: ledger[k] for k in LEDGER_KEYS},
+    }
+
+
+def status(c: Coordinator) -> dict[str, Any]:
+    """``reflow status --json`` (docs/run-folder.md has the schema)."""
+    now = c.clock()
+    allocator = c.rebalance.allocator
+    return {
+        "run": c.run,
+        "state": c.state,
+        "reason": c.reason,
+        "mode": c.cfg.reflow.mode,
+        "step": c.step,
+        "total_steps": c.cfg.train.steps,
+        "policy_version": c.policy_version,
+        "uptime_s": round(now - c.started_at, 3),
+        "layout": c.rebalance.status(),
+        "workers": c.members.status(now),
+        "buffer": {**c.data.stats(), "ledger": c.data.ledger()},
+        "metrics": dict(c.last_metrics),
+        "switches": [s.as_dict() for s in c.rebalance.switches[-10:]],
+        "generation": c.generation.status(),
+        "lost_ranks": list(c.lost_ranks),
+        "attempt": c.attempt,
+        "resumed": resumed_brief(c),
+        "checkpoint": c.ckpt.status(),
+        "allocator": {
+            "auto": c.auto_rebalance,
+            "decisions": [d.as_dict() for d in allocator.decisions[-5:]],
+        },
+        "control": {
+            "accepted": c.accepted,
+            "rejected": sum(c.rejected.values()),
+            "rejected_by_reason": dict(c.rejected),
+            "undeliverable": dict(c.undeliverable),
+            "batches_resent": c.batch_resent,
+        },
+        "ledger_violations": c.ledger_violations[-5:],
+        "updated_at": c.wall(),
+    }
+
+
+def sample_record(t: Trajectory, rank: int) -> dict[str, Any]:
+    """One line of ``samples.jsonl`` (``logging.samples``)."""
+    return {
+        "sample_id": t.sample_id,
+        "group_id": t.group_id,
+        "rank": rank,
+        "reward": t.reward,
+        "n_valid": t.n_valid,
+        "versions": [list(v) for v in t.versions],
+        "prompt_ids": t.extra.get("prompt_ids", []),
+        "token_ids": list(t.token_ids),
+        "loss_mask": t.extra.get("loss_mask"),
+        "info": t.extra.get("info", {}),
+    }

@@ -1,0 +1,147 @@
+"""Training steps at rank 0: handing out batches, and what a step report changes.
+
+The trainer leader asks for a batch (``BatchRequest``), every trainer rank gets it, the
+leader reports the step (``StepDone``). A report is checked against the batch in flight
+before it moves the run on: the step's metrics line, the allocator's window, the weight
+sync and a pending layout at sync points, a checkpoint every ``train.checkpoint_every``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.config.layout import Role
+from runtime.control import lifecycle, telemetry
+from runtime.control.replay_buffer import Batch
+from runtime.transport import frames as wire
+from runtime.transport import protocol as p
+from runtime.transport.states import RunState
+
+if TYPE_CHECKING:
+    from runtime.control.coordinator import Coordinator, Outgoing
+
+
+def on_step_done(c: Coordinator, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None or c.state != RunState.RUNNING:
+        return []
+    if msg.rank != 0 or c.layout.role_of(0) != Role.TRAINER:
+        c.reject("step_not_from_leader")
+        return []
+    if msg.step <= c.step:  # a report sent again (its ack was lost): nothing new
+        return []
+    # The leader trains one batch per step: the report is for the batch in flight, the
+    # next step, and one policy version on (a forged step would end or skip the run).
+    if msg.step != c.step + 1:
+        c.reject("bad_step")
+        return []
+    if c.batch_in_flight is None or msg.batch_id != c.batch_in_flight:
+        c.reject("unknown_batch")
+        return []
+    if not c.policy_version <= msg.policy_version <= c.policy_version + 1:
+        c.reject("bad_policy_version")
+        return []
+    c.training_started = True
+    now = c.clock()
+    batch = c.data.finish_step(msg.batch_id, msg.policy_version)
+    c.batch_in_flight = None
+    c.counters.consumed_total += len(batch.samples)
+    c.rebalance.count_replay_life(batch.samples[: batch.n_unused], batch.policy_version)
+    line = telemetry.step_line(c, msg, batch, now)
+    c.step, c.policy_version = msg.step, msg.policy_version
+    problems = c.data.ledger_problems()
+    line["ledger_ok"] = not problems
+    if problems:  # a bug, not an input: recorded where a user looks, the run goes on
+        c.ledger_violations.append({"step": c.step, "problems": problems})
+        line["ledger_problems"] = problems
+    mark(c, now)
+    transitions = c.rebalance.new_transitions()
+    if transitions:
+        line["transitions"] = transitions
+    saved = c.ckpt.take_unreported()
+    if saved:
+        line["checkpoints"] = saved
+    train = c.cfg.train
+    if c.auto_rebalance and c.step < train.steps and c.step % train.sync_every == 0:
+        decision = c.rebalance.allocate(c.step)
+        if decision is not None:
+            line["placement"] = decision
+    c.metrics_log.append(line)
+    c.all_metrics.append(line)
+    c.last_metrics = dict(msg.metrics)
+    c.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval_")})
+    if c.step >= train.steps:
+        return c.finish(RunState.COMPLETED, f"reached step {c.step}")
+    out: list[Outgoing] = []
+    if c.step % train.sync_every == 0:
+        # Weights first: the sync group of the current layout takes part in the
+        # broadcast, then a pending layout (if any) regroups everyone.
+        out = c.weight_sync() + c.apply_pending_layout()
+    if c.ckpt.stop_after_step is not None:
+        reason, c.ckpt.stop_after_step = c.ckpt.stop_after_step, None
+        out += lifecycle.checkpoint_then_stop(c, reason)
+    elif train.checkpoint_every and c.step % train.checkpoint_every == 0:
+        out += lifecycle.request_checkpoint(c, then_stop=None)
+    return out
+
+
+def mark(c: Coordinator, now: float) -> None:
+    stats = c.data.stats()
+    c.rebalance.mark(
+        c.step,
+        now,
+        # fresh samples the trainer can use: groups the sampler rejects (uniform
+        # rewards under medium_reward) cost rollout time and feed no batch
+        produced=stats["delivered"] - stats["evicted"].get("sampler_rejected", 0),
+        consumed=c.counters.consumed_total,
+        rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s),
+        trainer_idle_s=c.data.trainer_idle_s,
+    )
+
+
+def on_batch_request(c: Coordinator, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
+    if c.known(identity, msg.rank) is None:
+        return []
+    if c.state != RunState.RUNNING or c.layout.role_of(msg.rank) != Role.TRAINER:
+        return [(identity, p.BatchWait(reason=f"run is {c.state}"))]
+    if c.batch_in_flight is not None:
+        batch = c.data.batches.get(c.batch_in_flight)
+        if msg.rank == 0 and msg.last_batch_id != c.batch_in_flight and batch is not None:
+            # The leader asks again without having trained the batch in flight: it was
+            # lost on the way. Send it again (trainers skip a batch they already have).
+            c.batch_resent += 1
+            return send_batch(c, identity, batch)
+        return [(identity, p.BatchWait(reason="step report pending"))]
+    if c.rebalance.switching():
+        return [(identity, p.BatchWait(reason="sync point in progress"))]
+    if c.ckpt.busy:
+        return [(identity, p.BatchWait(reason="checkpoint in progress"))]
+    batch = c.data.next_batch()
+    if batch is None:
+        return [(identity, p.BatchWait(reason="waiting for samples"))]
+    c.batch_in_flight = batch.batch_id
+    c.batch_sent_at = c.clock()
+    return send_batch(c, identity, batch)
+
+
+def send_batch(c: Coordinator, identity: bytes, batch: Batch) -> list[Outgoing]:
+    # Every trainer rank gets the batch and trains on its shard (data parallelism);
+    # the leader, which asked, reports the step.
+    out = wire.batch_message(batch)
+    others = c.members.send(out, c.layout.ranks(Role.TRAINER))
+    return [(identity, out)] + [(i, m) for i, m in others if i != identity]
+
+
+def retry_batches(c: Coordinator) -> list[Outgoing]:
+    retry, c.batch_retry = c.batch_retry, {}
+    out: list[Outgoing] = []
+    for identity, batch_id in retry.items():
+        rank = c.members.rank_of(identity)
+        batch = c.data.batches.get(batch_id)
+        if batch is None or batch_id != c.batch_in_flight or rank is None:
+            continue  # trained or abandoned meanwhile
+        if c.workers[rank].gone:
+            continue
+        c.batch_resent += 1
+        out.append((identity, wire.batch_message(batch)))
+    return out
