@@ -29,7 +29,9 @@ import random
 import time
 from collections import deque
 
-from runtime.control.scheduling import ConcurrencyController, TokenRouter, WorkerSignals
+from push_router import PushRouter  # a sibling: benchmarks/ run as scripts
+
+from runtime.control.scheduling import ConcurrencyController, WorkerSignals
 from runtime.control.scheduling.concurrency import AimdSettings
 from runtime.sim.engine_model import SimEngine, SimRequest
 
@@ -53,7 +55,7 @@ def simulate(reqs: list[SimRequest], workers: int, kv: int, adaptive: bool, fixe
         ConcurrencyController(AimdSettings(min_cap=1, max_cap=256, initial_cap=fixed_cap))
         for _ in engines
     ]
-    router = TokenRouter()
+    router = PushRouter()
     for i in range(workers):
         router.add_worker(i, budget=kv, cap=fixed_cap)
     rr = 0
@@ -108,7 +110,7 @@ def simulate(reqs: list[SimRequest], workers: int, kv: int, adaptive: bool, fixe
 
 def latency(workers: int = 1024, decisions: int = 50_000, seed: int = 0) -> tuple[float, float]:
     rng = random.Random(seed)
-    r = TokenRouter()
+    r = PushRouter()
     for i in range(workers):
         r.add_worker(i, budget=200_000, cap=256)
     live: list[int] = []

@@ -90,9 +90,6 @@ class Layout:
         """The ranks with ``role``, in rank order."""
         return ranks_with([r.value for r in self.roles()], role.value)
 
-    def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
-
     def groups(self, role: Role) -> list[tuple[int, ...]]:
         """Replica groups of one role, each a tuple of consecutive ranks."""
         if role is Role.TRAINER:

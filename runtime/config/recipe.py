@@ -126,18 +126,6 @@ def _apply_override(raw: dict[str, Any], item: str) -> tuple[str, Any]:
     return key, value
 
 
-def _type_name(tp: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    if tp in names:
-        return names[tp]
-    origin = typing.get_origin(tp)
-    if origin is dict:
-        return "a mapping"
-    if origin is list:
-        return "a list"
-    return getattr(tp, "__name__", str(tp))
-
-
 def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):

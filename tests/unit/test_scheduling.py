@@ -3,11 +3,11 @@
 import math
 import random
 
+from benchmarks.push_router import PushRouter
 from runtime.control.scheduling import (
     ConcurrencyController,
     Placement,
     ProducerConsumerAllocator,
-    TokenRouter,
     WindowStats,
     WorkerSignals,
 )
@@ -57,7 +57,8 @@ def test_aimd_decreases_at_the_hard_limit_and_stays_in_bounds():
 
 
 def make_router(n=3, budget=1000, cap=100, **kw):
-    r = TokenRouter()
+    # Push routing (the benchmark's) on the runtime's budget, limit, cap and cost rules.
+    r = PushRouter()
     for k, v in kw.items():
         setattr(r.s, k, v)
     for i in range(n):

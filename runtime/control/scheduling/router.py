@@ -19,8 +19,6 @@ footprint where they land).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from dataclasses import dataclass, field
 
 
@@ -47,10 +45,9 @@ class RouterSettings:
 
 
 class TokenRouter:
-    """Costs sit in a lazy min-heap (an entry per change, stale ones skipped), so a routing
-    decision looks at a few of the cheapest workers, not all of them: O(log W)."""
-
-    PROBE = 64  # cheapest workers tried before a request is declared unroutable now
+    """Pull-based: the rank that asks for work is the candidate; :meth:`admit` says whether
+    it may take a request. (Push routing to the cheapest worker, which the runtime does not
+    do, lives with the benchmark that compares it: benchmarks/push_router.py.)"""
 
     def __init__(self, settings: RouterSettings | None = None) -> None:
         self.s = settings or RouterSettings()
@@ -58,9 +55,6 @@ class TokenRouter:
         self.expected_response: dict[str, float] = {}
         self._placed: dict[int, tuple[int, int]] = {}  # request id -> (worker, tokens)
         self._group_home: dict[int, int] = {}
-        self._heap: list[tuple[float, int, int]] = []  # (cost, stamp, worker)
-        self._stamp: dict[int, int] = {}
-        self._next_stamp = itertools.count()
 
     # --- worker state ------------------------------------------------------------------
 
@@ -71,7 +65,6 @@ class TokenRouter:
     def remove_worker(self, worker: int) -> list[int]:
         """The worker left: its requests are forgotten (the caller requeues them)."""
         self.workers.pop(worker, None)
-        self._stamp.pop(worker, None)
         gone = [r for r, (w, _) in self._placed.items() if w == worker]
         for r in gone:
             del self._placed[r]
@@ -84,12 +77,7 @@ class TokenRouter:
         self._touch(worker)
 
     def _touch(self, worker: int) -> None:
-        stamp = next(self._next_stamp)
-        self._stamp[worker] = stamp
-        heapq.heappush(self._heap, (self.cost(self.workers[worker]), stamp, worker))
-        if len(self._heap) > 4 * len(self.workers) + 1024:  # drop the stale entries
-            self._heap = [e for e in self._heap if self._stamp.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
+        """A worker's cost changed (a subclass that indexes costs hooks in here)."""
 
     # --- requests ----------------------------------------------------------------------
 
@@ -103,40 +91,6 @@ class TokenRouter:
         return (
             w.load + footprint <= w.budget and w.util <= self.s.admission_limit and w.active < w.cap
         )
-
-    def _cheapest(self, need: int, exclude: int | None = None) -> tuple[float, int] | None:
-        """The lowest-cost worker that can take ``need`` tokens (among the PROBE cheapest)."""
-        popped, found = [], None
-        while self._heap and len(popped) < self.PROBE:
-            cost, stamp, worker = heapq.heappop(self._heap)
-            if self._stamp.get(worker) != stamp:
-                continue  # stale
-            popped.append((cost, stamp, worker))
-            if worker != exclude and self.feasible(self.workers[worker], need):
-                found = (cost, worker)
-                break
-        for entry in popped:
-            heapq.heappush(self._heap, entry)
-        return found
-
-    def route(
-        self, request: int, group: int, prompt_tokens: int, workload: str = "default"
-    ) -> int | None:
-        """The worker for ``request``, admitted there (load booked); None when no worker can
-        take it now (the request stays queued)."""
-        need = self.footprint(prompt_tokens, workload)
-        home = self._group_home.get(group)
-        if home is not None and home in self.workers:
-            w = self.workers[home]
-            at_home = need - prompt_tokens  # the prompt is in its prefix cache already
-            if self.feasible(w, at_home):
-                other = self._cheapest(need, exclude=home)
-                if other is None or self.cost(w) <= other[0] + self.s.affinity_slack:
-                    return self._book(request, group, home, at_home)
-        best = self._cheapest(need)
-        if best is None:
-            return None
-        return self._book(request, group, best[1], need)
 
     def admit(
         self, worker: int, request: int, group: int, prompt_tokens: int, workload: str = "default"
