@@ -37,12 +37,10 @@ from runtime.control.sample_check import RunBounds
 from runtime.control.scheduling import WindowStats
 from runtime.control.scheduling.concurrency import AimdSettings
 from runtime.control.scheduling.generation import GenerationScheduler
-from runtime.data.sample import trajectory_digest
 from runtime.engines.registry import needs_collective
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState, WorkerState
 
-STATE_FORMAT = 1
 __all__ = ["Coordinator", "Outgoing", "SaveCheckpoint", "WorkerInfo"]
 
 
@@ -272,58 +270,16 @@ class Coordinator:
         """Graceful stop (CLI, SIGTERM, SIGUSR2): runtime/control/lifecycle.py."""
         return lifecycle.request_stop(self, reason)
 
-    # --- resume --------------------------------------------------------------------------
+    # --- resume (runtime/control/lifecycle.py) -------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs from rank 0 (between batches only)."""
-        return {
-            "format": STATE_FORMAT,
-            "run": self.run,
-            "attempt": self.attempt,
-            "step": self.step,
-            "policy_version": self.policy_version,
-            "layout": [self.layout.n_rollout_ranks, self.layout.n_trainer_ranks],
-            "data": self.data.state_dict(),
-            "consumed_total": self.counters.consumed_total,
-            "generated_tokens": self.counters.generated_tokens,
-            "evals": dict(self.evals),
-            "auto_rebalance": self.auto_rebalance,
-            "saved_at": self.wall(),
-        }
+        return lifecycle.coordinator_state(self)
 
     def load_state_dict(self, state: dict[str, Any], source: str = "") -> None:
-        """Continue a run from :meth:`state_dict` (before any rank registers)."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"coordinator state format {state.get('format')!r}")
-        assert not self.workers, "restore before the ranks register"
-        rollout, trainer = state["layout"]
-        self.rebalance.layout = self.layout.with_ratio(rollout, trainer)
-        self.data.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        self.policy_version = int(state["policy_version"])
-        self.training_started = self.step > 0
-        self.attempt = int(state["attempt"]) + 1
-        self.counters.consumed_total = int(state["consumed_total"])
-        self.counters.generated_tokens = int(state["generated_tokens"])
-        self.counters.tokens_at_last_step = self.counters.generated_tokens
-        self.evals = dict(state["evals"])
-        self.rebalance.auto = bool(state["auto_rebalance"])
-        self.rebalance.allocator.changed(self.step)
-        self.resumed = {
-            "from": source,
-            "step": self.step,
-            "policy_version": self.policy_version,
-            "buffer": self.buffer_digest(),
-        }
+        lifecycle.restore(self, state, source)
 
     def buffer_digest(self) -> dict[str, Any]:
-        """Sample ids and checksums of everything the buffer holds, and the queue."""
-        held = sorted(self.data.buffer.samples(), key=lambda t: t.sample_id)
-        return {
-            "samples": {str(t.sample_id): trajectory_digest(t) for t in held},
-            "pending": [r.sample_id for r in self.data.dispatcher.pending],
-            "prompts_drawn": self.data.dispatcher._next_prompt,
-        }
+        return lifecycle.buffer_digest(self)
 
     # --- layout ------------------------------------------------------------------------
 

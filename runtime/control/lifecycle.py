@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from runtime.data.sample import trajectory_digest
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
 if TYPE_CHECKING:
     from runtime.control.coordinator import Coordinator, Outgoing
 
+STATE_FORMAT = 1  # of the coordinator's state in a checkpoint
 # (step, policy_version, coordinator state) -> where it was saved; raises on failure
 SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]
 
@@ -154,3 +156,60 @@ def on_checkpoint_saved(c: Coordinator, identity: bytes, msg: p.CheckpointSaved)
 def end_checkpoint(c: Coordinator, trainer_ok: bool, error: str) -> list[Outgoing]:
     then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, c.state_dict)
     return stop_now(c, then_stop) if then_stop is not None else []
+
+
+# --- what a checkpoint keeps of rank 0 ------------------------------------------------
+
+
+def coordinator_state(c: Coordinator) -> dict[str, Any]:
+    """What a resumed run needs from rank 0 (between batches only)."""
+    return {
+        "format": STATE_FORMAT,
+        "run": c.run,
+        "attempt": c.attempt,
+        "step": c.step,
+        "policy_version": c.policy_version,
+        "layout": [c.layout.n_rollout_ranks, c.layout.n_trainer_ranks],
+        "data": c.data.state_dict(),
+        "consumed_total": c.counters.consumed_total,
+        "generated_tokens": c.counters.generated_tokens,
+        "evals": dict(c.evals),
+        "auto_rebalance": c.auto_rebalance,
+        "saved_at": c.wall(),
+    }
+
+
+def restore(c: Coordinator, state: dict[str, Any], source: str = "") -> None:
+    """Continue a run from :func:`coordinator_state` (before any rank registers)."""
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(f"coordinator state format {state.get('format')!r}")
+    assert not c.workers, "restore before the ranks register"
+    rollout, trainer = state["layout"]
+    c.rebalance.layout = c.layout.with_ratio(rollout, trainer)
+    c.data.load_state_dict(state["data"])
+    c.step = int(state["step"])
+    c.policy_version = int(state["policy_version"])
+    c.training_started = c.step > 0
+    c.attempt = int(state["attempt"]) + 1
+    c.counters.consumed_total = int(state["consumed_total"])
+    c.counters.generated_tokens = int(state["generated_tokens"])
+    c.counters.tokens_at_last_step = c.counters.generated_tokens
+    c.evals = dict(state["evals"])
+    c.rebalance.auto = bool(state["auto_rebalance"])
+    c.rebalance.allocator.changed(c.step)
+    c.resumed = {
+        "from": source,
+        "step": c.step,
+        "policy_version": c.policy_version,
+        "buffer": buffer_digest(c),
+    }
+
+
+def buffer_digest(c: Coordinator) -> dict[str, Any]:
+    """Sample ids and checksums of everything the buffer holds, and the queue."""
+    held = sorted(c.data.buffer.samples(), key=lambda t: t.sample_id)
+    return {
+        "samples": {str(t.sample_id): trajectory_digest(t) for t in held},
+        "pending": [r.sample_id for r in c.data.dispatcher.pending],
+        "prompts_drawn": c.data.dispatcher._next_prompt,
+    }
