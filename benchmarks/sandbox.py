@@ -1,8 +1,9 @@
 """Isolation overhead: programs/s through ReFlow's sandbox against plain ``subprocess``.
 
 Both sides run the same programs (MBPP reference solutions with their asserts, from
-``../shared/data`` when present, else small generated programs), the same number at once,
-with the same interpreter; the plain side has no uid change, no rlimits, no namespaces.
+``../shared/data`` when present, else the first 300, shipped in ``recipes/data``), the same
+number at once, with the same interpreter; the plain side has no uid change, no rlimits, no
+namespaces.
 Run:
 
     .venv/bin/python benchmarks/sandbox.py [--programs 300] [--parallel 2]
@@ -24,7 +25,9 @@ from pathlib import Path
 from runtime.workloads.rewards.code import PRELUDE, parse_tests
 from runtime.workloads.sandbox import Sandbox
 
-MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+REPO = Path(__file__).resolve().parents[1]
+FULL_MBPP = REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+MBPP = FULL_MBPP if FULL_MBPP.is_file() else REPO / "recipes" / "data" / "mbpp" / "mbpp.jsonl"
 
 
 def programs(n: int) -> list[str]:

@@ -18,7 +18,7 @@ from runtime.workloads.agents.code_agent import CodeAgent, feedback_text
 from runtime.workloads.agents.pool import RewardPool
 from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
 from runtime.workloads.agents.tool_reasoning import ToolAgent
-from tests.helpers import SHARED_DATA, needs_shared_data
+from tests.helpers import SHARED_DATA, needs_full_data
 from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed")
@@ -98,7 +98,7 @@ def test_code_agent_stops_after_max_turns_with_the_hidden_reward():
     assert [m for m, _ in segments(ep)] == [1, 0, 1]
 
 
-@needs_shared_data
+@needs_full_data("the APPS sample (apps/apps_train_sample_coderl.jsonl)")
 def test_code_agent_on_an_apps_stdio_problem_shows_input_expected_got():
     row = next(
         r

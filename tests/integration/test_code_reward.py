@@ -13,7 +13,7 @@ import pytest
 from runtime.config.schema import SandboxConfig
 from runtime.data.datasets import load_records
 from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
-from tests.helpers import SHARED_DATA, needs_shared_data
+from tests.helpers import DATA_SLICES, SHARED_DATA, needs_full_data
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"
@@ -34,9 +34,8 @@ def _score_all(pairs, workers: int = 4):
         return list(pool.map(lambda p: run_tests(p[0], p[1], sb, total_timeout_s=60), pairs))
 
 
-@needs_shared_data
 def test_humaneval_canonical_solutions_all_pass():
-    rows = load_records(SHARED_DATA / "humaneval/HumanEval.jsonl.gz")
+    rows = load_records(DATA_SLICES / "humaneval/HumanEval.jsonl.gz")  # all 164, shipped
     assert len(rows) == 164
     pairs = [
         (r["prompt"] + r["canonical_solution"], parse_tests(r)) for r in rows
@@ -46,9 +45,8 @@ def test_humaneval_canonical_solutions_all_pass():
     assert failed == []
 
 
-@needs_shared_data
 def test_humaneval_wrong_solutions_fail():
-    rows = load_records(SHARED_DATA / "humaneval/HumanEval.jsonl.gz")
+    rows = load_records(DATA_SLICES / "humaneval/HumanEval.jsonl.gz")
     # A body that returns None, and one that raises: neither may pass any task's checks.
     pairs = [(r["prompt"] + "    return None\n", parse_tests(r)) for r in rows]
     pairs += [(r["prompt"] + "    raise ValueError\n", parse_tests(r)) for r in rows[:40]]
@@ -56,7 +54,7 @@ def test_humaneval_wrong_solutions_fail():
     assert sum(res.score for res in results) == 0
 
 
-@needs_shared_data
+@needs_full_data("all 974 MBPP tasks")
 def test_mbpp_reference_solutions_all_pass_and_swapped_ones_fail():
     rows = load_records(SHARED_DATA / "mbpp/mbpp.jsonl")
     assert len(rows) == 974
@@ -74,7 +72,7 @@ def _apps():
     return rows
 
 
-@needs_shared_data
+@needs_full_data("the APPS sample (apps/apps_train_sample_coderl.jsonl)")
 def test_apps_reference_solutions_pass_in_both_styles():
     for row in _apps():
         spec = parse_tests(row["input_output"])
@@ -92,7 +90,7 @@ def test_apps_reference_solutions_pass_in_both_styles():
     assert broken and all(r.error for r in broken)
 
 
-@needs_shared_data
+@needs_full_data("the APPS sample (apps/apps_train_sample_coderl.jsonl)")
 def test_apps_wrong_programs_fail_with_a_reason():
     rows = {str(r["problem_id"]): r for r in _apps()}
     stdio = parse_tests(rows["1"]["input_output"])

@@ -4,13 +4,13 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, needs_shared_data
+from tests.helpers import DATA_SLICES, REPO, needs_full_data
 from tests.helpers import SHARED_DATA as DATA
 
 
-@needs_shared_data
 def test_reward_math_scores_gsm8k_lines_in_order_and_reports_bad_lines():
-    rows = [json.loads(x) for x in (DATA / "gsm8k/test.jsonl").read_text().splitlines()[:40]]
+    gsm8k = DATA_SLICES / "gsm8k/test.jsonl"  # the first 40 records: the slice has them
+    rows = [json.loads(x) for x in gsm8k.read_text().splitlines()[:40]]
     lines, expected = [], []
     for i, r in enumerate(rows):
         final = int(r["answer"].split("####")[-1].replace(",", ""))
@@ -48,7 +48,7 @@ def _reward_code(lines: list[str], *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@needs_shared_data
+@needs_full_data("the APPS sample (apps/apps_train_sample_coderl.jsonl)")
 def test_reward_code_scores_apps_and_humaneval_lines_in_order():
     from runtime.data.datasets import load_records
 

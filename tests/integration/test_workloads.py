@@ -1,8 +1,8 @@
 """The three workloads' CPU recipes end to end: real vLLM (CPU build) with the embedded chat
-model, real data from ../shared/data, the real sandbox; a few steps each. The trajectories
-(``logging.samples``) are checked token by token: what the model wrote is trained on, what
-the environment wrote (test feedback, tool output) is masked and is exactly what the
-environment produced."""
+model, real data (the slices shipped in recipes/data), the real sandbox; a few steps each. The
+trajectories (``logging.samples``) are checked token by token: what the model wrote is
+trained on, what the environment wrote (test feedback, tool output) is masked and is exactly
+what the environment produced."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import shutil
 
 import pytest
 
-from tests.helpers import REPO, needs_shared_data, reflow
+from tests.helpers import REPO, reflow
 
 pytestmark = [
-    needs_shared_data,
     pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed"),
 ]
 

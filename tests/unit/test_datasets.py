@@ -1,5 +1,5 @@
-"""Dataset loaders on the real public data in ../shared/data (skipped when it is absent)
-and on broken files made here."""
+"""Dataset loaders on the real public data (the slices shipped in recipes/data, and the
+full files in ../shared/data, skipped when it is absent) and on broken files made here."""
 
 import gzip
 import json
@@ -7,36 +7,45 @@ import json
 import pytest
 
 from runtime.data.datasets import DatasetError, load_records
+from tests.helpers import DATA_SLICES as SLICES
 from tests.helpers import SHARED_DATA as DATA
-from tests.helpers import needs_shared_data as needs_data
+from tests.helpers import needs_full_data
 
 
-@needs_data
+def full(path, *values):  # a case on a file of ../shared/data that is not sliced
+    return pytest.param(path, *values, marks=needs_full_data(str(path.relative_to(DATA))))
+
+
 @pytest.mark.parametrize(
     ("path", "fields", "required", "count"),
     [
-        ("gsm8k/test.jsonl", {"prompt": "question"}, ("prompt", "answer"), 1319),
-        ("math500/test.jsonl", {"prompt": "problem"}, ("prompt", "answer"), 500),
-        ("aime/aime2024.json", {"prompt": "problem"}, ("prompt", "answer"), 30),
-        ("amc/amc.json", {"prompt": "problem"}, ("prompt", "answer"), 83),
-        ("humaneval/HumanEval.jsonl.gz", {"tests": "test"}, ("prompt", "tests"), 164),
-        ("mbpp/mbpp.jsonl", {"prompt": "text", "tests": "test_list"}, ("prompt", "tests"), 974),
+        (SLICES / "gsm8k/test.jsonl", {"prompt": "question"}, ("prompt", "answer"), 300),
+        full(DATA / "math500/test.jsonl", {"prompt": "problem"}, ("prompt", "answer"), 500),
+        full(DATA / "aime/aime2024.json", {"prompt": "problem"}, ("prompt", "answer"), 30),
+        full(DATA / "amc/amc.json", {"prompt": "problem"}, ("prompt", "answer"), 83),
+        (SLICES / "humaneval/HumanEval.jsonl.gz", {"tests": "test"}, ("prompt", "tests"), 164),
+        (
+            SLICES / "mbpp/mbpp.jsonl",
+            {"prompt": "text", "tests": "test_list"},
+            ("prompt", "tests"),
+            300,
+        ),
     ],
+    ids=["gsm8k", "math500", "aime", "amc", "humaneval", "mbpp"],
 )
 def test_real_datasets_load_with_their_field_mapping(path, fields, required, count):
-    records = load_records(DATA / path, fields=fields, required=required)
+    records = load_records(path, fields=fields, required=required)
     assert len(records) == count
     for role, source in fields.items():
         assert all(r[role] == r[source] for r in records)
     assert all(r["prompt"] for r in records)
 
 
-@needs_data
 def test_parquet_gives_the_same_records_as_jsonl(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = load_records(DATA / "gsm8k/test.jsonl")
+    rows = load_records(SLICES / "gsm8k/test.jsonl")
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gsm8k.parquet")
     back = load_records(tmp_path / "gsm8k.parquet", fields={"prompt": "question"})
     assert [r["question"] for r in back] == [r["question"] for r in rows]

@@ -5,7 +5,7 @@ import json
 
 from runtime.workloads.rewards.math import gold_answer, math_reward
 from tests.helpers import SHARED_DATA as DATA
-from tests.helpers import needs_shared_data as needs_data
+from tests.helpers import needs_full_data
 
 
 def records(name):
@@ -16,7 +16,7 @@ def respond(answer: str) -> str:
     return f"Let me work through it step by step. ... so the answer is \\boxed{{{answer}}}."
 
 
-@needs_data
+@needs_full_data("all 1319 GSM8K test records")
 def test_every_gsm8k_test_answer_scores_one_and_a_wrong_number_zero():
     wrong = []
     for r in records("gsm8k/test.jsonl"):
@@ -28,7 +28,7 @@ def test_every_gsm8k_test_answer_scores_one_and_a_wrong_number_zero():
     assert wrong == []
 
 
-@needs_data
+@needs_full_data("MATH-500 (math500/test.jsonl)")
 def test_every_math500_answer_scores_one_and_a_perturbed_one_zero():
     rows = records("math500/test.jsonl")
     assert len(rows) == 500
