@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ENGINE  := $(if $(HAS_GPU),gpu,cpu)
 
-.PHONY: install demo test test-unit lint format clean slurm-up slurm-down bench
+.PHONY: install demo test test-unit lint format clean slurm-up slurm-down bench docs
 
 install: $(STAMP)
 
@@ -60,6 +60,12 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# docs/recipes.md, the recipe reference, generated from runtime/config/schema.py's field
+# metadata (standard library only: no install needed); tests/unit/test_docs.py fails
+# while the committed page differs.
+docs:
+	$(PYTHON) scripts/gen_recipe_docs.py
 
 # A real single-host Slurm (n1, n2 on this machine) for the `slurm` tests; needs root.
 slurm-up:
