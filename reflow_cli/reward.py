@@ -54,7 +54,8 @@ def _score_code(item: tuple[int, str], recipe: str | None) -> dict[str, Any]:
     record = _record(lineno, line, ("program",))
     if isinstance(record, str):
         return {"score": None, "error": record}
-    from runtime.workloads.rewards.code import TestSpecError, parse_tests, run_tests, sandbox_for
+    from runtime.workloads.rewards.code import TestSpecError, parse_tests, run_tests
+    from runtime.workloads.sandbox import sandbox_for
 
     if not isinstance(record["program"], str):
         return {"score": None, "error": f"line {lineno}: field 'program' must be a string"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.workloads.kinds import KIND_NAMES
+
 
 def opt(default: Any, doc: str, **checks: Any) -> Any:
     """A dataclass field with a default, a doc line and validation metadata."""
@@ -61,9 +63,7 @@ class DataConfig:
 
 @dataclass
 class WorkloadConfig:
-    kind: str = opt(
-        "arith", "agent loop", choices=("arith", "math", "code_agent", "tool_reasoning")
-    )
+    kind: str = opt("arith", "agent loop", choices=KIND_NAMES)
     max_response_tokens: int = opt(256, "generation limit per turn", ge=1)
     max_turns: int = opt(
         1,

@@ -18,13 +18,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from runtime.workloads.kinds import KINDS
+
 # What each workload reads from a record (before the mapping).
-REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    "arith": (),
-    "math": ("prompt", "answer"),
-    "tool_reasoning": ("prompt", "answer"),
-    "code_agent": ("prompt", "tests"),
-}
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {name: k.fields for name, k in KINDS.items()}
 
 
 class DatasetError(ValueError):

@@ -11,9 +11,10 @@ from runtime.config.recipe import RecipeError, recheck
 from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
+from runtime.workloads.kinds import KINDS
 
 # The workload model a recipe's agent loop maps to, when --workload is not given.
-WORKLOAD_OF_KIND = {"math": "math", "arith": "math", "code_agent": "apps_agent"}
+WORKLOAD_OF_KIND = {name: k.sim_workload for name, k in KINDS.items() if k.sim_workload}
 
 
 def model_name(cfg: Config) -> str:

@@ -105,7 +105,7 @@ def test_a_record_written_by_the_program_decides_nothing(sandbox):
     # The record channel is no secret: the program finds it (any fd) and writes a record
     # of its own, then leaves. A record with no calls in it leaves the replay with calls
     # nobody answered; one it writes besides the harness's makes the record ambiguous.
-    from runtime.workloads.rewards.code import _MARK
+    from runtime.workloads.rewards.code.harness import _MARK
 
     line = "\n" + _MARK + '{"calls": []}' + "\n"
     forged = (

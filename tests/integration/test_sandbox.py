@@ -584,7 +584,7 @@ def test_x32_system_calls_are_denied(sandbox):
 
 
 def test_not_root_says_there_is_no_uid_switch_in_one_line(monkeypatch, caplog):
-    import runtime.workloads.rewards.code as code
+    import runtime.workloads.sandbox.configured as code  # holds the Sandbox cache
     import runtime.workloads.sandbox.runner as runner
     from runtime.config.recipe import load_recipe
     from runtime.workloads.sandbox import check_sandbox

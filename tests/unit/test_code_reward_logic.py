@@ -91,7 +91,7 @@ def test_integers_compare_exactly_and_tolerance_is_for_decimals_only():
 def test_only_exact_plain_types_cross_the_boundary():
     import collections
 
-    from runtime.workloads.rewards.code import _decode, _encode, _NotPlain
+    from runtime.workloads.rewards.code.plain import _decode, _encode, _NotPlain
 
     plain = [
         None,

@@ -1,21 +1,14 @@
-"""Agent loops by ``workload.kind``."""
+"""Agent loops by ``workload.kind``, as :mod:`runtime.workloads.kinds` records them."""
 
 from __future__ import annotations
 
 from runtime.workloads.agents.base import Agent
-from runtime.workloads.agents.code_agent import CodeAgent
-from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
-from runtime.workloads.agents.tool_reasoning import ToolAgent
+from runtime.workloads.kinds import KINDS
 
-AGENTS: dict[str, type] = {
-    "arith": ArithAgent,
-    "math": SingleTurnAgent,
-    "code_agent": CodeAgent,
-    "tool_reasoning": ToolAgent,
-}
+AGENTS: dict[str, type] = {name: k.agent_class() for name, k in KINDS.items()}
 
 # Workloads whose generation stops on strings: the engine needs its tokenizer for them.
-NEEDS_STOP_STRINGS = {"tool_reasoning"}
+NEEDS_STOP_STRINGS = frozenset(name for name, k in KINDS.items() if k.stop_strings)
 
 
 def agent(kind: str) -> Agent:

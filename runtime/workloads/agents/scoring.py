@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.workloads.sandbox import RunResult
+from runtime.workloads.sandbox import RunResult, sandbox_for
 
 
 def math_score(response: str, gold: Any) -> float:
@@ -22,7 +22,7 @@ def code_score(
     total_timeout_s: float,
 ) -> dict[str, Any]:
     """Run ``program`` against the selected tests; the result and the first failure."""
-    from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
+    from runtime.workloads.rewards.code import parse_tests, run_tests
 
     spec = parse_tests(tests, fn_name=fn_name)
     if indices is not None:
@@ -48,6 +48,6 @@ def code_score(
 
 
 def run_snippet(code: str, settings: Any) -> RunResult:
-    from runtime.workloads.rewards.code import PRELUDE, sandbox_for
+    from runtime.workloads.rewards.code import PRELUDE
 
     return sandbox_for(settings).run_python(PRELUDE + code)

@@ -1,1 +1,1 @@
-"""Reward functions by workload: math answers (math-verify), code execution (later)."""
+"""Reward functions by workload: math answers (math-verify), code execution (code/)."""

@@ -1,0 +1,313 @@
+"""The harness: /code/main.py of every call, record and replay run, and how its one
+verdict line is read back.
+
+Everything else (the program, the tests, the recorded calls) comes on stdin as JSON, so
+no file in the sandbox holds the program or its tests."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from runtime.workloads.rewards.code.plain import _DEPTH, _decode, _encode, _NotPlain
+from runtime.workloads.rewards.code.prelude import PRELUDE
+from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
+
+# The harness's verdict line starts with this; a run has a verdict when it printed exactly one.
+_MARK = "@@reflow-verdict@@"
+
+_HARNESS_MAIN = r'''
+import builtins, json, linecache, os, random, sys, traceback
+
+_write, _exit, _dumps, _loads = os.write, os._exit, json.dumps, json.loads
+_MISSING = object()
+
+
+class _Refused(BaseException):
+    """Raised into the tests where the program's answer cannot be used; a BaseException so
+    that a test's ``except Exception`` does not swallow it (a flag also records it)."""
+
+
+def _exc_name(e):
+    for c in type(e).__mro__:
+        if getattr(builtins, c.__name__, None) is c:
+            return c.__name__
+    return "BaseException"
+
+
+def _tb(e):
+    frames = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in frames if f.filename in ("main.py", "<test>")]
+    text = "".join(
+        ["Traceback (most recent call last):\n", *traceback.format_list(frames),
+         *traceback.format_exception_only(type(e), e)]
+    )
+    return text[-800:]
+
+
+def _compile(code, filename):
+    # Tracebacks then quote the line (feedback shows the failing assert as written).
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    return compile(code, filename, "exec")
+
+
+def _fresh():
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    exec(PRELUDE, ns)
+    return ns
+
+
+def _key(args, kwargs, handle_of):
+    def one(a):
+        try:
+            return _encode(a, handle_of)
+        except _NotPlain:
+            return ["?", None]
+    return [[one(a) for a in args], sorted([k, one(v)] for k, v in kwargs.items())]
+
+
+def _opaque(k):
+    return type(k) is list and k[0] == "?"
+
+
+def _apply(orig, new):
+    # An argument the program changed in place: the test sees the same change.
+    t = type(orig)
+    if t is list:
+        orig[:] = new
+    elif t is set or isinstance(orig, dict):
+        orig.clear()
+        orig.update(new)
+    elif t.__name__ == "deque":
+        orig.clear()
+        orig.extend(new)
+
+
+def _load(program):
+    ns = _fresh()
+    exec(_compile(program, "main.py"), ns)
+    return ns
+
+
+def _call(job):
+    try:
+        ns = _load(job["program"])
+        name, target = job["fn"], ns.get("Solution")
+        if target is not None and hasattr(target, name):
+            fn = getattr(target(), name)
+        else:
+            fn = ns[name]
+        out = fn(*job["args"])
+    except BaseException as e:
+        return {"status": "error", "error": _tb(e)}
+    try:
+        return {"value": _encode(out)}
+    except _NotPlain as e:
+        return {"status": "non_plain", "error": f"returned a {e}, not a plain value"}
+
+
+def _record(job):
+    try:
+        ns = _load(job["program"])
+    except BaseException as e:
+        return {"status": "error", "error": _tb(e)}
+    calls, objects, keep = [], {}, []
+
+    def handle_of(x):
+        return objects.get(id(x))
+
+    def resolve(n):
+        return keep[n]
+
+    def proxy(name):
+        target = ns.get(name, _MISSING)
+
+        def call(*args, **kwargs):
+            if target is _MISSING:
+                raise NameError(f"name {name!r} is not defined")
+            key = _key(args, kwargs, handle_of)
+            copies = [a if _opaque(k) else _decode(k, resolve) for a, k in zip(args, key[0])]
+            given = dict(key[1])
+            kw = {n: v if _opaque(given[n]) else _decode(given[n], resolve)
+                  for n, v in kwargs.items()}
+            rec = {"n": name, "a": key}
+            calls.append(rec)
+            state = random.getstate()  # the tests' random numbers stay the tests' own
+            try:
+                out = target(*copies, **kw)
+            except BaseException as e:
+                rec["x"] = _exc_name(e)
+                raise
+            finally:
+                random.setstate(state)
+            if isinstance(target, type):
+                objects[id(out)] = rec["h"] = len(keep)
+                keep.append(out)
+                return out
+            try:
+                rec["r"] = _encode(out, handle_of)
+                changed = {}
+                for i, (a, c, k) in enumerate(zip(args, copies, key[0])):
+                    if c is not a and _encode(c, handle_of) != k:
+                        changed[str(i)] = _encode(c, handle_of)
+                        _apply(a, _decode(changed[str(i)], resolve))
+            except _NotPlain as e:
+                rec.pop("r", None)
+                rec["np"] = str(e)
+                raise _Refused("non-plain result")
+            if changed:
+                rec["u"] = changed
+            return _decode(rec["r"], resolve)
+
+        return call
+
+    tests = _fresh()
+    for name in job["names"]:
+        tests[name] = proxy(name)
+    random.seed(0)
+    try:
+        exec(_compile(job["probe"], "<test>"), tests)
+    except BaseException:
+        pass  # the replay meets the same end and judges it
+    return {"calls": calls}
+
+
+def _replay_one(code, calls, names):
+    used = [False] * len(calls)
+    handles, flags = {}, []
+
+    class _Handle:
+        """An object of the program's own class, in the replay: it may be passed back to
+        the program and given attributes, never compared or tested."""
+
+        def _refuse(self, *a, **k):
+            flags.append("non_plain")
+            raise _Refused("an object of the program's own class was compared")
+
+        __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _refuse
+        __len__ = __iter__ = __contains__ = __hash__ = __int__ = __float__ = __index__ = _refuse
+
+    def handle_of(x):
+        return object.__getattribute__(x, "_n") if type(x) is _Handle else None
+
+    def resolve(n):
+        if n not in handles:
+            h = _Handle()
+            object.__setattr__(h, "_n", n)
+            handles[n] = h
+        return handles[n]
+
+    def find(name, key):
+        loose = '["?", null]' in _dumps(key)
+        for exact in (True, False):
+            for i, rec in enumerate(calls):
+                if used[i] or rec.get("n") != name:
+                    continue
+                a = rec.get("a")
+                if a == key if exact else loose and '["?", null]' in _dumps(a):
+                    return i
+        return None
+
+    def proxy(name):
+        def call(*args, **kwargs):
+            i = find(name, _key(args, kwargs, handle_of))
+            if i is None:
+                flags.append("error")
+                raise _Refused(f"{name}(...) here was not run by the program")
+            used[i] = True
+            rec = calls[i]
+            if "x" in rec:
+                cls = getattr(builtins, rec["x"], None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                    flags.append("error")
+                    raise _Refused(f"{name}() ended the program ({rec['x']})")
+                if issubclass(cls, (StopIteration, StopAsyncIteration)):
+                    # Raised into map(), filter() or iter(f, x), it would end the test's
+                    # loop there, as if every case had been checked.
+                    flags.append("error")
+                    raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
+                raise cls(f"raised by the program in {name}()")
+            if "np" in rec:
+                flags.append("non_plain")
+                raise _Refused(f"{name}() returned a {rec['np']}, not a plain value")
+            if "h" in rec:
+                return resolve(rec["h"])
+            for i_arg, after in rec.get("u", {}).items():
+                _apply(args[int(i_arg)], _decode(after, resolve))
+            return _decode(rec["r"], resolve)
+        return call
+
+    ns = _fresh()
+    for name in names:
+        ns[name] = proxy(name)
+    random.seed(0)
+    try:
+        exec(_compile(code, "<test>"), ns)
+    except AssertionError as e:
+        return {"ok": False, "status": flags[0] if flags else "wrong_answer", "error": _tb(e)}
+    except BaseException as e:
+        return {"ok": False, "status": flags[0] if flags else "error", "error": _tb(e)}
+    if flags:
+        return {"ok": False, "status": flags[0], "error": "the test caught the grader's refusal"}
+    return {"ok": True}
+
+
+def _replay(job):
+    return {"results": [_replay_one(u["code"], u["calls"], u["names"]) for u in job["units"]]}
+
+
+def _main():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    job = _loads(sys.stdin.read())
+    out = os.dup(1)
+    os.dup2(2, 1)  # what the program and the tests print goes to stderr, apart from this
+    result = {"call": _call, "record": _record, "replay": _replay}[job["mode"]](job)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    data = ("\n" + MARK + _dumps(result) + "\n").encode()
+    while data:
+        data = data[_write(out, data):]
+    _exit(0)  # no atexit handler or lingering thread of the program's runs after this
+
+
+_main()
+'''
+
+
+def _harness_source() -> str:
+    parts = [
+        "from typing import Any\n",
+        f"PRELUDE = {PRELUDE!r}\n",
+        f"MARK = {_MARK!r}\n",
+        f"_DEPTH = {_DEPTH!r}\n",
+        inspect.getsource(_NotPlain),
+        inspect.getsource(_encode),
+        inspect.getsource(_decode),
+        _HARNESS_MAIN,
+    ]
+    return "\n\n".join(parts)
+
+
+_HARNESS = _harness_source()
+
+
+def _verdict(r: RunResult) -> dict[str, Any] | None:
+    """The harness's one record, or None: a run that printed none (an early exit, a crash)
+    or more than one (the program printing a record of its own) has no verdict."""
+    lines = [line for line in r.stdout.splitlines() if line.startswith(_MARK)]
+    if len(lines) != 1:
+        return None
+    try:
+        out = json.loads(lines[0][len(_MARK) :])
+    except (ValueError, RecursionError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _harness(sandbox: Sandbox, job: dict[str, Any], limits: SandboxLimits) -> RunResult:
+    return sandbox.run_python(_HARNESS, json.dumps(job), limits)
