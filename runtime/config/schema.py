@@ -6,7 +6,7 @@ every key, type and range using the metadata declared here, then the cross-field
 
 - ``choices``: the allowed values;
 - ``ge``/``gt``/``le``/``lt``: numeric bounds;
-- ``doc``: one line shown in the README's recipe reference.
+- ``doc``: one line shown in the recipe reference (docs/recipes.md, made by ``make docs``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ class ResourcesConfig:
 @dataclass
 class SchedulerConfig:
     auto_rebalance: bool = opt(
-        False, "let the producer/consumer allocator move replica groups (runtime/scheduling)"
+        False,
+        "let the producer/consumer allocator move replica groups (runtime/control/scheduling)",
     )
     cooldown_steps: int = opt(5, "min training steps between two placement changes", ge=0)
     window_steps: int = opt(5, "training steps the allocator measures rates over", ge=1)
@@ -205,7 +206,8 @@ class EngineConfig:
 class SandboxConfig:
     isolation: str = opt(
         "auto",
-        "bwrap (namespaces, rlimits, own uid) or rlimits only; auto = bwrap if installed",
+        "bwrap (namespaces, seccomp, cgroup, rlimits, own uid) or rlimits (+ cgroup) only; "
+        "auto = bwrap if installed",
         choices=("auto", "bwrap", "rlimits"),
     )
     python: str = opt(
@@ -213,9 +215,13 @@ class SandboxConfig:
     )
     test_timeout_s: float = opt(6.0, "wall-clock limit of one test case", gt=0)
     memory_mb: int = opt(1024, "address space per process (RLIMIT_AS)", ge=64)
-    max_processes: int = opt(16, "processes per program (RLIMIT_NPROC of its own uid)", ge=1)
+    max_processes: int = opt(
+        16, "processes per program (RLIMIT_NPROC of its own uid, and its cgroup's pids.max)", ge=1
+    )
     file_size_mb: int = opt(16, "largest file a program may write (RLIMIT_FSIZE)", ge=1)
-    scratch_mb: int = opt(64, "size of the program's private writable tmpfs", ge=1)
+    scratch_mb: int = opt(
+        64, "size of each of the program's writable tmpfs mounts (/sandbox, /tmp, /dev/shm)", ge=1
+    )
     output_kb: int = opt(1024, "stdout + stderr kept; more kills the program", ge=1)
     parallel: int = opt(4, "test cases of one program run at once", ge=1)
     reward_workers: int = opt(2, "processes computing rewards next to each rollout engine", ge=1)
