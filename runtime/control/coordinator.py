@@ -4,47 +4,43 @@ Pure and synchronous, like vLLM's ``EngineCore``: it never touches a socket or t
 clock. :class:`runtime.transport.server.ControlServer` feeds it frames and sends what it
 returns; unit tests and the simulator drive it directly with a fake clock.
 
-The coordinator decides; its parts keep the books:
+The coordinator is the :class:`~runtime.control.run.Run` (what rank 0 knows of the run)
+that routes each message to the module that handles its concern and keeps time:
 
-- :class:`~runtime.control.membership.Membership`: who is registered, who went silent;
-- :class:`~runtime.control.data_plane.DataPlane`: requests, samples, the replay buffer;
-- :class:`~runtime.control.rebalance.Rebalancer`: the layout, its changes, the allocator;
-- :class:`~runtime.control.lifecycle.Checkpoints`: checkpoint and stop sequencing;
-- :class:`~runtime.control.scheduling.generation.GenerationScheduler`: concurrency caps
-  and routing;
-- :mod:`runtime.control.telemetry`: the metrics line, ``reflow status``, the summary.
+- runtime/control/registration.py: Hello, Ready, Heartbeat, RoleSwitchDone, Bye;
+- runtime/control/rollout_work.py: WorkRequest, SampleDone, SampleFailed;
+- runtime/control/training.py: BatchRequest, StepDone;
+- runtime/control/lifecycle.py: CheckpointSaved, graceful stops, the resume state;
+- here: the clients' requests (status, rebalance, allocator, stop) and
+  :meth:`Coordinator.tick` (liveness, timeouts, retries);
+- runtime/control/telemetry.py: the metrics line, ``reflow status``, the summary.
 
-Run states are :class:`runtime.transport.states.RunState` (its docstring draws them).
+The books are kept by the run's parts: Membership, DataPlane, Rebalancer, Checkpoints and
+the GenerationScheduler. Run states are :class:`runtime.transport.states.RunState` (its
+docstring draws them).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from runtime.config.layout import Layout, LayoutError, Role, parse_ratio
+from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import Config
-from runtime.control import lifecycle, membership, rollout_work, telemetry, training
-from runtime.control.data_plane import DataPlane
-from runtime.control.decode_rates import EngineRateProfile
-from runtime.control.lifecycle import Checkpoints, SaveCheckpoint
-from runtime.control.membership import Membership, Outgoing, WorkerInfo
-from runtime.control.rebalance import Rebalancer
-from runtime.control.sample_check import RunBounds
-from runtime.control.scheduling import WindowStats
-from runtime.control.scheduling.concurrency import AimdSettings
-from runtime.control.scheduling.generation import GenerationScheduler
+from runtime.control import lifecycle, registration, rollout_work, telemetry, training
+from runtime.control.checkpoints import SaveCheckpoint
+from runtime.control.membership import Outgoing, WorkerInfo
+from runtime.control.run import Run
 from runtime.engines.registry import needs_collective
 from runtime.transport import protocol as p
-from runtime.transport.states import TERMINAL, RunState, WorkerState
+from runtime.transport.states import TERMINAL, RunState
 
 __all__ = ["Coordinator", "Outgoing", "SaveCheckpoint", "WorkerInfo"]
 
 
-class Coordinator:
+class Coordinator(Run):
     def __init__(
         self,
         cfg: Config,
@@ -56,80 +52,23 @@ class Coordinator:
         save_checkpoint: SaveCheckpoint | None = None,
         vocab_size: int | None = None,
     ) -> None:
-        """``vocab_size``: the rollout model's vocabulary, the bound on every token id a
-        sample may carry (None: any non-negative id, as for simulated engines)."""
-        self.cfg = cfg
-        self.run = run
-        self.clock = clock
-        self.wall = wall
-        self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
-        res, sch = cfg.resources, cfg.scheduler
-        assert res.initial_ratio is not None, "config not validated"
-        rollout, trainer = parse_ratio(res.initial_ratio)
-        layout = Layout.from_ratio(
-            rollout,
-            trainer,
-            world_size=cfg.world_size,
-            gpus_per_node=res.gpus_per_node,
-            trainer_group_size=res.trainer_gpus_per_replica,
-            rollout_group_size=res.rollout_gpus_per_replica,
+        super().__init__(
+            cfg,
+            run=run,
+            prompts=prompts,
+            clock=clock,
+            wall=wall,
+            save_checkpoint=save_checkpoint,
+            vocab_size=vocab_size,
         )
-        self.state = RunState.STARTING
-        self.reason = ""
-        self.step = 0
-        self.policy_version = 0
-        self.training_started = False
-        self.started_at = clock()
-        self.ended_at: float | None = None
-        self.attempt = 1  # 1 + the number of resumes of this run
-        self.failed_while_training = False
-        self.resumed: dict[str, Any] | None = None
-
-        self.members = Membership(cfg.world_size, clock)
-        self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
-        sigma = cfg.reflow.sigma if self.data.replay_enabled else 0.0
-        self.rebalance = Rebalancer(cfg, layout, clock, sigma)
-        self.ckpt = Checkpoints(save_checkpoint, clock)
-        self.generation = GenerationScheduler(
-            clock,
-            AimdSettings(
-                min_cap=sch.min_concurrency,
-                max_cap=sch.max_concurrency,
-                target_util=sch.target_kv_util,
-            ),
-            interval_s=sch.cap_interval_s,
-            adaptive_caps=sch.adaptive_caps,
-            token_admission=sch.token_admission,
-        )
-        self.engine_profile = EngineRateProfile()
-        self.counters = telemetry.StepCounters()
-
-        # batches: the one in training, and copies a trainer replica missed
-        self.batch_in_flight: int | None = None
-        self.batch_sent_at = 0.0
-        self.batch_resent = 0
-        self.batch_retry: dict[bytes, int] = {}  # trainer identity -> batch id to send again
-        self._next_overdue_check = 0.0
-        # control-plane accounting
-        self.accepted = 0
-        self.rejected: Counter[str] = Counter()
-        self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
-        # reports
-        self.last_metrics: dict[str, float] = {}
-        self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
-        self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
-        self.all_metrics: list[dict[str, Any]] = []
-        self.evals: dict[str, float] = {}
-        self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
-        self.ledger_violations: list[dict[str, Any]] = []
         on = functools.partial
         self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
-            # membership
-            p.Hello: on(membership.on_hello, self),
-            p.Ready: on(membership.on_ready, self),
-            p.Heartbeat: on(membership.on_heartbeat, self),
-            p.RoleSwitchDone: on(membership.on_switch_done, self),
-            p.Bye: on(membership.on_bye, self),
+            # the ranks' own
+            p.Hello: on(registration.on_hello, self),
+            p.Ready: on(registration.on_ready, self),
+            p.Heartbeat: on(registration.on_heartbeat, self),
+            p.RoleSwitchDone: on(registration.on_switch_done, self),
+            p.Bye: on(registration.on_bye, self),
             # rollout work and training steps
             p.WorkRequest: on(rollout_work.on_work_request, self),
             p.SampleDone: on(rollout_work.on_sample_done, self),
@@ -146,42 +85,11 @@ class Coordinator:
 
     # --- what the server, the tests and the simulator read --------------------------------
 
-    @property
-    def layout(self) -> Layout:
-        return self.rebalance.layout
-
-    @property
-    def layout_epoch(self) -> int:
-        return self.rebalance.epoch
-
-    @property
-    def workers(self) -> dict[int, WorkerInfo]:
-        return self.members.workers
-
-    @property
-    def auto_rebalance(self) -> bool:
-        return self.rebalance.auto
-
-    @property
-    def generated_tokens(self) -> int:
-        return self.counters.generated_tokens
-
-    @property
-    def checkpoint_pending(self) -> dict[str, Any] | None:
-        return self.ckpt.pending
-
-    @property
-    def checkpoints(self) -> list[dict[str, Any]]:
-        return self.ckpt.records
-
     def status(self) -> dict[str, Any]:
         return telemetry.status(self)
 
     def summary(self) -> dict[str, Any]:
         return telemetry.summary(self)
-
-    def rollout_idle_ratio(self) -> float:
-        return self.members.rollout_idle_ratio()
 
     # --- input -------------------------------------------------------------------------
 
@@ -209,29 +117,6 @@ class Coordinator:
             self.reject("unexpected")
             return []
         return handler(identity, msg)
-
-    def reject(self, category: str) -> None:
-        self.rejected[category] += 1
-
-    def known(self, identity: bytes, rank: int) -> WorkerInfo | None:
-        """The registered, live worker behind a message, or None (counted) if it is not."""
-        w = self.members.sender(identity, rank)
-        if isinstance(w, str):
-            self.reject(w)
-            return None
-        self.accepted += 1
-        return w
-
-    # --- what the handlers in membership, training and rollout_work call back -------------
-
-    def window(self) -> WindowStats | None:
-        """The allocator's view of the last steps (tests and benchmarks read it)."""
-        return self.rebalance.window()
-
-    def weight_sync(self) -> list[Outgoing]:
-        """Tell the trainer leader and every rollout rank to run the weight broadcast."""
-        msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
-        return self.members.send(msg, {0, *self.layout.ranks(Role.ROLLOUT)})
 
     # --- client requests ---------------------------------------------------------------
 
@@ -282,26 +167,6 @@ class Coordinator:
         return lifecycle.buffer_digest(self)
 
     # --- layout ------------------------------------------------------------------------
-
-    def apply_pending_layout(self) -> list[Outgoing]:
-        """Apply a pending layout at a synchronization point.
-
-        Until training has started every moment is a sync point; afterwards the trainer's
-        step reports at multiples of ``sync_every`` are.
-        """
-        alive = self.members.alive()
-        if not self.rebalance.apply_pending(w.rank for w in alive):
-            return []
-        target = self.layout
-        for w in alive:
-            if w.role != target.role_of(w.rank).value:
-                w.state = WorkerState.SWITCHING
-                # A rank leaving the rollout pool drops its in-flight generations; their
-                # requests go back to the front of the queue, so no sample is lost.
-                self.data.worker_gone(w.rank)
-                self.generation.worker_left(w.rank)
-        roles = [r.value for r in target.roles()]
-        return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
     # --- time --------------------------------------------------------------------------
 
@@ -393,20 +258,6 @@ class Coordinator:
 
     def fail(self, reason: str) -> list[Outgoing]:
         return self.finish(RunState.FAILED, reason)
-
-    def finish(self, state: RunState, reason: str) -> list[Outgoing]:
-        if self.state in TERMINAL:
-            return []
-        # A rank lost or failing mid-training is what a restart from the last checkpoint
-        # is for; failing to start (or a bad recipe) would fail the same way again.
-        self.failed_while_training = state == RunState.FAILED and self.training_started
-        self.state, self.reason = state, reason
-        self.ended_at = self.clock()
-        return self.members.send(p.Stop(reason=reason))
-
-    def check_ended(self) -> None:
-        if self.state == RunState.STOPPING and self.members.all_gone():
-            self.state, self.ended_at = RunState.STOPPED, self.clock()
 
     @property
     def finished(self) -> bool:

@@ -1,111 +1,25 @@
-"""Stopping and checkpoints at rank 0: when one is asked for, what became of it, stop after it.
+"""Stopping and resuming at rank 0: a graceful stop after a checkpoint, the checkpoint
+round trip with the trainer leader, and what a checkpoint keeps of rank 0.
 
-Checkpoints (``train.checkpoint_every`` and before a graceful stop) are taken at a step
-boundary: no batch is handed out while one is pending; the trainer leader writes its state
-(``Checkpoint`` -> ``CheckpointSaved``), then the injected ``save`` writes the
-coordinator's state next to it and seals the folder (runtime/store/checkpoint.py). A stop
-that waits for a checkpoint is carried here as ``then_stop`` (its reason).
+The books (pending, records, a stop waiting for the step in training) are
+:class:`runtime.control.checkpoints.Checkpoints`; the run's states are
+:class:`runtime.transport.states.RunState`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from runtime.control.membership import Outgoing
+from runtime.control.run import Run
 from runtime.data.sample import trajectory_digest
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
-if TYPE_CHECKING:
-    from runtime.control.coordinator import Coordinator, Outgoing
-
 STATE_FORMAT = 1  # of the coordinator's state in a checkpoint
-# (step, policy_version, coordinator state) -> where it was saved; raises on failure
-SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]
 
 
-class Checkpoints:
-    def __init__(self, save: SaveCheckpoint | None, clock: Callable[[], float]) -> None:
-        self.save = save
-        self.clock = clock
-        self.pending: dict[str, Any] | None = None  # step, requested_at, then_stop
-        self.records: list[dict[str, Any]] = []  # saved and failed, in order
-        self._unreported: list[dict[str, Any]] = []
-        self.stop_after_step: str | None = None  # a stop waiting for the batch in training
-
-    @property
-    def busy(self) -> bool:
-        """A checkpoint, or a stop that will take one, holds the next batch back."""
-        return self.pending is not None or self.stop_after_step is not None
-
-    @property
-    def stopping(self) -> bool:
-        """A stop is already on its way (after the step in training, or a checkpoint)."""
-        return self.stop_after_step is not None or (
-            self.pending is not None and self.pending["then_stop"] is not None
-        )
-
-    def saved(self, step: int) -> bool:
-        last = self.records[-1] if self.records else None
-        return last is not None and last["step"] == step and last["ok"]
-
-    def request(self, step: int, then_stop: str | None) -> bool:
-        """Start one for ``step``; False when there is no saver or one is pending."""
-        if self.save is None or self.pending:
-            return False
-        self.pending = {"step": step, "requested_at": self.clock(), "then_stop": then_stop}
-        return True
-
-    def end(
-        self,
-        trainer_ok: bool,
-        error: str,
-        policy_version: int,
-        state: Callable[[], dict[str, Any]],
-    ) -> str | None:
-        """Close the pending checkpoint (the trainer's half done or failed); returns the
-        reason of a stop that waited for it, if any."""
-        pending = self.pending
-        assert pending is not None
-        self.pending = None
-        record: dict[str, Any] = {
-            "step": pending["step"],
-            "policy_version": policy_version,
-            "ok": False,
-        }
-        if not trainer_ok:
-            record["error"] = f"trainer: {error}"
-        else:
-            assert self.save is not None
-            try:
-                record["path"] = self.save(pending["step"], policy_version, state())
-                record["ok"] = True
-            except Exception as exc:  # disk full, permissions: the run goes on without it
-                record["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-        record["took_s"] = round(self.clock() - pending["requested_at"], 3)
-        self.records.append(record)
-        self._unreported.append(record)  # into the next step's metrics line
-        return pending["then_stop"]
-
-    def overdue(self, now: float, timeout_s: float) -> bool:
-        return self.pending is not None and now - self.pending["requested_at"] > timeout_s
-
-    def take_unreported(self) -> list[dict[str, Any]]:
-        out, self._unreported = self._unreported, []
-        return out
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "pending": self.pending,
-            "last": next((c for c in reversed(self.records) if c["ok"]), None),
-            "failed": sum(1 for c in self.records if not c["ok"]),
-        }
-
-
-# --- what the coordinator does with them ----------------------------------------------
-
-
-def request_stop(c: Coordinator, reason: str) -> list[Outgoing]:
+def request_stop(c: Run, reason: str) -> list[Outgoing]:
     """Graceful stop (CLI, SIGTERM, SIGUSR2): a checkpoint of the current step first
     (after the batch in training, if any), then every rank is told to leave."""
     if c.state in TERMINAL or c.state == RunState.STOPPING or c.ckpt.stopping:
@@ -119,14 +33,14 @@ def request_stop(c: Coordinator, reason: str) -> list[Outgoing]:
     return stop_now(c, reason)
 
 
-def stop_now(c: Coordinator, reason: str) -> list[Outgoing]:
+def stop_now(c: Run, reason: str) -> list[Outgoing]:
     if c.state in TERMINAL or c.state == RunState.STOPPING:
         return []
     c.state, c.reason = RunState.STOPPING, reason
     return c.members.send(p.Stop(reason=reason))
 
 
-def checkpoint_then_stop(c: Coordinator, reason: str) -> list[Outgoing]:
+def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
     if c.ckpt.saved(c.step):
         return stop_now(c, reason)  # this step is saved already
     if c.ckpt.pending is not None:  # one is being written: stop after it
@@ -136,14 +50,14 @@ def checkpoint_then_stop(c: Coordinator, reason: str) -> list[Outgoing]:
     return out if c.ckpt.pending is not None else stop_now(c, reason)
 
 
-def request_checkpoint(c: Coordinator, then_stop: str | None) -> list[Outgoing]:
+def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
     leader = c.members.leader()
     if leader is None or not c.ckpt.request(c.step, then_stop):
         return []
     return [(leader.identity, p.Checkpoint(step=c.step))]
 
 
-def on_checkpoint_saved(c: Coordinator, identity: bytes, msg: p.CheckpointSaved) -> list[Outgoing]:
+def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list[Outgoing]:
     if c.known(identity, msg.rank) is None:
         return []
     pending = c.ckpt.pending
@@ -153,15 +67,15 @@ def on_checkpoint_saved(c: Coordinator, identity: bytes, msg: p.CheckpointSaved)
     return end_checkpoint(c, msg.ok, msg.error)
 
 
-def end_checkpoint(c: Coordinator, trainer_ok: bool, error: str) -> list[Outgoing]:
-    then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, c.state_dict)
+def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
+    then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
     return stop_now(c, then_stop) if then_stop is not None else []
 
 
 # --- what a checkpoint keeps of rank 0 ------------------------------------------------
 
 
-def coordinator_state(c: Coordinator) -> dict[str, Any]:
+def coordinator_state(c: Run) -> dict[str, Any]:
     """What a resumed run needs from rank 0 (between batches only)."""
     return {
         "format": STATE_FORMAT,
@@ -179,7 +93,7 @@ def coordinator_state(c: Coordinator) -> dict[str, Any]:
     }
 
 
-def restore(c: Coordinator, state: dict[str, Any], source: str = "") -> None:
+def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     """Continue a run from :func:`coordinator_state` (before any rank registers)."""
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"coordinator state format {state.get('format')!r}")
@@ -205,7 +119,7 @@ def restore(c: Coordinator, state: dict[str, Any], source: str = "") -> None:
     }
 
 
-def buffer_digest(c: Coordinator) -> dict[str, Any]:
+def buffer_digest(c: Run) -> dict[str, Any]:
     """Sample ids and checksums of everything the buffer holds, and the queue."""
     held = sorted(c.data.buffer.samples(), key=lambda t: t.sample_id)
     return {

@@ -8,21 +8,18 @@ the buffer; a failed one (``SampleFailed``) is requeued.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from runtime.config.layout import Role
 from runtime.control import telemetry
+from runtime.control.membership import Outgoing
+from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
 from runtime.data.sample import Request
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
-if TYPE_CHECKING:
-    from runtime.control.coordinator import Coordinator, Outgoing
 
-
-def on_work_request(c: Coordinator, identity: bytes, msg: p.WorkRequest) -> list[Outgoing]:
+def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoing]:
     w = c.known(identity, msg.rank)
     if w is None:
         return []
@@ -50,7 +47,7 @@ def on_work_request(c: Coordinator, identity: bytes, msg: p.WorkRequest) -> list
     return [(identity, p.Work(policy_version=c.policy_version, requests=requests))]
 
 
-def on_sample_done(c: Coordinator, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
+def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
     w = c.known(identity, msg.rank)
     if w is None:
         return []
@@ -85,7 +82,7 @@ def on_sample_done(c: Coordinator, identity: bytes, msg: p.SampleDone) -> list[O
     return []
 
 
-def on_sample_failed(c: Coordinator, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
+def on_sample_failed(c: Run, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:
     w = c.known(identity, msg.rank)
     if w is None:
         return []

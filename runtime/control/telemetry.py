@@ -1,43 +1,23 @@
 """What rank 0 reports: the step's metrics line, ``reflow status``, ``summary.json``.
 
 Read-only views of the coordinator's state (the counters they need are kept in
-:class:`StepCounters`); the server writes them out (runtime/transport/server.py).
+:class:`runtime.control.run.StepCounters`); the server writes them out
+(runtime/transport/server.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runtime.control.replay_buffer import Batch
+from runtime.control.run import Run
 from runtime.data.sample import Trajectory
 from runtime.transport import protocol as p
-
-if TYPE_CHECKING:
-    from runtime.control.coordinator import Coordinator
 
 LEDGER_KEYS = ("dispatched", "delivered", "consumed", "replayed", "evicted", "lost", "duplicated")
 
 
-@dataclass
-class StepCounters:
-    """Running totals between and across steps, for the metrics line and the summary."""
-
-    generated_tokens: int = 0  # tokens of every accepted trajectory
-    tokens_at_last_step: int = 0  # generated_tokens at the previous step
-    tokens_at_first_step: int = 0
-    idle_at_first_step: float = 0.0
-    reward_sum: float = 0.0  # of the samples delivered since the last step
-    delivered: int = 0
-    consumed_total: int = 0
-
-    def delivered_sample(self, reward: float, n_tokens: int) -> None:
-        self.reward_sum += reward
-        self.delivered += 1
-        self.generated_tokens += n_tokens
-
-
-def step_line(c: Coordinator, msg: p.StepDone, batch: Batch | None, now: float) -> dict[str, Any]:
+def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[str, Any]:
     """The metrics line of a finished step, before the coordinator adds its decisions."""
     n = c.counters
     line: dict[str, Any] = {
@@ -78,7 +58,7 @@ def step_line(c: Coordinator, msg: p.StepDone, batch: Batch | None, now: float) 
     return line
 
 
-def resumed_brief(c: Coordinator) -> dict[str, Any] | None:
+def resumed_brief(c: Run) -> dict[str, Any] | None:
     if c.resumed is None:
         return None
     buf = c.resumed["buffer"]
@@ -89,7 +69,7 @@ def resumed_brief(c: Coordinator) -> dict[str, Any] | None:
     }
 
 
-def summary(c: Coordinator) -> dict[str, Any]:
+def summary(c: Run) -> dict[str, Any]:
     """End-of-run figures (``summary.json``)."""
     n = c.counters
     end = c.ended_at if c.ended_at is not None else c.clock()
@@ -132,7 +112,7 @@ def summary(c: Coordinator) -> dict[str, Any]:
     }
 
 
-def status(c: Coordinator) -> dict[str, Any]:
+def status(c: Run) -> dict[str, Any]:
     """``reflow status --json`` (docs/run-folder.md has the schema)."""
     now = c.clock()
     allocator = c.rebalance.allocator

@@ -8,20 +8,17 @@ sync and a pending layout at sync points, a checkpoint every ``train.checkpoint_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from runtime.config.layout import Role
 from runtime.control import lifecycle, telemetry
+from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
+from runtime.control.run import Run
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import RunState
 
-if TYPE_CHECKING:
-    from runtime.control.coordinator import Coordinator, Outgoing
 
-
-def on_step_done(c: Coordinator, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
+def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     w = c.known(identity, msg.rank)
     if w is None or c.state != RunState.RUNNING:
         return []
@@ -85,7 +82,7 @@ def on_step_done(c: Coordinator, identity: bytes, msg: p.StepDone) -> list[Outgo
     return out
 
 
-def mark(c: Coordinator, now: float) -> None:
+def mark(c: Run, now: float) -> None:
     stats = c.data.stats()
     c.rebalance.mark(
         c.step,
@@ -99,7 +96,7 @@ def mark(c: Coordinator, now: float) -> None:
     )
 
 
-def on_batch_request(c: Coordinator, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
+def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgoing]:
     if c.known(identity, msg.rank) is None:
         return []
     if c.state != RunState.RUNNING or c.layout.role_of(msg.rank) != Role.TRAINER:
@@ -124,7 +121,7 @@ def on_batch_request(c: Coordinator, identity: bytes, msg: p.BatchRequest) -> li
     return send_batch(c, identity, batch)
 
 
-def send_batch(c: Coordinator, identity: bytes, batch: Batch) -> list[Outgoing]:
+def send_batch(c: Run, identity: bytes, batch: Batch) -> list[Outgoing]:
     # Every trainer rank gets the batch and trains on its shard (data parallelism);
     # the leader, which asked, reports the step.
     out = wire.batch_message(batch)
@@ -132,7 +129,7 @@ def send_batch(c: Coordinator, identity: bytes, batch: Batch) -> list[Outgoing]:
     return [(identity, out)] + [(i, m) for i, m in others if i != identity]
 
 
-def retry_batches(c: Coordinator) -> list[Outgoing]:
+def retry_batches(c: Run) -> list[Outgoing]:
     retry, c.batch_retry = c.batch_retry, {}
     out: list[Outgoing] = []
     for identity, batch_id in retry.items():

@@ -1,0 +1,97 @@
+"""What rank 0 does with the ranks' own messages: Hello, Ready, Heartbeat, RoleSwitchDone, Bye.
+
+A rank registers (Hello -> Welcome with its role), says it is ready, heartbeats (its state,
+its engine's load for the generation scheduler, acks for the samples it sent), reports a
+finished role switch and leaves (Bye). The books are
+:class:`runtime.control.membership.Membership`.
+"""
+
+from __future__ import annotations
+
+from runtime.config.layout import Role
+from runtime.control.membership import Outgoing, WorkerInfo
+from runtime.control.run import Run
+from runtime.transport import protocol as p
+from runtime.transport.states import TERMINAL, RunState, WorkerState
+
+
+def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
+    if msg.world_size != c.cfg.world_size:
+        c.reject("wrong_world")
+        return []
+    if not c.members.may_register(identity, msg.rank):
+        c.reject("duplicate_rank")
+        return []
+    c.accepted += 1
+    if c.state in TERMINAL or c.state == RunState.STOPPING:
+        return [(identity, p.Stop(reason=f"run is {c.state}"))]
+    role = c.layout.role_of(msg.rank).value
+    c.members.register(identity, msg, role, c.layout_epoch)
+    welcome = p.Welcome(
+        rank=msg.rank,
+        role=role,
+        layout_epoch=c.layout_epoch,
+        heartbeat_interval_s=c.cfg.control.heartbeat_interval_s,
+        roles=[r.value for r in c.layout.roles()],
+    )
+    return [(identity, welcome)]
+
+
+def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
+    if c.state == RunState.STARTING and c.members.all_ready():
+        c.state = RunState.RUNNING
+        if c.policy_version > 0:
+            # Resumed: the rollout engines start from the base model; the leader
+            # restored the checkpoint's weights and broadcasts them before any work.
+            return c.weight_sync()
+    return []
+
+
+def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    if w.state == WorkerState.SWITCHING and msg.layout_epoch == c.layout_epoch:
+        # A rank reports RoleSwitchDone before its next beat; a beat from the new epoch
+        # while we still wait means that report was lost: the beat stands in for it.
+        switched(c, w, msg.role, msg.layout_epoch, None)
+    if w.state not in (WorkerState.STARTING, WorkerState.SWITCHING):
+        w.state, w.role, w.layout_epoch = WorkerState(msg.state), msg.role, msg.layout_epoch
+    w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
+    w.beat_at = c.clock()
+    if msg.role == Role.ROLLOUT.value and c.layout.role_of(msg.rank) == Role.ROLLOUT:
+        c.generation.observe(msg.rank, msg.engine)
+        c.engine_profile.observe(msg.rank, c.clock(), msg.engine)
+    else:
+        c.engine_profile.forget(msg.rank)
+    acked, w.to_ack = w.to_ack[: p.MAX_IDS], w.to_ack[p.MAX_IDS :]  # the rest next beat
+    ack = p.HeartbeatAck(step=c.step, policy_version=c.policy_version, acked=acked)
+    return [(identity, ack)]
+
+
+def on_switch_done(c: Run, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    switched(c, w, msg.role, msg.layout_epoch, msg.duration_s)
+    return []
+
+
+def switched(c: Run, w: WorkerInfo, role: str, epoch: int, duration_s: float | None) -> None:
+    w.role, w.layout_epoch, w.state = role, epoch, WorkerState.IDLE
+    c.rebalance.switched(w.rank, epoch, duration_s)
+
+
+def on_bye(c: Run, identity: bytes, msg: p.Bye) -> list[Outgoing]:
+    w = c.known(identity, msg.rank)
+    if w is None:
+        return []
+    w.state = WorkerState.EXITED
+    if c.state in (RunState.STARTING, RunState.RUNNING):
+        return c.finish(RunState.FAILED, f"rank {msg.rank} left: {msg.reason}")
+    c.check_ended()
+    return []

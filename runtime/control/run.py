@@ -1,0 +1,221 @@
+"""What rank 0 knows of a run, and the few moves every message handler makes.
+
+:class:`Run` is the coordinator's state: the run's own (state, step, policy version), its
+parts' books (:class:`~runtime.control.membership.Membership`,
+:class:`~runtime.control.data_plane.DataPlane`,
+:class:`~runtime.control.rebalance.Rebalancer`,
+:class:`~runtime.control.checkpoints.Checkpoints`, the generation scheduler), the batch in
+flight and the reports. The handlers (registration, rollout_work, training, lifecycle)
+take a ``Run``; :class:`runtime.control.coordinator.Coordinator` is the ``Run`` that
+dispatches messages to them and keeps time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config.layout import Layout, Role, parse_ratio
+from runtime.config.schema import Config
+from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
+from runtime.control.data_plane import DataPlane
+from runtime.control.decode_rates import EngineRateProfile
+from runtime.control.membership import Membership, Outgoing, WorkerInfo
+from runtime.control.rebalance import Rebalancer
+from runtime.control.sample_check import RunBounds
+from runtime.control.scheduling import WindowStats
+from runtime.control.scheduling.concurrency import AimdSettings
+from runtime.control.scheduling.generation import GenerationScheduler
+from runtime.transport import protocol as p
+from runtime.transport.states import TERMINAL, RunState, WorkerState
+
+
+@dataclass
+class StepCounters:
+    """Running totals between and across steps, for the metrics line and the summary."""
+
+    generated_tokens: int = 0  # tokens of every accepted trajectory
+    tokens_at_last_step: int = 0  # generated_tokens at the previous step
+    tokens_at_first_step: int = 0
+    idle_at_first_step: float = 0.0
+    reward_sum: float = 0.0  # of the samples delivered since the last step
+    delivered: int = 0
+    consumed_total: int = 0
+
+    def delivered_sample(self, reward: float, n_tokens: int) -> None:
+        self.reward_sum += reward
+        self.delivered += 1
+        self.generated_tokens += n_tokens
+
+
+class Run:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        run: str,
+        prompts: Iterator[dict[str, Any]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        save_checkpoint: SaveCheckpoint | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        """``vocab_size``: the rollout model's vocabulary, the bound on every token id a
+        sample may carry (None: any non-negative id, as for simulated engines)."""
+        self.cfg = cfg
+        self.run = run
+        self.clock = clock
+        self.wall = wall
+        self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
+        res, sch = cfg.resources, cfg.scheduler
+        assert res.initial_ratio is not None, "config not validated"
+        rollout, trainer = parse_ratio(res.initial_ratio)
+        layout = Layout.from_ratio(
+            rollout,
+            trainer,
+            world_size=cfg.world_size,
+            gpus_per_node=res.gpus_per_node,
+            trainer_group_size=res.trainer_gpus_per_replica,
+            rollout_group_size=res.rollout_gpus_per_replica,
+        )
+        self.state = RunState.STARTING
+        self.reason = ""
+        self.step = 0
+        self.policy_version = 0
+        self.training_started = False
+        self.started_at = clock()
+        self.ended_at: float | None = None
+        self.attempt = 1  # 1 + the number of resumes of this run
+        self.failed_while_training = False
+        self.resumed: dict[str, Any] | None = None
+
+        self.members = Membership(cfg.world_size, clock)
+        self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
+        sigma = cfg.reflow.sigma if self.data.replay_enabled else 0.0
+        self.rebalance = Rebalancer(cfg, layout, clock, sigma)
+        self.ckpt = Checkpoints(save_checkpoint, clock)
+        self.generation = GenerationScheduler(
+            clock,
+            AimdSettings(
+                min_cap=sch.min_concurrency,
+                max_cap=sch.max_concurrency,
+                target_util=sch.target_kv_util,
+            ),
+            interval_s=sch.cap_interval_s,
+            adaptive_caps=sch.adaptive_caps,
+            token_admission=sch.token_admission,
+        )
+        self.engine_profile = EngineRateProfile()
+        self.counters = StepCounters()
+
+        # batches: the one in training, and copies a trainer replica missed
+        self.batch_in_flight: int | None = None
+        self.batch_sent_at = 0.0
+        self.batch_resent = 0
+        self.batch_retry: dict[bytes, int] = {}  # trainer identity -> batch id to send again
+        self._next_overdue_check = 0.0
+        # control-plane accounting
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
+        # reports
+        self.last_metrics: dict[str, float] = {}
+        self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
+        self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
+        self.all_metrics: list[dict[str, Any]] = []
+        self.evals: dict[str, float] = {}
+        self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
+        self.ledger_violations: list[dict[str, Any]] = []
+
+    # --- read by the handlers, the server, the tests and the simulator -----------------
+
+    @property
+    def layout(self) -> Layout:
+        return self.rebalance.layout
+
+    @property
+    def layout_epoch(self) -> int:
+        return self.rebalance.epoch
+
+    @property
+    def workers(self) -> dict[int, WorkerInfo]:
+        return self.members.workers
+
+    @property
+    def auto_rebalance(self) -> bool:
+        return self.rebalance.auto
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.counters.generated_tokens
+
+    @property
+    def checkpoint_pending(self) -> dict[str, Any] | None:
+        return self.ckpt.pending
+
+    @property
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return self.ckpt.records
+
+    def rollout_idle_ratio(self) -> float:
+        return self.members.rollout_idle_ratio()
+
+    # --- the moves every handler makes ------------------------------------------------
+
+    def reject(self, category: str) -> None:
+        self.rejected[category] += 1
+
+    def known(self, identity: bytes, rank: int) -> WorkerInfo | None:
+        """The registered, live worker behind a message, or None (counted) if it is not."""
+        w = self.members.sender(identity, rank)
+        if isinstance(w, str):
+            self.reject(w)
+            return None
+        self.accepted += 1
+        return w
+
+    def window(self) -> WindowStats | None:
+        """The allocator's view of the last steps (tests and benchmarks read it)."""
+        return self.rebalance.window()
+
+    def weight_sync(self) -> list[Outgoing]:
+        """Tell the trainer leader and every rollout rank to run the weight broadcast."""
+        msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
+        return self.members.send(msg, {0, *self.layout.ranks(Role.ROLLOUT)})
+
+    def apply_pending_layout(self) -> list[Outgoing]:
+        """Apply a pending layout at a synchronization point.
+
+        Until training has started every moment is a sync point; afterwards the trainer's
+        step reports at multiples of ``sync_every`` are.
+        """
+        alive = self.members.alive()
+        if not self.rebalance.apply_pending(w.rank for w in alive):
+            return []
+        target = self.layout
+        for w in alive:
+            if w.role != target.role_of(w.rank).value:
+                w.state = WorkerState.SWITCHING
+                # A rank leaving the rollout pool drops its in-flight generations; their
+                # requests go back to the front of the queue, so no sample is lost.
+                self.data.worker_gone(w.rank)
+                self.generation.worker_left(w.rank)
+        roles = [r.value for r in target.roles()]
+        return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
+
+    def finish(self, state: RunState, reason: str) -> list[Outgoing]:
+        if self.state in TERMINAL:
+            return []
+        # A rank lost or failing mid-training is what a restart from the last checkpoint
+        # is for; failing to start (or a bad recipe) would fail the same way again.
+        self.failed_while_training = state == RunState.FAILED and self.training_started
+        self.state, self.reason = state, reason
+        self.ended_at = self.clock()
+        return self.members.send(p.Stop(reason=reason))
+
+    def check_ended(self) -> None:
+        if self.state == RunState.STOPPING and self.members.all_gone():
+            self.state, self.ended_at = RunState.STOPPED, self.clock()
