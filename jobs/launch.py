@@ -24,7 +24,7 @@ from jobs.runs import create_run
 from jobs.slurm import ACTIVE_STATES, job_info, slurm_parameters
 from runtime.config.recipe import dump_config
 from runtime.config.schema import Config
-from runtime.rank.entry import RankMain
+from runtime.entry import RankMain
 from runtime.store import checkpoint
 from runtime.store.checkpoint import CheckpointInfo
 from runtime.store.run_dir import RunPaths, read_json, write_json_atomic
@@ -100,7 +100,7 @@ def submit(cfg: Config, backend: str, name: str | None = None) -> Submitted:
 
 def resume(paths: RunPaths, cfg: Config, backend: str) -> tuple[Submitted, CheckpointInfo]:
     """Start a stopped, failed or preempted run again in its own folder; rank 0 continues
-    from the newest checkpoint that verifies (runtime/rank/entry.py)."""
+    from the newest checkpoint that verifies (runtime/entry.py)."""
     if job_alive(paths):
         raise UserError(f"run {paths.name} is still running; `reflow stop {paths.name}` first")
     info, rejected = checkpoint.latest_valid(paths.checkpoints)

@@ -2,5 +2,5 @@
 
 The coordinator, the data plane (dispatcher, replay buffer, policy version), samplers and
 the generation scheduler and allocator (``scheduling/``). No sockets, no files: the
-ZeroMQ edge is :mod:`runtime.transport.server`.
+ZeroMQ edge is :mod:`runtime.rank.control_server`.
 """

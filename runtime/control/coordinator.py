@@ -1,7 +1,7 @@
 """The rank-0 coordinator: the run's state machine, and the dispatch of every message.
 
 Pure and synchronous, like vLLM's ``EngineCore``: it never touches a socket or the real
-clock. :class:`runtime.transport.server.ControlServer` feeds it frames and sends what it
+clock. :class:`runtime.rank.control_server.ControlServer` feeds it frames and sends what it
 returns; unit tests and the simulator drive it directly with a fake clock.
 
 The coordinator is the :class:`~runtime.control.run.Run` (what rank 0 knows of the run)

@@ -2,7 +2,7 @@
 
 Read-only views of the coordinator's state (the counters they need are kept in
 :class:`runtime.control.run.StepCounters`); the server writes them out
-(runtime/transport/server.py).
+(runtime/rank/control_server.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Rank 0 decides when its run FAILED mid-training (a rank lost or failing): on Slu
 is requeued in place (``scontrol requeue``; the same allocation request, a new attempt);
 locally a detached ``python -m jobs.restart`` waits for this job's processes to end and
 submits the run again. Either way rank 0 of the next attempt resumes from the newest
-checkpoint that verifies (runtime/rank/entry.py).
+checkpoint that verifies (runtime/entry.py).
 """
 
 from __future__ import annotations

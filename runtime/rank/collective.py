@@ -19,7 +19,7 @@ rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the
 ranks wait for that file.
 
 What is not authenticated: the store and gloo's and NCCL's peer connections take no key and
-are not encrypted; CURVE covers only the control plane (runtime/transport/server.py). Anyone
+are not encrypted; CURVE covers only the control plane (runtime/rank/control_server.py). Anyone
 who can reach the store's port while the run is up can read and write its keys, and
 anyone who can reach a gloo or NCCL listening socket can connect to it. So the store listens
 on one address, the one the other ranks connect to (:func:`store_listen_address`), never on

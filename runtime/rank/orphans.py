@@ -13,7 +13,7 @@ the group (vLLM's engine core stops its workers), and SIGKILL to what is left af
 ``GRACE_S``. Processes started in a new session (the sandbox's, the local restart
 helper, which must outlive the rank) are not in the group.
 
-Local runs only (runtime/rank/entry.py): on Slurm the job's process tracking collects what a
+Local runs only (runtime/entry.py): on Slurm the job's process tracking collects what a
 rank leaves, and a rank that changed its process group could escape ``proctrack/pgid``.
 
 A group id stays reserved while the group has members, and the watcher acts within a

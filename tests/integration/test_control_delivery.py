@@ -14,12 +14,12 @@ from jobs.control import ControlClient
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
 from runtime.data.sample import Trajectory
+from runtime.rank.control_server import ControlServer
 from runtime.rank.worker import HybridWorker
 from runtime.store.run_dir import RunPaths
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.auth import CLIENT, SERVER, create_run_keys, load_keypair, secure_client
-from runtime.transport.server import ControlServer
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import zmq
 from jobs.control import ControlClient, ControlUnavailable
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
+from runtime.rank.control_server import ControlServer
 from runtime.store.run_dir import RunPaths, read_json
 from runtime.transport import protocol as p
 from runtime.transport.auth import CLIENT, SERVER, create_run_keys, load_keypair, secure_client
-from runtime.transport.server import ControlServer
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import socket
 
-from runtime.rank.entry import control_endpoint
+from runtime.entry import control_endpoint
 
 
 def test_control_endpoint_is_loopback_locally_and_reachable_on_slurm():

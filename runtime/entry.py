@@ -129,7 +129,7 @@ def rank_main(run_root: str) -> str:
     attempt = attempt_id(os.environ)
     server = None
     if info.rank == 0:
-        from runtime.transport.server import ControlServer
+        from runtime.rank.control_server import ControlServer
 
         # An earlier attempt's rendezvous must not be read by this one's ranks (they read
         # it only after rank 0 has welcomed them, so removing it now is enough).
