@@ -22,13 +22,10 @@ docstring draws them).
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from runtime.config.layout import LayoutError, Role
-from runtime.config.schema import Config
 from runtime.control import lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
@@ -41,47 +38,8 @@ __all__ = ["Coordinator", "Outgoing", "SaveCheckpoint", "WorkerInfo"]
 
 
 class Coordinator(Run):
-    def __init__(
-        self,
-        cfg: Config,
-        *,
-        run: str,
-        prompts: Iterator[dict[str, Any]] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        save_checkpoint: SaveCheckpoint | None = None,
-        vocab_size: int | None = None,
-    ) -> None:
-        super().__init__(
-            cfg,
-            run=run,
-            prompts=prompts,
-            clock=clock,
-            wall=wall,
-            save_checkpoint=save_checkpoint,
-            vocab_size=vocab_size,
-        )
-        on = functools.partial
-        self._handlers: dict[type[p.Message], Callable[[bytes, Any], list[Outgoing]]] = {
-            # the ranks' own
-            p.Hello: on(registration.on_hello, self),
-            p.Ready: on(registration.on_ready, self),
-            p.Heartbeat: on(registration.on_heartbeat, self),
-            p.RoleSwitchDone: on(registration.on_switch_done, self),
-            p.Bye: on(registration.on_bye, self),
-            # rollout work and training steps
-            p.WorkRequest: on(rollout_work.on_work_request, self),
-            p.SampleDone: on(rollout_work.on_sample_done, self),
-            p.SampleFailed: on(rollout_work.on_sample_failed, self),
-            p.BatchRequest: on(training.on_batch_request, self),
-            p.StepDone: on(training.on_step_done, self),
-            p.CheckpointSaved: on(lifecycle.on_checkpoint_saved, self),
-            # clients (reflow status / rebalance / allocator / stop)
-            p.StatusRequest: self._on_status_request,
-            p.RebalanceRequest: self._on_rebalance,
-            p.AllocatorRequest: self._on_allocator,
-            p.StopRequest: self._on_stop_request,
-        }
+    """A :class:`Run` that takes messages (:meth:`on_frames`, :meth:`handle`: each type to
+    its handler in :data:`HANDLERS`) and time (:meth:`tick`), and answers with messages."""
 
     # --- what the server, the tests and the simulator read --------------------------------
 
@@ -112,11 +70,11 @@ class Coordinator(Run):
         return self.handle(identity, msg)
 
     def handle(self, identity: bytes, msg: p.Message) -> list[Outgoing]:
-        handler = self._handlers.get(type(msg))
+        handler = HANDLERS.get(type(msg))
         if handler is None:  # a valid message that only the coordinator sends
             self.reject("unexpected")
             return []
-        return handler(identity, msg)
+        return handler(self, identity, msg)
 
     # --- client requests ---------------------------------------------------------------
 
@@ -267,3 +225,26 @@ class Coordinator(Run):
         assert self.ended_at is not None
         grace_over = self.clock() - self.ended_at > self.cfg.control.stop_grace_s
         return self.members.all_gone() or grace_over
+
+
+Handler = Callable[[Coordinator, bytes, Any], list[Outgoing]]
+HANDLERS: dict[type[p.Message], Handler] = {
+    # the ranks' own
+    p.Hello: registration.on_hello,
+    p.Ready: registration.on_ready,
+    p.Heartbeat: registration.on_heartbeat,
+    p.RoleSwitchDone: registration.on_switch_done,
+    p.Bye: registration.on_bye,
+    # rollout work and training steps
+    p.WorkRequest: rollout_work.on_work_request,
+    p.SampleDone: rollout_work.on_sample_done,
+    p.SampleFailed: rollout_work.on_sample_failed,
+    p.BatchRequest: training.on_batch_request,
+    p.StepDone: training.on_step_done,
+    p.CheckpointSaved: lifecycle.on_checkpoint_saved,
+    # clients (reflow status / rebalance / allocator / stop)
+    p.StatusRequest: Coordinator._on_status_request,
+    p.RebalanceRequest: Coordinator._on_rebalance,
+    p.AllocatorRequest: Coordinator._on_allocator,
+    p.StopRequest: Coordinator._on_stop_request,
+}
