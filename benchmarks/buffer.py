@@ -1,6 +1,6 @@
 """Replay-buffer throughput: insert + sample, against a list + random.sample baseline.
 
-Both sides do the same work per sample: take a finished trajectory in, and hand it out in
+Both sides do the same work per sample: take a finished sample in, and hand it out in
 a batch of ``b``. ReFlow's buffer additionally completes groups (advantages), enforces the
 unused minimum and staleness, and reinserts consumed samples as replay. Run:
 
@@ -17,12 +17,12 @@ import time
 
 from runtime.control.replay_buffer import ReplayBuffer
 from runtime.control.samplers import AcceptAll
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 
 
-def make_samples(n: int, group: int) -> list[Trajectory]:
+def make_samples(n: int, group: int) -> list[Sample]:
     return [
-        Trajectory(
+        Sample(
             sample_id=i,
             group_id=i // group,
             prompt_id=i // group,
@@ -37,7 +37,7 @@ def make_samples(n: int, group: int) -> list[Trajectory]:
     ]
 
 
-def bench_reflow(samples: list[Trajectory], b: int, group: int) -> float:
+def bench_reflow(samples: list[Sample], b: int, group: int) -> float:
     buf = ReplayBuffer(
         batch_size=b, sigma=0.5, delta=1, group_size=group, replay_filter=AcceptAll(), seed=0
     )
@@ -54,9 +54,9 @@ def bench_reflow(samples: list[Trajectory], b: int, group: int) -> float:
     return len(samples) / (time.perf_counter() - start)
 
 
-def bench_baseline(samples: list[Trajectory], b: int) -> float:
+def bench_baseline(samples: list[Sample], b: int) -> float:
     rng = random.Random(0)
-    pool: list[Trajectory] = []
+    pool: list[Sample] = []
     start = time.perf_counter()
     for t in samples:
         pool.append(t)

@@ -14,7 +14,7 @@ from runtime.config.schema import Config
 from runtime.control.dispatcher import Dispatcher
 from runtime.control.replay_buffer import Batch, ReplayBuffer
 from runtime.control.samplers import make_replay_filter, make_sampler
-from runtime.data.sample import Request, Trajectory
+from runtime.data.sample import Request, Sample
 
 
 class DataPlane:
@@ -81,8 +81,8 @@ class DataPlane:
             worker, slots, buffered=buffered, version=self.policy_version, admit=admit
         )
 
-    def deliver(self, t: Trajectory) -> bool:
-        """A finished trajectory from a rollout worker; False (counted) if unexpected."""
+    def deliver(self, t: Sample) -> bool:
+        """A finished sample from a rollout worker; False (counted) if unexpected."""
         req = self.dispatcher.finished(t.sample_id, t.worker)
         if req is None:
             if self.delivered_ids.get(t.sample_id, -2) == t.worker:

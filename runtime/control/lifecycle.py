@@ -12,11 +12,11 @@ from typing import Any
 
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
-from runtime.data.sample import trajectory_digest
+from runtime.data.sample import sample_digest
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
-STATE_FORMAT = 1  # of the coordinator's state in a checkpoint
+STATE_FORMAT = 2  # of the coordinator's state in a checkpoint (2: typed samples, no extra)
 
 
 def request_stop(c: Run, reason: str) -> list[Outgoing]:
@@ -123,7 +123,7 @@ def buffer_digest(c: Run) -> dict[str, Any]:
     """Sample ids and checksums of everything the buffer holds, and the queue."""
     held = sorted(c.data.buffer.samples(), key=lambda t: t.sample_id)
     return {
-        "samples": {str(t.sample_id): trajectory_digest(t) for t in held},
+        "samples": {str(t.sample_id): sample_digest(t) for t in held},
         "pending": [r.sample_id for r in c.data.dispatcher.pending],
         "prompts_drawn": c.data.dispatcher._next_prompt,
     }

@@ -15,7 +15,7 @@ from typing import Any
 from runtime.config.layout import Layout, parse_ratio
 from runtime.config.schema import Config
 from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 
 
 @dataclass
@@ -148,7 +148,7 @@ class Rebalancer:
 
     # --- the allocator -------------------------------------------------------------------
 
-    def count_replay_life(self, fresh: list[Trajectory], policy_version: int) -> None:
+    def count_replay_life(self, fresh: list[Sample], policy_version: int) -> None:
         """How much replay a batch's fresh samples can still supply: each may join the
         later batches of versions up to ``oldest_version + delta`` (the allocator keeps
         rollout ranks that replay could not replace)."""

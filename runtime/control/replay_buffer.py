@@ -14,30 +14,19 @@ older ones are evicted (reason ``stale_unused`` / ``stale_replay``).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from runtime.control.samplers import BatchSampler, RandomSampler, ReplayFilter
-from runtime.data.sample import Phase, Trajectory, trajectory_from_state, trajectory_state
+from runtime.data.sample import Batch, Phase, Sample, sample_from_state, sample_state
+
+__all__ = ["Batch", "ReplayBuffer"]
 
 _TINY = 1e-6
-
-
-@dataclass
-class Batch:
-    batch_id: int
-    policy_version: int
-    samples: list[Trajectory]
-    n_unused: int
-    n_replay: int
-
-    @property
-    def max_age(self) -> int:
-        return max(t.age(self.policy_version) for t in self.samples)
 
 
 class ReplayBuffer:
@@ -62,11 +51,11 @@ class ReplayBuffer:
         self.replay_filter = replay_filter
         self.rng = random.Random(seed)
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
-        self._groups: dict[int, list[Trajectory]] = {}
+        self._groups: dict[int, list[Sample]] = {}
         self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
         self._group_target: dict[int, int] = {}
-        self.unused: dict[int, Trajectory] = {}
-        self.replay: dict[int, Trajectory] = {}
+        self.unused: dict[int, Sample] = {}
+        self.replay: dict[int, Sample] = {}
         self.in_batch: dict[int, Batch] = {}
         self._by_version: dict[int, set[int]] = {}
         self._next_batch = 0
@@ -77,8 +66,8 @@ class ReplayBuffer:
 
     # --- arrival -----------------------------------------------------------------------
 
-    def add(self, t: Trajectory) -> None:
-        """A finished trajectory; it becomes available once its whole group is in."""
+    def add(self, t: Sample) -> None:
+        """A finished sample; it becomes available once its whole group is in."""
         group = self._groups.setdefault(t.group_id, [])
         if t.sample_id in self._ids:
             raise ValueError(f"sample {t.sample_id} delivered twice")
@@ -102,9 +91,7 @@ class ReplayBuffer:
         group = self._groups.pop(group_id)
         self._n_waiting -= len(group)
         self._group_target.pop(group_id, None)
-        rewards = [t.reward for t in group]
-        mean = statistics.fmean(rewards)
-        std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        mean, std = _group_stats(tuple(sorted(t.reward for t in group)))
         for t in group:
             t.advantage = (t.reward - mean) / (std + _TINY)
             t.group_mean_reward = mean
@@ -117,13 +104,13 @@ class ReplayBuffer:
 
     # --- pools -------------------------------------------------------------------------
 
-    def _enter(self, t: Trajectory, src: Phase, dst: Phase, pool: dict[int, Trajectory]) -> None:
+    def _enter(self, t: Sample, src: Phase, dst: Phase, pool: dict[int, Sample]) -> None:
         t.phase = dst
         pool[t.sample_id] = t
         self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
         self.transitions[f"{src.value}->{dst.value}"] += 1
 
-    def _leave_pool(self, t: Trajectory) -> None:
+    def _leave_pool(self, t: Sample) -> None:
         pool = self.unused if t.phase is Phase.AVAILABLE else self.replay
         del pool[t.sample_id]
         bucket = self._by_version[t.oldest_version]
@@ -131,7 +118,7 @@ class ReplayBuffer:
         if not bucket:
             del self._by_version[t.oldest_version]
 
-    def _evict(self, t: Trajectory, src: Phase, reason: str) -> None:
+    def _evict(self, t: Sample, src: Phase, reason: str) -> None:
         t.phase = Phase.EVICTED
         self._ids.discard(t.sample_id)
         self.transitions[f"{src.value}->evicted"] += 1
@@ -195,11 +182,11 @@ class ReplayBuffer:
         if self.in_batch:
             raise ValueError("a batch is in training: checkpoint at a step boundary")
         return {
-            "groups": {str(g): [trajectory_state(t) for t in ts] for g, ts in self._groups.items()},
+            "groups": {str(g): [sample_state(t) for t in ts] for g, ts in self._groups.items()},
             "group_target": {str(g): n for g, n in self._group_target.items()},
             # lists, not maps: the pools' order feeds the sampler, so it must survive
-            "unused": [trajectory_state(t) for t in self.unused.values()],
-            "replay": [trajectory_state(t) for t in self.replay.values()],
+            "unused": [sample_state(t) for t in self.unused.values()],
+            "replay": [sample_state(t) for t in self.replay.values()],
             "rng": _rng_state(self.rng),
             "next_batch": self._next_batch,
             "transitions": dict(self.transitions),
@@ -210,14 +197,14 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         """Replace the contents with a :meth:`state_dict` (same batch size, sigma, delta)."""
         self._groups = {
-            int(g): [trajectory_from_state(d) for d in ts] for g, ts in state["groups"].items()
+            int(g): [sample_from_state(d) for d in ts] for g, ts in state["groups"].items()
         }
         self._group_target = {int(g): int(n) for g, n in state["group_target"].items()}
         self._n_waiting = sum(len(g) for g in self._groups.values())
         self.unused, self.replay, self.in_batch, self._by_version = {}, {}, {}, {}
         for pool, key in ((self.unused, "unused"), (self.replay, "replay")):
             for d in state[key]:
-                t = trajectory_from_state(d)
+                t = sample_from_state(d)
                 pool[t.sample_id] = t
                 self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
         self._ids = {t.sample_id for t in self.samples()}
@@ -236,7 +223,7 @@ class ReplayBuffer:
     def n_waiting_for_group(self) -> int:
         return self._n_waiting
 
-    def samples(self) -> Iterable[Trajectory]:
+    def samples(self) -> Iterable[Sample]:
         """Every sample the buffer holds, in any phase."""
         for group in self._groups.values():
             yield from group
@@ -259,6 +246,15 @@ class ReplayBuffer:
             "evicted": dict(self.evicted),
             "replay_fraction_recent": round(r / (u + r), 4) if u + r else 0.0,
         }
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_stats(rewards: tuple[float, ...]) -> tuple[float, float]:
+    """Mean and population standard deviation of a group's rewards (sorted: both are exact
+    or correctly rounded, so the order does not matter). Cached: rewards are mostly 0/1,
+    so a few groups' values repeat, and ``pstdev`` computes in exact fractions."""
+    std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+    return statistics.fmean(rewards), std
 
 
 def _rng_state(rng: random.Random) -> list:

@@ -23,7 +23,7 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     w = c.known(identity, msg.rank)
     if w is None:
         return []
-    requests = []
+    requests: list[Request] = []
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         gen = c.generation
         running = c.data.dispatcher.running_at(msg.rank)
@@ -35,16 +35,9 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
             prompt_ids = r.prompt.get("prompt_ids") or ()
             return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids))
 
-        for r in c.data.request_work(msg.rank, slots, admit) if slots else []:
-            requests.append(
-                {
-                    "sample_id": r.sample_id,
-                    "group_id": r.group_id,
-                    "prompt_id": r.prompt_id,
-                    "prompt": r.prompt,
-                }
-            )
-    return [(identity, p.Work(policy_version=c.policy_version, requests=requests))]
+        if slots:
+            requests = c.data.request_work(msg.rank, slots, admit)
+    return [(identity, wire.work_message(requests, c.policy_version))]
 
 
 def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:
@@ -54,20 +47,10 @@ def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]
     # Whatever becomes of it, rank 0 has decided: the rank may forget it (sending it
     # again would not change the decision).
     w.to_ack.append(msg.sample_id)
-    t = wire.trajectory(msg)
+    t = wire.sample(msg)
     entry = c.data.dispatcher.outstanding.get(t.sample_id)
     if entry is not None and entry[1] == msg.rank:
-        why = sample_problem(
-            token_ids=t.token_ids,
-            logprobs=t.logprobs,
-            versions=t.versions,
-            extra=t.extra,
-            reward=t.reward,
-            ids=(t.group_id, t.prompt_id),
-            request=entry[0],
-            policy_version=c.policy_version,
-            bounds=c.bounds,
-        )
+        why = sample_problem(t, entry[0], policy_version=c.policy_version, bounds=c.bounds)
         if why is not None:
             c.data.refuse(t.sample_id, msg.rank, why)
             c.generation.finished(t.sample_id, None)

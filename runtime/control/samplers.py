@@ -3,16 +3,16 @@
 A user sampler is any class with this signature, constructed without arguments::
 
     class MySampler:
-        def accept_group(self, group: Sequence[Trajectory]) -> bool:
+        def accept_group(self, group: Sequence[Sample]) -> bool:
             '''Called once when a group completes; False evicts it ("sampler_rejected").'''
-        def select(self, pool: Sequence[Trajectory], k: int, rng: random.Random
-                   ) -> list[Trajectory]:
+        def select(self, pool: Sequence[Sample], k: int, rng: random.Random
+                   ) -> list[Sample]:
             '''Up to k distinct members of pool (unused or replay samples).'''
 
 and a replay filter::
 
     class MyFilter:
-        def keep(self, sample: Trajectory) -> bool:
+        def keep(self, sample: Sample) -> bool:
             '''After training on it: True puts the sample back as a replay sample.'''
 
 Recipes name them as ``reflow.sampler: mypkg.mymod:MySampler`` (or ``mypkg.mymod.MySampler``).
@@ -25,28 +25,26 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 
 
 class BatchSampler(Protocol):
-    def accept_group(self, group: Sequence[Trajectory]) -> bool: ...
+    def accept_group(self, group: Sequence[Sample]) -> bool: ...
 
-    def select(
-        self, pool: Sequence[Trajectory], k: int, rng: random.Random
-    ) -> list[Trajectory]: ...
+    def select(self, pool: Sequence[Sample], k: int, rng: random.Random) -> list[Sample]: ...
 
 
 class ReplayFilter(Protocol):
-    def keep(self, sample: Trajectory) -> bool: ...
+    def keep(self, sample: Sample) -> bool: ...
 
 
 class RandomSampler:
     """Uniform over the pool; every completed group is accepted."""
 
-    def accept_group(self, group: Sequence[Trajectory]) -> bool:
+    def accept_group(self, group: Sequence[Sample]) -> bool:
         return True
 
-    def select(self, pool: Sequence[Trajectory], k: int, rng: random.Random) -> list[Trajectory]:
+    def select(self, pool: Sequence[Sample], k: int, rng: random.Random) -> list[Sample]:
         if k >= len(pool):
             return list(pool)
         return rng.sample(pool, k)
@@ -56,13 +54,13 @@ class MediumRewardSampler(RandomSampler):
     """Only groups whose mean reward is strictly between 0 and 1 (they carry a gradient
     signal under group-normalised advantages); the others are evicted on completion."""
 
-    def accept_group(self, group: Sequence[Trajectory]) -> bool:
+    def accept_group(self, group: Sequence[Sample]) -> bool:
         mean = sum(t.reward for t in group) / len(group)
         return 0.0 < mean < 1.0
 
 
 class AcceptAll:
-    def keep(self, sample: Trajectory) -> bool:
+    def keep(self, sample: Sample) -> bool:
         return True
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 from runtime.transport import protocol as p
 
 LEDGER_KEYS = ("dispatched", "delivered", "consumed", "replayed", "evicted", "lost", "duplicated")
@@ -32,9 +32,7 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
             max_sample_age=batch.max_age,
             reward_mean=sum(t.reward for t in batch.samples) / len(batch.samples),
             # rewards that crashed or timed out (scored 0, recorded by the agent)
-            reward_failures=sum(
-                1 for t in batch.samples if t.extra.get("info", {}).get("reward_error")
-            ),
+            reward_failures=sum(1 for t in batch.samples if t.info.get("reward_error")),
             tokens=sum(t.n_valid for t in batch.samples),
         )
     if n.delivered:  # every group, before a sampler drops any: the policy's own reward
@@ -151,7 +149,7 @@ def status(c: Run) -> dict[str, Any]:
     }
 
 
-def sample_record(t: Trajectory, rank: int) -> dict[str, Any]:
+def sample_record(t: Sample, rank: int) -> dict[str, Any]:
     """One line of ``samples.jsonl`` (``logging.samples``)."""
     return {
         "sample_id": t.sample_id,
@@ -160,8 +158,8 @@ def sample_record(t: Trajectory, rank: int) -> dict[str, Any]:
         "reward": t.reward,
         "n_valid": t.n_valid,
         "versions": [list(v) for v in t.versions],
-        "prompt_ids": t.extra.get("prompt_ids", []),
+        "prompt_ids": list(t.prompt_token_ids),
         "token_ids": list(t.token_ids),
-        "loss_mask": t.extra.get("loss_mask"),
-        "info": t.extra.get("info", {}),
+        "loss_mask": None if t.loss_mask is None else list(t.loss_mask),
+        "info": t.info,
     }

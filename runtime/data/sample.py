@@ -1,7 +1,8 @@
 """A sample's data and its lifecycle.
 
-One *request* (a prompt to complete) becomes one *trajectory* (the completion with its
-metadata). GRPO groups ``n`` requests of one prompt under one ``group_id``.
+One *request* (a prompt to complete) becomes one *sample* (the completion with its
+metadata): a :class:`Sample` from the rollout engine to the trainer, which trains on a
+:class:`Batch` of them. GRPO groups ``n`` requests of one prompt under one ``group_id``.
 
 Lifecycle (every transition is counted by :class:`runtime.control.replay_buffer.ReplayBuffer`
 and :class:`runtime.control.dispatcher.Dispatcher`)::
@@ -34,8 +35,12 @@ class Phase(str, Enum):
     RETIRED = "retired"  # trained on and not kept for replay
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
+    """A prompt to complete, as rank 0 queues and dispatches it and a rollout rank runs it.
+    Read-only by convention (the dispatcher makes a new one per hand-out); not a frozen
+    dataclass, which costs four times as much to create on this hot path."""
+
     sample_id: int
     group_id: int
     prompt_id: int
@@ -44,26 +49,37 @@ class Request:
     admitted_version: int = 0
 
 
-@dataclass(slots=True)
-class Trajectory:
+@dataclass(slots=True, kw_only=True)
+class Sample:
+    """One finished completion of one request: the same type on the rollout rank that made
+    it, at rank 0 (buffer, checkpoints, ``samples.jsonl``) and on the trainer ranks. The
+    wire carries these fields explicitly (:mod:`runtime.transport.frames`)."""
+
     sample_id: int
     group_id: int
-    prompt_id: int
+    prompt_id: int  # the prompt's index in the run's prompt stream
     # (policy_version, first_token, end_token) per span: a partial rollout resumed after a
     # weight sync has several spans. Staleness counts the oldest.
     versions: list[tuple[int, int, int]]
-    token_ids: Sequence[int]  # a list, or at rank 0 the array that came over the wire
-    logprobs: Sequence[float]
+    prompt_token_ids: Sequence[int] = ()  # the prompt as the engine saw it (none: synthetic)
+    # The response: a list, or at rank 0 the typed arrays that came over the wire.
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]  # behaviour log-probs, one per response token
+    # 1 for the response tokens trained on (the model's), 0 for those it did not write
+    # (tool output, feedback between turns). None: the first ``n_valid`` tokens.
+    loss_mask: Sequence[int] | None = None
+    n_valid: int  # response tokens trained on: sum(loss_mask), or the prefix length
     reward: float
-    n_valid: int
-    worker: int
+    # Free-form JSON diagnostics from the workload (e.g. ``reward_error``), logged only.
+    info: dict[str, Any] = field(default_factory=dict)
+    worker: int = -1  # the rank that generated it (-1: not known here)
     dispatched_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Set at rank 0 when the sample's group completes (runtime/control/replay_buffer.py).
     advantage: float = 0.0
     group_mean_reward: float = 0.0
-    replay_count: int = 0
+    replay_count: int = 0  # batches it was trained in before this one
     phase: Phase = Phase.FINISHED
 
     @property
@@ -79,22 +95,40 @@ class Trajectory:
         return current_version - self.oldest_version
 
 
-def trajectory_state(t: Trajectory) -> dict[str, Any]:
-    """A trajectory as plain data (msgpack-able), for checkpoints."""
+@dataclass(slots=True)
+class Batch:
+    """A training batch: ``n_unused`` fresh samples, then ``n_replay`` replayed ones. Rank 0's
+    buffer makes it; the trainer ranks get the same type from the wire."""
+
+    batch_id: int
+    policy_version: int
+    samples: list[Sample]
+    n_unused: int
+    n_replay: int
+
+    @property
+    def max_age(self) -> int:
+        return max(t.age(self.policy_version) for t in self.samples)
+
+
+def sample_state(t: Sample) -> dict[str, Any]:
+    """A sample as plain data (msgpack-able), for checkpoints."""
     return {
         "sample_id": t.sample_id,
         "group_id": t.group_id,
         "prompt_id": t.prompt_id,
         "versions": [list(v) for v in t.versions],
+        "prompt_token_ids": list(t.prompt_token_ids),
         "token_ids": list(t.token_ids),
         "logprobs": list(t.logprobs),
-        "reward": t.reward,
+        "loss_mask": None if t.loss_mask is None else list(t.loss_mask),
         "n_valid": t.n_valid,
+        "reward": t.reward,
+        "info": t.info,
         "worker": t.worker,
         "dispatched_at": t.dispatched_at,
         "started_at": t.started_at,
         "finished_at": t.finished_at,
-        "extra": t.extra,
         "advantage": t.advantage,
         "group_mean_reward": t.group_mean_reward,
         "replay_count": t.replay_count,
@@ -102,8 +136,10 @@ def trajectory_state(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def trajectory_from_state(d: dict[str, Any]) -> Trajectory:
-    return Trajectory(
+def sample_from_state(d: dict[str, Any]) -> Sample:
+    """The inverse of :func:`sample_state` (a checkpoint from before typed samples, whose
+    samples had an ``extra`` map, does not load: its coordinator state format is older)."""
+    return Sample(
         **{
             **d,
             "versions": [(int(a), int(b), int(c)) for a, b, c in d["versions"]],
@@ -127,12 +163,14 @@ def request_from_state(d: dict[str, Any]) -> Request:
     return Request(**d)
 
 
-def trajectory_digest(t: Trajectory) -> str:
-    """A checksum of what a sample is (ids, tokens, log-probs, reward, version spans), to
-    compare a buffer before a crash with the one restored from its checkpoint."""
+def sample_digest(t: Sample) -> str:
+    """A checksum of what a sample is (ids, prompt, tokens, log-probs, loss mask, reward,
+    version spans), to compare a buffer before a crash with the one restored from its
+    checkpoint."""
     h = hashlib.sha256()
     h.update(struct.pack("<3q", t.sample_id, t.group_id, t.prompt_id))
-    h.update(struct.pack(f"<{len(t.token_ids)}q", *t.token_ids))
+    for values in (t.prompt_token_ids, t.token_ids, t.loss_mask or ()):
+        h.update(struct.pack(f"<q{len(values)}q", len(values), *values))
     h.update(struct.pack(f"<{len(t.logprobs)}d", *t.logprobs))
     h.update(struct.pack("<dq", t.reward, t.n_valid))
     for span in t.versions:

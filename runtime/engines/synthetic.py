@@ -2,9 +2,11 @@
 
 ``SyntheticRollout`` stands in for an LLM engine: each request "generates" a long-tailed
 number of tokens (log-normal, p99/p50 about 6) at a fixed per-token time, with random
-token ids and log-probs, and a 0/1 reward from a per-prompt success rate. It tracks policy
-versions like a real engine does across a weight sync: a generation that spans a version
-change records two spans (partial rollout).
+token ids and log-probs, and a 0/1 reward from a per-prompt success rate, with the response
+lengths of runtime/data/lengths.py (the simulator's model too). It talks to rank 0 through
+the rollout pull loop every rollout engine shares (runtime/rank/rollout_loop.py), and
+tracks policy versions like a real engine does across a weight sync: a generation that
+spans a version change records a span per version (partial rollout).
 
 ``SyntheticTrainer`` asks rank 0's buffer for batches and takes a real optimiser step of a
 tiny torch policy with the ReFlow loss (replay weights from the batch), then reports the
@@ -19,12 +21,14 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.config.schema import Config
-from runtime.data.sample import Trajectory
-from runtime.rank.sides import BatchConsumer, LinkedSide
+from runtime.data.lengths import synthetic_lengths
+from runtime.data.sample import Request, Sample
+from runtime.rank.rollout_loop import RolloutSide, Spans
+from runtime.rank.sides import BatchConsumer
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 
@@ -37,130 +41,74 @@ def synthetic_prompts(seed: int) -> Iterator[dict[str, Any]]:
         yield {"id": i, "success_rate": round(rng.random(), 3)}
 
 
-class _SyntheticSide(LinkedSide):
-    def __init__(self, cfg: Config, rank: int) -> None:
-        super().__init__(cfg, rank)
-        self.cfg: Config = cfg
-        self.version = 0
-
-
 @dataclass
 class _Generation:
-    request: dict[str, Any]
+    request: Request
     n_tokens: int
     started: float
     done_at: float
-    spans: list[list[int]] = field(default_factory=list)  # [version, first, end]
+    spans: Spans
 
 
-def length_multiplier(schedule: list[tuple[int, float]], version: int) -> float:
-    """Piecewise-linear multiplier of the response length at a policy version (a workload
-    whose responses grow, then shrink, drives the allocator in tests)."""
-    if not schedule:
-        return 1.0
-    if version <= schedule[0][0]:
-        return schedule[0][1]
-    for (v0, m0), (v1, m1) in itertools.pairwise(schedule):
-        if version <= v1:
-            return m0 + (m1 - m0) * (version - v0) / max(v1 - v0, 1)
-    return schedule[-1][1]
-
-
-class SyntheticRollout(_SyntheticSide):
+class SyntheticRollout(RolloutSide[_Generation]):
     name = "rollout"
 
     def __init__(self, cfg: Config, rank: int) -> None:
         super().__init__(cfg, rank)
+        self.cfg: Config = cfg
+        self.version = 0
         self.slots = min(cfg.scheduler.max_concurrency, 16)
         self.token_time_s = cfg.engine.synthetic_token_s
-        self.schedule = sorted((int(k), v) for k, v in cfg.engine.synthetic_length_schedule.items())
+        self.lengths = synthetic_lengths(
+            cfg.workload.max_response_tokens, cfg.engine.synthetic_length_schedule
+        )
         self.rng = random.Random(cfg.train.seed * 1000 + rank)
-        self.running: dict[int, _Generation] = {}
         self.delivered = 0
 
-    def deactivate(self) -> None:
-        # Leaving the rollout pool: in-flight work is dropped; the coordinator requeues it.
-        self.active = False
-        self.running.clear()
-        self._asked = False
-
-    @property
-    def state(self) -> str:
-        return "busy" if self.running else "idle"
-
-    def _median(self) -> float:
-        cap = self.cfg.workload.max_response_tokens
-        return cap / 8 * length_multiplier(self.schedule, self.version)
-
-    def _length(self) -> int:
-        cap = self.cfg.workload.max_response_tokens
-        return max(1, min(cap, int(self.rng.lognormvariate(math.log(self._median()), 0.8))))
-
-    def _free_slots(self) -> int:
-        free = self.slots - len(self.running)
+    def free_slots(self) -> int:
+        running = self.loop.running
+        free = self.slots - len(running)
         budget = self.cfg.engine.synthetic_kv_tokens
         if budget:  # a KV cache holds so many tokens: long responses, fewer at once
-            expected = self._median() * math.exp(0.8**2 / 2)  # log-normal mean
-            held = sum(g.n_tokens for g in self.running.values())
-            free = min(free, int((budget - held) // expected))
+            held = sum(g.n_tokens for g in running.values())
+            free = min(free, int((budget - held) // self.lengths.mean(self.version)))
         return free
 
-    def _set_version(self, version: int, now: float) -> None:
-        if version <= self.version:
-            return
-        for g in self.running.values():
-            done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
-            last = g.spans[-1]
-            if done > last[1]:  # close the span at the tokens generated so far
-                last[2] = done
-                g.spans.append([version, done, done])
-            else:
-                last[0] = version
-        self.version = version
+    def observe(self, msg: p.Message, now: float) -> None:
+        """Rank 0's policy version is this engine's: a generation that spans a change
+        records a span per version (partial rollout)."""
+        if isinstance(msg, (p.Work, p.HeartbeatAck)) and msg.policy_version > self.version:
+            for g in self.loop.running.values():
+                done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
+                g.spans.sync(msg.policy_version, done)
+            self.version = msg.policy_version
 
-    def on_message(self, msg: p.Message) -> None:
-        now = time.monotonic()
-        if isinstance(msg, (p.Work, p.HeartbeatAck)):
-            self._set_version(msg.policy_version, now)
-        if isinstance(msg, p.Work):
-            self._asked = False
-            if not msg.requests:  # nothing admissible now: do not spin on the coordinator
-                self._retry_at = now + 0.05
-            for req in msg.requests:
-                if req["sample_id"] in self.running:
-                    continue  # handed back after a timeout while our copy still runs
-                n = self._length()
-                self.running[req["sample_id"]] = _Generation(
-                    req, n, now, now + n * self.token_time_s, [[self.version, 0, 0]]
-                )
+    def start(self, req: Request, now: float) -> _Generation:
+        n = self.lengths.draw(self.rng, self.version)
+        return _Generation(req, n, now, now + n * self.token_time_s, Spans(self.version))
 
-    def step(self) -> None:
-        if not self.active:
-            return
-        now = time.monotonic()
-        for sid in [s for s, g in self.running.items() if g.done_at <= now]:
-            g = self.running.pop(sid)
-            g.spans[-1][2] = g.n_tokens
+    def reap(self, now: float) -> None:
+        running = self.loop.running
+        for sid in [s for s, g in running.items() if g.done_at <= now]:
+            g = running.pop(sid)
             req = g.request
-            rate = float(req["prompt"].get("success_rate", 0.5))
-            t = Trajectory(
-                sample_id=sid,
-                group_id=req["group_id"],
-                prompt_id=req["prompt_id"],
-                versions=[(s[0], s[1], s[2]) for s in g.spans],
-                token_ids=[self.rng.randrange(VOCAB) for _ in range(g.n_tokens)],
-                logprobs=[-math.log(VOCAB)] * g.n_tokens,
-                reward=float(self.rng.random() < rate),
-                n_valid=g.n_tokens,
-                worker=self.rank,
-                started_at=g.started,
-                finished_at=now,
+            rate = float(req.prompt.get("success_rate", 0.5))
+            self.loop.finished(
+                Sample(
+                    sample_id=sid,
+                    group_id=req.group_id,
+                    prompt_id=req.prompt_id,
+                    versions=g.spans.close(g.n_tokens),
+                    token_ids=[self.rng.randrange(VOCAB) for _ in range(g.n_tokens)],
+                    logprobs=[-math.log(VOCAB)] * g.n_tokens,
+                    reward=float(self.rng.random() < rate),
+                    n_valid=g.n_tokens,
+                    worker=self.rank,
+                    started_at=g.started,
+                    finished_at=now,
+                )
             )
-            self._send(wire.sample_done(t, self.rank))
             self.delivered += 1
-        free = self._free_slots()
-        if free > 0 and self._may_ask(now):
-            self._ask(p.WorkRequest(rank=self.rank, slots=free), now)
 
 
 class SyntheticTrainer(BatchConsumer):
@@ -232,16 +180,16 @@ class SyntheticTrainer(BatchConsumer):
         if not self.leader:
             return  # one replica, no process group: the other trainer ranks stand by
         start = time.perf_counter()
-        samples = wire.batch_samples(msg)
-        width = max(len(s["token_ids"]) for s in samples)
+        samples = wire.batch(msg).samples
+        width = max(len(s.token_ids) for s in samples)
         tokens = torch.zeros(len(samples), width + 1, dtype=torch.long)
         behavior = torch.zeros(len(samples), width)
         mask = torch.zeros(len(samples), width)
         for i, s in enumerate(samples):
-            n = len(s["token_ids"])
-            tokens[i, 1 : n + 1] = torch.tensor(s["token_ids"])
-            behavior[i, :n] = torch.tensor(s["logprobs"])
-            mask[i, : s["n_valid"]] = 1
+            n = len(s.token_ids)
+            tokens[i, 1 : n + 1] = torch.tensor(s.token_ids)
+            behavior[i, :n] = torch.tensor(s.logprobs)
+            mask[i, : s.n_valid] = 1
         logits = self._model(tokens[:, :-1])
         logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
         loss, stats = batch_loss(logp, behavior, mask, samples, self.cfg)
@@ -250,7 +198,7 @@ class SyntheticTrainer(BatchConsumer):
         self._opt.step()
         # Simulated data parallelism: the compute a real trainer would do, shared by the
         # trainer ranks (only the leader computes here).
-        tokens = sum(s["n_valid"] for s in samples)
+        tokens = sum(s.n_valid for s in samples)
         time.sleep(tokens * self.cfg.engine.synthetic_train_token_s / self.trainer_ranks)
         self.step_no += 1
         self.version = max(self.version, msg.policy_version) + 1

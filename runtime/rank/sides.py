@@ -6,7 +6,9 @@ wakes a side (engine wake-up, weights onto the device), ``deactivate`` puts it t
 and returns quickly so the worker can keep heartbeating and hear commands.
 
 Sides are looked up by the names in the recipe's ``engine`` section through
-:mod:`runtime.engines.registry`.
+:mod:`runtime.engines.registry`. Rollout sides pull work through the shared loop of
+:mod:`runtime.rank.rollout_loop`; trainer sides pull batches as a :class:`BatchConsumer`;
+both ask rank 0 through a :class:`PullGate`.
 """
 
 from __future__ import annotations
@@ -105,9 +107,41 @@ def placeholder_trainer(
     return PlaceholderSide("trainer")
 
 
+class PullGate:
+    """When a rank may ask rank 0 for something (work, a batch): one request unanswered at a
+    time, asked again once its answer is ``REASK_S`` overdue (lost), and not before the
+    time a "nothing now" answer said to wait. Pure logic: the caller passes the clock."""
+
+    __slots__ = ("asked", "asked_at", "retry_at")
+
+    def __init__(self) -> None:
+        self.asked = False  # a request is unanswered
+        self.asked_at = 0.0
+        self.retry_at = 0.0  # after a "nothing now" answer, ask again from then on
+
+    def may_ask(self, now: float) -> bool:
+        return (not self.asked or now - self.asked_at > REASK_S) and now >= self.retry_at
+
+    def ask(self, send: Send, msg: Message, now: float) -> bool:
+        """Send ``msg``; whether it went out. Marked asked first: an answer may come back
+        within ``send`` (the simulator answers at once)."""
+        self.asked, self.asked_at = True, now
+        sent = bool(send(msg))
+        if not sent:
+            self.asked = False
+        return sent
+
+    def answered(self, wait_until: float = 0.0) -> None:
+        """The answer came; ask again from ``wait_until`` on."""
+        self.asked, self.retry_at = False, wait_until
+
+    def reset(self) -> None:
+        self.asked, self.retry_at = False, 0.0
+
+
 class LinkedSide:
-    """Base of the sides that talk to rank 0: the send function, the rank, an on/off
-    switch and the request bookkeeping they all need."""
+    """Base of the sides that talk to rank 0: the send function, the rank and an on/off
+    switch."""
 
     name = ""
 
@@ -115,9 +149,6 @@ class LinkedSide:
         self.cfg = cfg
         self.rank = rank
         self.active = False
-        self._asked = False  # a request to rank 0 is unanswered
-        self._asked_at = 0.0
-        self._retry_at = 0.0  # after a "nothing now" answer, ask again from then on
         self._send: Send = lambda m: None
 
     def attach(self, send: Send, rank: int) -> None:
@@ -135,13 +166,6 @@ class LinkedSide:
     def close(self) -> None:
         self.active = False
 
-    def _may_ask(self, now: float) -> bool:
-        """No request unanswered (or its answer overdue), and not told to wait."""
-        return (not self._asked or now - self._asked_at > REASK_S) and now >= self._retry_at
-
-    def _ask(self, msg: Message, now: float) -> None:
-        self._asked, self._asked_at = bool(self._send(msg)), now
-
 
 class BatchConsumer(LinkedSide, abc.ABC):
     """A trainer side: its leader pulls batches from rank 0 one at a time.
@@ -154,10 +178,15 @@ class BatchConsumer(LinkedSide, abc.ABC):
 
     name = "trainer"
     retry_s = 0.05  # after "no batch yet"
+    last_batch_id = -1  # the newest batch this rank trained
+
+    def __init__(self, cfg: object, rank: int) -> None:
+        super().__init__(cfg, rank)
+        self.gate = PullGate()
 
     @property
     def state(self) -> str:
-        return "busy" if self._asked else "idle"
+        return "busy" if self.gate.asked else "idle"
 
     @property
     def leader(self) -> bool:
@@ -176,21 +205,20 @@ class BatchConsumer(LinkedSide, abc.ABC):
         if isinstance(msg, p.HeartbeatAck):
             self.observe(msg.step, msg.policy_version)
         elif isinstance(msg, p.BatchWait):
-            self._asked = False
-            self._retry_at = time.monotonic() + self.retry_s
+            self.gate.answered(time.monotonic() + self.retry_s)
         elif isinstance(msg, p.Batch):
-            self._asked = False
+            self.gate.answered()
             if msg.batch_id <= self.last_batch_id:
                 return  # sent again after a lost one; this rank has trained it
             self.train_batch(msg)
             self.last_batch_id = msg.batch_id
-
-    last_batch_id = -1  # the newest batch this rank trained
 
     def step(self) -> None:
         if not (self.active and self.leader):
             return
         self.before_request()
         now = time.monotonic()
-        if self._may_ask(now):
-            self._ask(p.BatchRequest(rank=self.rank, last_batch_id=self.last_batch_id), now)
+        if self.gate.may_ask(now):
+            self.gate.ask(
+                self._send, p.BatchRequest(rank=self.rank, last_batch_id=self.last_batch_id), now
+            )

@@ -10,7 +10,8 @@ GPU), weight syncs and role switches (fixed times), and the workload (response l
 drifting over training, tool calls between turns), from :mod:`runtime.sim.parameters`.
 
 Each simulated rank answers the coordinator as a real one would: a rollout replica's
-leader asks for work up to its sequence limit and reports finished samples; the trainer
+leader runs the real rollout pull loop (:class:`runtime.rank.rollout_loop.RolloutLoop`),
+asking for work up to its sequence limit and reporting finished samples; the trainer
 leader asks for batches and reports steps after the modelled training time; every rank
 heartbeats (with its engine's load) and acknowledges role switches after the switch time.
 """
@@ -24,6 +25,7 @@ import itertools
 import math
 import random
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,10 +33,11 @@ from typing import Any
 from runtime.config.layout import Role
 from runtime.config.schema import Config
 from runtime.control.coordinator import Coordinator
+from runtime.data.sample import Sample
+from runtime.rank.rollout_loop import RolloutLoop
 from runtime.sim.parameters import ModelProfile, WorkloadProfile
 from runtime.sim.replica import RolloutReplica
 from runtime.transport import protocol as p
-from runtime.transport.frames import pack
 
 
 def sim_config(cfg: Config) -> Config:
@@ -60,13 +63,14 @@ class SimStalled(RuntimeError):
 
 
 @dataclass
-class _Sample:
+class _Generation:
+    """A request in flight on a simulated replica (its pull loop's handle for it)."""
+
     prompt_blocks: int
     turns: list[int]  # blocks to generate per turn
     version: int  # policy version when dispatched
     group_id: int
     prompt_id: int
-    replica: int
     dispatched_at: float
     turn: int = 0
     context: int = 0  # blocks generated in earlier turns
@@ -101,6 +105,7 @@ class SimCluster:
     ) -> None:
         self.cfg = sim_config(cfg)
         self.model, self.workload = model, workload
+        self.lengths = workload.lengths
         self.block = block
         self.heartbeat_s = heartbeat_s
         self.max_seqs = max_seqs or cfg.engine.max_num_seqs  # per rollout replica
@@ -119,12 +124,12 @@ class SimCluster:
         self.roles: list[str] = []
         self.epoch = 0
         self.replicas: dict[int, RolloutReplica] = {}  # leader rank -> replica
+        self.loops: dict[int, RolloutLoop[_Generation]] = {}  # leader rank -> its pull loop
         self._replica_event: dict[int, int] = {}  # leader -> token of its scheduled event
         # Leaders whose last work request got nothing (B_max, staleness, a barrier, the
         # token budget), oldest first. They ask again when something that lifts those
         # limits happens: a step (all), a delivery (the oldest one), the periodic tick.
         self._blocked: dict[int, None] = {}
-        self.samples: dict[int, _Sample] = {}
         self.version = 0
         self.trainer_busy_until = 0.0
         self.trainer_waiting = False
@@ -141,7 +146,7 @@ class SimCluster:
         self._accounted: dict[int, float] = {}
         self.finished = False
         self.placements: list[tuple[float, int, str]] = []
-        self._blobs: dict[int, tuple[bytes, bytes]] = {}
+        self._arrays: dict[int, tuple[array, array]] = {}
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             p.Work: self._on_work,
             p.Batch: self._on_batch,
@@ -165,9 +170,10 @@ class SimCluster:
         for i in itertools.count():
             yield {"prompt_ids": self._prompt_ids, "index": i}
 
-    def _send(self, rank: int, msg: p.Message) -> None:
+    def _send(self, rank: int, msg: p.Message) -> bool:
         for identity, out in self.coord.handle(self.ident[rank], msg):
             self._deliver(self._rank_of[identity], out)
+        return True
 
     def _progress(self) -> float:
         return self.coord.step / max(self.cfg.train.steps, 1)
@@ -186,30 +192,31 @@ class SimCluster:
         self.finished = True
 
     def _on_work(self, rank: int, msg: p.Work) -> None:
-        replica = self.replicas.get(rank)
-        if replica is None:
+        replica, loop = self.replicas.get(rank), self.loops.get(rank)
+        if replica is None or loop is None:
             return
+        requests = loop.take(msg, self.now)
         if not msg.requests:
-            # Nothing now (B_max, staleness, a barrier): ask again a little later, and at
-            # every step (what a step frees is what the barriers wait for).
+            # Nothing now (B_max, staleness, a barrier): real ranks ask again a moment
+            # later; here the blocked ones ask when something that lifts those limits
+            # happens (a step, a delivery, the periodic tick).
             self._blocked[rank] = None
             return
         self._blocked.pop(rank, None)
-        for req in msg.requests:
-            sid = req["sample_id"]
-            total = self.workload.response_tokens(self.rng, self._progress())
-            n_turns = self.workload.turns
+        n_turns, prompt_blocks = self.workload.turns, len(self._prompt_ids)
+        progress = self._progress()
+        for req in requests:
+            total = self.lengths.draw(self.rng, progress)
             per = [max(1, total // n_turns // self.block)] * n_turns
-            self.samples[sid] = _Sample(
-                prompt_blocks=len(self._prompt_ids),
+            loop.running[req.sample_id] = _Generation(
+                prompt_blocks=prompt_blocks,
                 turns=per,
                 version=msg.policy_version,
-                group_id=req["group_id"],
-                prompt_id=req["prompt_id"],
-                replica=rank,
+                group_id=req.group_id,
+                prompt_id=req.prompt_id,
                 dispatched_at=self.now,
             )
-            replica.submit(sid, len(self._prompt_ids), per[0])
+            replica.submit(req.sample_id, prompt_blocks, per[0])
         self._replica_events(rank, replica)
 
     def _on_batch(self, rank: int, msg: p.Batch) -> None:
@@ -293,16 +300,21 @@ class SimCluster:
         for gone in set(self.replicas) - leaders:
             # the coordinator requeued its requests; whatever it was generating is dropped
             del self.replicas[gone]
+            self.loops.pop(gone).drop()
             self._replica_event.pop(gone, None)
             self._accounted.pop(gone, None)
             self._blocked.pop(gone, None)
         for new in leaders - set(self.replicas):
-            replica = self._new_replica()
+            replica = self._new_replica(new)
             replica.t = replica.frozen_until = self.now + self.model.switch_s
-            self.replicas[new] = replica
 
-    def _new_replica(self) -> RolloutReplica:
-        return RolloutReplica(self.model, block=self.block, max_seqs=self.max_seqs)
+    def _new_replica(self, leader: int) -> RolloutReplica:
+        """A rollout replica led by ``leader``, with the leader's pull loop."""
+        replica = RolloutReplica(self.model, block=self.block, max_seqs=self.max_seqs)
+        loop: RolloutLoop[_Generation] = RolloutLoop(leader, retry_s=0.0)
+        loop.attach(lambda msg: self._send(leader, msg), leader)
+        self.replicas[leader], self.loops[leader] = replica, loop
+        return replica
 
     # --- rollout events ----------------------------------------------------------------
 
@@ -329,7 +341,8 @@ class SimCluster:
         self._schedule(leader)
 
     def _turn_finished(self, leader: int, sid: int) -> None:
-        s = self.samples.get(sid)
+        loop = self.loops[leader]
+        s = loop.running.get(sid)
         if s is None:
             return
         s.context += s.turns[s.turn]
@@ -338,30 +351,31 @@ class SimCluster:
             delay = self.workload.tool_s(self.rng)
             self._at(self.now + delay, self._next_turn, leader, sid)
             return
-        del self.samples[sid]
+        del loop.running[sid]
         n = s.context
-        spans = (
-            [[s.version, 0, n]]
-            if self.version <= s.version
-            else [[s.version, 0, n // 2], [self.version, n // 2, n]]
-        )
+        # Held across a weight sync (runtime/rank/rollout_loop.py, Spans): modelled as half
+        # way through, which is all rank 0 looks at (the spans' versions).
+        v = s.version
+        spans = [(v, 0, n)] if self.version <= v else [(v, 0, n // 2), (self.version, n // 2, n)]
         reward = float(self.rng.random() < self.workload.reward_p(self._progress()))
-        self._send(
-            leader,
-            p.SampleDone(
-                rank=leader,
+        tokens, logprobs = self._arrays_of(n)
+        loop.finished(
+            Sample(
                 sample_id=sid,
                 group_id=s.group_id,
                 prompt_id=s.prompt_id,
                 versions=spans,
-                reward=reward,
+                prompt_token_ids=self._prompt_ids,  # rank 0 checks it was its prompt
+                token_ids=tokens,
+                logprobs=logprobs,
                 n_valid=n,
+                reward=reward,
+                worker=leader,
                 started_at=s.dispatched_at,
                 finished_at=self.now,
-                extra={"prompt_ids": self._prompt_ids},  # rank 0 checks it was its prompt
-                blobs=self._blob(n),
-            ),
+            )
         )
+        loop.flush()
         if self._blocked and not self._stale_limited():
             # a slot under B_max is free now: the longest-waiting asks
             oldest = next(iter(self._blocked))
@@ -380,8 +394,9 @@ class SimCluster:
         return True
 
     def _next_turn(self, leader: int, sid: int) -> None:
-        replica, s = self.replicas.get(leader), self.samples.get(sid)
-        if replica is None or s is None or s.replica != leader:
+        replica, loop = self.replicas.get(leader), self.loops.get(leader)
+        s = loop.running.get(sid) if loop is not None else None
+        if replica is None or s is None:
             return
         replica.advance(self.now)
         replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
@@ -420,17 +435,18 @@ class SimCluster:
         replica = self.replicas.get(leader)
         if replica is None or self.finished:
             return
-        free = self.max_seqs - replica.outstanding
-        if free > 0:
-            refused = self.coord.data.dispatcher.blocked["staleness"]
-            self._send(leader, p.WorkRequest(rank=leader, slots=free))
-            if self.coord.data.dispatcher.blocked["staleness"] != refused:
-                self._stale_at = self._settled_groups()
+        blocked = self.coord.data.dispatcher.blocked
+        refused = blocked["staleness"]
+        asked = self.loops[leader].pull(self.max_seqs - replica.outstanding, self.now)
+        if asked and blocked["staleness"] != refused:
+            self._stale_at = self._settled_groups()
 
-    def _blob(self, n: int) -> tuple[bytes, bytes]:
-        b = self._blobs.get(n)
+    def _arrays_of(self, n: int) -> tuple[array, array]:
+        """Token ids and log-probs of a response of ``n`` blocks (their values never matter;
+        typed arrays go onto the wire as they are)."""
+        b = self._arrays.get(n)
         if b is None:
-            b = self._blobs[n] = (pack([0] * n, "i"), pack([-1.0] * n, "f"))
+            b = self._arrays[n] = (array("i", [0] * n), array("f", [-1.0] * n))
         return b
 
     # --- heartbeats --------------------------------------------------------------------
@@ -510,7 +526,7 @@ class SimCluster:
             assert isinstance(welcome, p.Welcome)
             self.roles = list(welcome.roles)
         for g in self.coord.layout.groups(Role.ROLLOUT):
-            self.replicas[g[0]] = self._new_replica()
+            self._new_replica(g[0])
         for r in range(self.world):
             self._send(r, p.Ready(rank=r, role=self.roles[r], layout_epoch=0))
         for leader in list(self.replicas):

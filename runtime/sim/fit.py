@@ -30,6 +30,7 @@ from pathlib import Path
 from runtime.config.recipe import load_recipe
 from runtime.config.schema import Config
 from runtime.control.decode_rates import fit_decode_curve
+from runtime.data.lengths import synthetic_lengths
 from runtime.sim.parameters import ModelProfile, WorkloadProfile
 
 SYNTHETIC_SLOTS = 16  # runtime.engines.synthetic.SyntheticRollout: min(max_concurrency, 16)
@@ -73,13 +74,13 @@ def synthetic_profiles(cfg: Config) -> tuple[ModelProfile, WorkloadProfile]:
         train_tok_s=1.0 / e.synthetic_train_token_s if e.synthetic_train_token_s else 1e12,
         weight_sync_s=0.0,
     )
-    median = w.max_response_tokens / 8
+    lengths = synthetic_lengths(w.max_response_tokens)  # the engine's, without a schedule
     workload = WorkloadProfile(
         name="synthetic",
         prompt_tokens=1,
-        median_start=median,
-        median_end=median,
-        sigma=0.8,
+        median_start=lengths.base,
+        median_end=lengths.base,
+        sigma=lengths.sigma,
         max_tokens=w.max_response_tokens,
         turns=1,
         tool_s_median=0.0,

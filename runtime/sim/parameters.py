@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from runtime.data.lengths import ResponseLengths, drifting
+
 DEFAULT_PROFILES = Path(__file__).with_name("profiles.yaml")
 
 
@@ -47,14 +49,11 @@ class WorkloadProfile:
     reward_start: float
     reward_end: float
 
-    def median(self, progress: float) -> float:
-        """Median response length at ``progress`` in [0, 1] of the run."""
-        p = min(max(progress, 0.0), 1.0)
-        return self.median_start + (self.median_end - self.median_start) * p
-
-    def response_tokens(self, rng: random.Random, progress: float) -> int:
-        n = rng.lognormvariate(math.log(self.median(progress)), self.sigma)
-        return int(min(max(n, 1), self.max_tokens))
+    @property
+    def lengths(self) -> ResponseLengths:
+        """Response lengths (runtime/data/lengths.py): log-normal, the median moving from
+        ``median_start`` to ``median_end`` over the run's progress 0 -> 1."""
+        return drifting(self.median_start, self.median_end, self.sigma, self.max_tokens)
 
     def reward_p(self, progress: float) -> float:
         p = min(max(progress, 0.0), 1.0)

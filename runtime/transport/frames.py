@@ -1,14 +1,15 @@
-"""Trajectories on the wire: metadata in msgpack, token ids and log-probs as raw frames."""
+"""Samples on the wire: their fields in msgpack, response token ids and log-probs as raw
+frames. One :class:`runtime.data.sample.Sample` travels as a ``SampleDone`` (rollout rank
+-> rank 0) and, inside a ``Batch``, as a ``BatchSample`` plus two frames (rank 0 -> the
+trainer ranks); requests travel inside ``Work`` (rank 0 -> a rollout rank)."""
 
 from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from runtime.control.replay_buffer import Batch
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Batch, Request, Sample
 from runtime.transport import protocol as p
 
 _LITTLE = sys.byteorder == "little"
@@ -16,35 +17,11 @@ _LITTLE = sys.byteorder == "little"
 
 def pack(values: Sequence[int] | Sequence[float], typecode: str) -> bytes:
     if isinstance(values, array) and values.typecode == typecode and _LITTLE:
-        return values.tobytes()  # a trajectory rank 0 received: its frame as it came
+        return values.tobytes()  # a sample rank 0 received: its frame as it came
     a = array(typecode, values)
     if not _LITTLE:
         a.byteswap()
     return a.tobytes()
-
-
-def unpack(data: bytes, typecode: str) -> list:
-    a = array(typecode)
-    a.frombytes(data)
-    if not _LITTLE:
-        a.byteswap()
-    return a.tolist()
-
-
-def sample_done(t: Trajectory, rank: int) -> p.SampleDone:
-    return p.SampleDone(
-        rank=rank,
-        sample_id=t.sample_id,
-        group_id=t.group_id,
-        prompt_id=t.prompt_id,
-        versions=[list(v) for v in t.versions],
-        reward=float(t.reward),
-        n_valid=t.n_valid,
-        started_at=t.started_at,
-        finished_at=t.finished_at,
-        extra=t.extra,
-        blobs=(pack(t.token_ids, "i"), pack(t.logprobs, "f")),
-    )
 
 
 def _frame(data: bytes, typecode: str) -> array:
@@ -55,52 +32,132 @@ def _frame(data: bytes, typecode: str) -> array:
     return a
 
 
-def trajectory(msg: p.SampleDone) -> Trajectory:
-    """Rank 0's copy of a finished sample. Token ids and log-probs stay typed arrays (a
-    sequence like a list): rank 0 only counts, stores and forwards them, and turning every
-    frame into a list and back was a fifth of its time per sample."""
-    return Trajectory(
-        sample_id=msg.sample_id,
-        group_id=msg.group_id,
-        prompt_id=msg.prompt_id,
-        versions=[(v[0], v[1], v[2]) for v in msg.versions],
-        token_ids=_frame(msg.blobs[0], "i"),
-        logprobs=_frame(msg.blobs[1], "f"),
-        reward=msg.reward,
-        n_valid=msg.n_valid,
-        worker=msg.rank,
-        started_at=msg.started_at,
-        finished_at=msg.finished_at,
-        extra=dict(msg.extra),
+def unpack(data: bytes, typecode: str) -> list:
+    return _frame(data, typecode).tolist()
+
+
+def _ints(values: Sequence[int]) -> list[int]:
+    return values if type(values) is list else list(values)
+
+
+# --- rank 0 -> a rollout rank --------------------------------------------------------------
+
+
+def work_message(requests: Iterable[Request], policy_version: int) -> p.Work:
+    return p.Work(
+        policy_version=policy_version,
+        requests=[
+            {
+                "sample_id": r.sample_id,
+                "group_id": r.group_id,
+                "prompt_id": r.prompt_id,
+                "prompt": r.prompt,
+            }
+            for r in requests
+        ],
     )
 
 
-META = ("sample_id", "group_id", "prompt_id", "reward", "advantage", "n_valid", "replay_count")
+def requests(msg: p.Work) -> list[Request]:
+    """The requests of a ``Work`` answer (the rollout rank's copy: no dispatch time)."""
+    return [
+        Request(r["sample_id"], r["group_id"], r["prompt_id"], r["prompt"]) for r in msg.requests
+    ]
 
 
-def batch_message(batch: Batch) -> p.Batch:
-    samples: list[dict[str, Any]] = []
+# --- a rollout rank -> rank 0 --------------------------------------------------------------
+
+
+def sample_done(s: Sample, rank: int) -> p.SampleDone:
+    return p.SampleDone(
+        rank=rank,
+        sample_id=s.sample_id,
+        group_id=s.group_id,
+        prompt_id=s.prompt_id,
+        versions=list(map(list, s.versions)),
+        prompt_token_ids=_ints(s.prompt_token_ids),
+        loss_mask=None if s.loss_mask is None else _ints(s.loss_mask),
+        n_valid=s.n_valid,
+        reward=float(s.reward),
+        info=s.info,
+        started_at=s.started_at,
+        finished_at=s.finished_at,
+        blobs=(pack(s.token_ids, "i"), pack(s.logprobs, "f")),
+    )
+
+
+def sample(msg: p.SampleDone) -> Sample:
+    """Rank 0's copy of a finished sample. Token ids and log-probs stay typed arrays (a
+    sequence like a list): rank 0 only counts, stores and forwards them, and turning every
+    frame into a list and back was a fifth of its time per sample."""
+    return Sample(
+        sample_id=msg.sample_id,
+        group_id=msg.group_id,
+        prompt_id=msg.prompt_id,
+        versions=list(map(tuple, msg.versions)),
+        prompt_token_ids=msg.prompt_token_ids,
+        token_ids=_frame(msg.blobs[0], "i"),
+        logprobs=_frame(msg.blobs[1], "f"),
+        loss_mask=msg.loss_mask,
+        n_valid=msg.n_valid,
+        reward=msg.reward,
+        info=dict(msg.info),
+        worker=msg.rank,
+        started_at=msg.started_at,
+        finished_at=msg.finished_at,
+    )
+
+
+# --- rank 0 -> the trainer ranks -----------------------------------------------------------
+
+
+def batch_message(b: Batch) -> p.Batch:
+    samples: list[p.BatchSample] = []
     blobs: list[bytes] = []
-    for t in batch.samples:
-        meta = {k: getattr(t, k) for k in META}
-        meta["versions"] = [list(v) for v in t.versions]
-        meta["extra"] = t.extra
-        samples.append(meta)
-        blobs += [pack(t.token_ids, "i"), pack(t.logprobs, "f")]
+    for s in b.samples:
+        samples.append(
+            {
+                "sample_id": s.sample_id,
+                "group_id": s.group_id,
+                "prompt_id": s.prompt_id,
+                "versions": [list(v) for v in s.versions],
+                "prompt_token_ids": _ints(s.prompt_token_ids),
+                "loss_mask": None if s.loss_mask is None else _ints(s.loss_mask),
+                "n_valid": s.n_valid,
+                "reward": s.reward,
+                "advantage": s.advantage,
+                "replay_count": s.replay_count,
+                "info": s.info,
+            }
+        )
+        blobs += [pack(s.token_ids, "i"), pack(s.logprobs, "f")]
     return p.Batch(
-        batch_id=batch.batch_id,
-        policy_version=batch.policy_version,
+        batch_id=b.batch_id,
+        policy_version=b.policy_version,
         samples=samples,
         blobs=tuple(blobs),
     )
 
 
-def batch_samples(msg: p.Batch) -> list[dict[str, Any]]:
-    """The batch's samples as dicts with ``token_ids`` and ``logprobs`` lists."""
-    out = []
-    for i, meta in enumerate(msg.samples):
-        d = dict(meta)
-        d["token_ids"] = unpack(msg.blobs[2 * i], "i")
-        d["logprobs"] = unpack(msg.blobs[2 * i + 1], "f")
-        out.append(d)
-    return out
+def batch(msg: p.Batch) -> Batch:
+    """The trainer's copy of a batch: its samples with token ids and log-probs as lists."""
+    samples = [
+        Sample(
+            sample_id=m["sample_id"],
+            group_id=m["group_id"],
+            prompt_id=m["prompt_id"],
+            versions=[(v[0], v[1], v[2]) for v in m["versions"]],
+            prompt_token_ids=m["prompt_token_ids"],
+            token_ids=unpack(msg.blobs[2 * i], "i"),
+            logprobs=unpack(msg.blobs[2 * i + 1], "f"),
+            loss_mask=m["loss_mask"],
+            n_valid=m["n_valid"],
+            reward=m["reward"],
+            info=m["info"],
+            advantage=m["advantage"],
+            replay_count=m["replay_count"],
+        )
+        for i, m in enumerate(msg.samples)
+    ]
+    n_replay = sum(1 for s in samples if s.replay_count > 0)
+    return Batch(msg.batch_id, msg.policy_version, samples, len(samples) - n_replay, n_replay)

@@ -26,17 +26,17 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: samples carry their fields explicitly (no ``extra`` map)
 MAX_FRAMES = 2 * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
 # Containers (maps + arrays) one header may hold. An empty msgpack array is one byte and a
 # Python list ~56: without a budget a 1 MB header of empty arrays costs ~63 MiB to decode.
 MAX_CONTAINERS = 1 << 16
-# How deep ``Any`` fields may nest (extra, info, prompts, status).
+# How deep ``Any`` fields may nest (info, prompts, status).
 MAX_DEPTH = 16
 # What an unregistered peer may send at all (Hello and the CLI's requests are this small):
 # checked on the raw bytes, before anything is decoded.
@@ -186,12 +186,44 @@ class WorkRequest(Message):
         _require(0 <= self.slots <= 65536, "bad slot count")
 
 
+def _check_sample(
+    tokens: bytes,
+    logprobs: bytes,
+    ids: tuple[int, int, int],
+    versions: list[list[int]],
+    n_valid: int,
+    loss_mask: list[int] | None,
+) -> None:
+    """What one sample's fields must satisfy together, wherever it travels (a rollout rank's
+    :class:`SampleDone`, a sample of a :class:`Batch`)."""
+    _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
+    n = len(tokens) // 4
+    _require(n >= 1, "no tokens")
+    _require(min(ids) >= 0, "negative id")
+    _require(0 <= n_valid <= n, "n_valid exceeds the tokens")
+    _require(0 < len(versions) <= 4096, "no version spans, or too many")
+    end, version = 0, 0
+    for span in versions:
+        _require(len(span) == 3 and span[0] >= 0, "bad span, or a negative version")
+        _require(span[1] == end and span[2] >= span[1], "bad spans")
+        _require(span[0] >= version, "span versions go backwards")
+        end, version = span[2], span[0]
+    _require(end == n, "spans do not cover the tokens")
+    if loss_mask is not None:  # multi-turn: environment tokens are not trained on
+        _require(len(loss_mask) == n, "loss_mask length")
+        _require(all(m in (0, 1) for m in loss_mask), "loss_mask values")
+        _require(sum(loss_mask) == n_valid, "loss_mask and n_valid disagree")
+
+
 @message
 @dataclass(frozen=True)
 class SampleDone(Message):
-    """One finished trajectory. Blobs: token ids (int32 LE), behaviour log-probs (float32 LE).
+    """One finished sample (runtime.data.sample.Sample). Blobs: response token ids (int32
+    LE), behaviour log-probs (float32 LE).
 
-    ``versions`` holds ``[policy_version, first_token, end_token]`` per span."""
+    ``versions`` holds ``[policy_version, first_token, end_token]`` per span;
+    ``loss_mask`` one 0/1 per response token (None: the first ``n_valid`` are trained on);
+    ``info`` the workload's free-form diagnostics (JSON)."""
 
     TYPE: ClassVar[str] = "sample_done"
     rank: int
@@ -199,34 +231,19 @@ class SampleDone(Message):
     group_id: int
     prompt_id: int
     versions: list[list[int]]
-    reward: float
+    prompt_token_ids: list[int]
+    loss_mask: list[int] | None
     n_valid: int
+    reward: float
+    info: dict[str, Any]
     started_at: float
     finished_at: float
-    extra: dict[str, Any]
 
     def check(self) -> None:
         _require(len(self.blobs) == 2, "needs token and log-prob frames")
-        tokens, logprobs = self.blobs
-        _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
-        n = len(tokens) // 4
-        _require(n >= 1, "no tokens")
-        _require(min(self.sample_id, self.group_id, self.prompt_id) >= 0, "negative id")
-        _require(0 <= self.n_valid <= n, "n_valid exceeds the tokens")
-        _require(0 < len(self.versions) <= 4096, "no version spans, or too many")
-        end, version = 0, 0
-        for span in self.versions:
-            _require(len(span) == 3 and span[0] >= 0, "bad span, or a negative version")
-            _require(span[1] == end and span[2] >= span[1], "bad spans")
-            _require(span[0] >= version, "span versions go backwards")
-            end, version = span[2], span[0]
-        _require(end == n, "spans do not cover the tokens")
+        ids = (self.sample_id, self.group_id, self.prompt_id)
+        _check_sample(*self.blobs, ids, self.versions, self.n_valid, self.loss_mask)
         _require(self.finished_at >= self.started_at, "finished before it started")
-        mask = self.extra.get("loss_mask")
-        if mask is not None:  # multi-turn: environment tokens are not trained on
-            _require(isinstance(mask, list) and len(mask) == n, "loss_mask length")
-            _require(all(m in (0, 1) for m in mask), "loss_mask values")
-            _require(sum(mask) == self.n_valid, "loss_mask and n_valid disagree")
 
 
 @message
@@ -346,7 +363,8 @@ class WeightSync(Message):
 @message
 @dataclass(frozen=True)
 class Work(Message):
-    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt}]``."""
+    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt}]``
+    (runtime.data.sample.Request; runtime/transport/frames.py converts)."""
 
     TYPE: ClassVar[str] = "work"
     policy_version: int
@@ -363,19 +381,43 @@ class Work(Message):
             )
 
 
+class BatchSample(TypedDict):
+    """One sample of a :class:`Batch`: its fields as the header carries them (its token ids
+    and log-probs are two of the batch's frames). A map with exactly these keys."""
+
+    sample_id: int
+    group_id: int
+    prompt_id: int
+    versions: list[list[int]]
+    prompt_token_ids: list[int]
+    loss_mask: list[int] | None
+    n_valid: int
+    reward: float
+    advantage: float
+    replay_count: int
+    info: dict[str, Any]
+
+
 @message
 @dataclass(frozen=True)
 class Batch(Message):
-    """A training batch. ``samples`` holds metadata; blobs are two frames per sample
-    (token ids int32, behaviour log-probs float32), in order."""
+    """A training batch (runtime.data.sample.Batch): fresh samples first, then replayed
+    ones. Blobs: two frames per sample (token ids int32, behaviour log-probs float32), in
+    order."""
 
     TYPE: ClassVar[str] = "batch"
     batch_id: int
     policy_version: int
-    samples: list[dict[str, Any]]
+    samples: list[BatchSample]
 
     def check(self) -> None:
         _require(len(self.blobs) == 2 * len(self.samples), "frames do not match samples")
+        _require(self.batch_id >= 0 and self.policy_version >= 0, "bad batch id or version")
+        for i, s in enumerate(self.samples):
+            ids = (s["sample_id"], s["group_id"], s["prompt_id"])
+            tokens, logprobs = self.blobs[2 * i], self.blobs[2 * i + 1]
+            _check_sample(tokens, logprobs, ids, s["versions"], s["n_valid"], s["loss_mask"])
+            _require(s["replay_count"] >= 0, "negative replay count")
 
 
 @message
@@ -543,6 +585,16 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
+_RECORDS: dict[type, dict[str, Any]] = {}
+
+
+def _record_hints(tp: type) -> dict[str, Any]:
+    hints = _RECORDS.get(tp)
+    if hints is None:
+        hints = _RECORDS[tp] = typing.get_type_hints(tp)
+    return hints
+
+
 def _conforms(tp: Any, value: Any) -> bool:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -565,7 +617,18 @@ def _conforms(tp: Any, value: Any) -> bool:
         return isinstance(value, bytes)
     if origin is list:
         (item,) = typing.get_args(tp)
+        if item is int:  # token ids: the long lists, so without a call per element
+            return isinstance(value, list) and all(
+                type(v) is int and -(2**62) < v < 2**62 for v in value
+            )
         return isinstance(value, list) and all(_conforms(item, v) for v in value)
+    if typing.is_typeddict(tp):  # a record: a map with exactly these keys and types
+        hints = _record_hints(tp)
+        return (
+            isinstance(value, dict)
+            and value.keys() == hints.keys()
+            and all(_conforms(hints[k], v) for k, v in value.items())
+        )
     if origin is dict:
         kt, vt = typing.get_args(tp)
         return isinstance(value, dict) and all(

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.control import ControlClient
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.auth import CLIENT, SERVER, load_keypair, secure_client
@@ -173,8 +173,9 @@ def hostile_messages(draw) -> tuple[int, p.Message]:
         cut = draw(st.integers(0, n))
         v1 = draw(st.integers(0, 2**40))
         versions = [[v1, 0, cut], [v1 + draw(st.integers(0, 5)), cut, n]]
-        extra = draw(st.dictionaries(st.sampled_from(["prompt_ids", "info", "x"]), plain))
-        t = Trajectory(
+        prompt = draw(st.one_of(st.just([1, 2, 3]), st.lists(st.integers(-5, 70), max_size=5)))
+        mask = draw(st.one_of(st.none(), st.lists(st.integers(0, 1), min_size=n, max_size=n)))
+        t = Sample(
             sample_id=draw(st.integers(0, 64)),
             group_id=draw(st.integers(0, 64)),
             prompt_id=draw(st.integers(0, 64)),
@@ -184,7 +185,9 @@ def hostile_messages(draw) -> tuple[int, p.Message]:
             reward=draw(st.floats(allow_nan=False, allow_infinity=False)),
             n_valid=draw(st.integers(0, n)),
             worker=rank,
-            extra=extra,
+            prompt_token_ids=prompt,
+            loss_mask=mask,
+            info=draw(st.dictionaries(st.sampled_from(["reward_error", "x"]), plain)),
         )
         return rank, wire.sample_done(t, rank)
     if kind == "step":
@@ -237,7 +240,7 @@ def test_hostile_content_from_registered_ranks_never_breaks_rank_0(stream):
     assert c.data.ledger_problems() == []
     for t in c.data.buffer.samples():  # what entered the buffer is what the run could make
         assert min(t.token_ids) >= 0 and max(t.token_ids) < 64
-        assert list(t.extra["prompt_ids"]) == [1, 2, 3]
+        assert list(t.prompt_token_ids) == [1, 2, 3]
     json.dumps(c.status())
     json.dumps(c.metrics_log)
     json.dumps(c.samples_log)

@@ -12,7 +12,7 @@ import time
 
 import msgpack
 
-from runtime.data.sample import trajectory_digest, trajectory_from_state
+from runtime.data.sample import sample_digest, sample_from_state
 from runtime.store import checkpoint as ck
 from tests.helpers import launch_recipe_text, reflow, status_json
 from tests.helpers import wait_for_status as wait_for
@@ -40,7 +40,7 @@ def checkpoint_contents(folder) -> dict:
     buf = state["data"]["buffer"]
     raw = [*buf["unused"], *buf["replay"], *(t for g in buf["groups"].values() for t in g)]
     return {
-        "samples": {str(d["sample_id"]): trajectory_digest(trajectory_from_state(d)) for d in raw},
+        "samples": {str(d["sample_id"]): sample_digest(sample_from_state(d)) for d in raw},
         "policy_version": state["policy_version"],
         "step": state["step"],
     }

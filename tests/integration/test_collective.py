@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from runtime.config.layout import LayoutChange
 from runtime.config.recipe import build_config
+from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
@@ -27,21 +28,26 @@ EPOCH0 = ("trainer", "trainer", "rollout")
 EPOCH1 = ("trainer", "rollout", "trainer")
 
 
-def make_batch(seed: int, n: int = 7) -> list[dict]:
+def make_batch(seed: int, n: int = 7) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
         prob = sample_problem(rng)
         resp = prob.solution_ids()
         out.append(
-            {
-                "extra": {"prompt_ids": prob.prompt_ids()},
-                "token_ids": resp,
-                "logprobs": [-2.5] * len(resp),
-                "n_valid": len(resp) - (i % 2),
-                "advantage": [1.0, -0.5, 0.25][i % 3],
-                "replay_count": int(i % 3 == 0),
-            }
+            Sample(
+                sample_id=i,
+                group_id=i,
+                prompt_id=i,
+                versions=[(0, 0, len(resp))],
+                prompt_token_ids=prob.prompt_ids(),
+                token_ids=resp,
+                logprobs=[-2.5] * len(resp),
+                n_valid=len(resp) - (i % 2),
+                reward=0.0,
+                advantage=[1.0, -0.5, 0.25][i % 3],
+                replay_count=int(i % 3 == 0),
+            )
         )
     return out
 

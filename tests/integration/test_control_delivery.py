@@ -13,7 +13,7 @@ import zmq
 from jobs.control import ControlClient
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 from runtime.rank.control_server import ControlServer
 from runtime.rank.worker import HybridWorker
 from runtime.store.run_dir import RunPaths
@@ -94,7 +94,7 @@ def test_a_result_with_bytes_in_its_info_does_not_end_the_control_thread(served)
     socks[2].send_multipart(p.encode(p.WorkRequest(rank=2, slots=1)))
     work = _recv(socks[2], p.Work)
     (req,) = work.requests
-    t = Trajectory(
+    t = Sample(
         sample_id=req["sample_id"],
         group_id=req["group_id"],
         prompt_id=req["prompt_id"],
@@ -104,7 +104,8 @@ def test_a_result_with_bytes_in_its_info_does_not_end_the_control_thread(served)
         reward=1.0,
         n_valid=3,
         worker=2,
-        extra={"prompt_ids": [1, 2], "info": {"blob": b"\x00\xff"}},
+        prompt_token_ids=[1, 2],
+        info={"blob": b"\x00\xff"},
     )
     socks[2].send_multipart(p.encode(wire.sample_done(t, 2)))
     _wait(lambda: ControlClient(srv.paths).status()["control"]["rejected"] >= 1)
@@ -163,7 +164,7 @@ def test_a_rank_keeps_results_until_rank_0_acknowledges_them(tmp_path):
         rank=2, world_size=4, paths=RunPaths(tmp_path), cfg=cfg, make_sides=lambda c: {}
     )
     w._sock = _FlakySocket()
-    t = Trajectory(
+    t = Sample(
         sample_id=7,
         group_id=3,
         prompt_id=3,
@@ -173,7 +174,7 @@ def test_a_rank_keeps_results_until_rank_0_acknowledges_them(tmp_path):
         reward=0.0,
         n_valid=2,
         worker=2,
-        extra={"prompt_ids": [1, 2]},
+        prompt_token_ids=[1, 2],
     )
     # no connection: the result is not dropped (the side is told it will go out)
     assert w._send(wire.sample_done(t, 2)) is True

@@ -514,5 +514,6 @@ def test_a_restored_coordinator_continues_the_run(clock):
 
 def test_a_foreign_state_format_is_refused(clock):
     c = coordinator(clock, Saves())
-    with pytest.raises(ValueError, match="format"):
-        c.load_state_dict({"format": 99})
+    for old in (1, 99):  # 1: samples with an ``extra`` dict, before typed samples
+        with pytest.raises(ValueError, match="format"):
+            c.load_state_dict({"format": old})

@@ -11,7 +11,7 @@ import tracemalloc
 import msgpack
 import pytest
 
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from tests.unit.test_coordinator import Clock, ident, make, register_all, train_step
@@ -55,10 +55,10 @@ def done(req: dict, rank=2, **over) -> p.SampleDone:
         "reward": 1.0,
         "n_valid": n,
         "worker": rank,
-        "extra": {"prompt_ids": list(req["prompt"]["prompt_ids"])},
+        "prompt_token_ids": list(req["prompt"]["prompt_ids"]),
     }
     fields.update(over)
-    return wire.sample_done(Trajectory(**fields), rank)
+    return wire.sample_done(Sample(**fields), rank)
 
 
 def frames_of(msg: p.Message) -> list[bytes]:
@@ -76,7 +76,7 @@ def frames_of(msg: p.Message) -> list[bytes]:
 def test_info_with_bytes_or_extension_types_is_refused_and_the_logs_stay_json(clock, value):
     c = running(clock, logging={"samples": True})
     (req,) = take_work(c, slots=1)
-    msg = done(req, extra={"prompt_ids": [5, 6, 7], "info": {"x": value}})
+    msg = done(req, info={"x": value})
     before = c.rejected["malformed"]
     c.on_frames(ident(2), frames_of(msg))
     assert c.rejected["malformed"] == before + 1
@@ -119,10 +119,8 @@ HOSTILE = {
     "inf_logprob": ({"logprobs": [-0.5, -math.inf, -0.5, -0.5]}, "bad_logprob"),
     "positive_logprob": ({"logprobs": [-0.5, 3.0, -0.5, -0.5]}, "bad_logprob"),
     "too_long": ({"n": 62}, "too_long"),  # 3 prompt + 62 > max_seq_len 64
-    "missing_prompt": ({"extra": {}}, "missing_prompt"),
-    "other_prompt": ({"extra": {"prompt_ids": [5, 6, 8]}}, "wrong_prompt"),
-    "bool_prompt": ({"extra": {"prompt_ids": [5, 6, True]}}, "wrong_prompt"),
-    "prompt_as_text": ({"extra": {"prompt_ids": "567"}}, "wrong_prompt"),
+    "missing_prompt": ({"prompt_token_ids": []}, "missing_prompt"),
+    "other_prompt": ({"prompt_token_ids": [5, 6, 8]}, "wrong_prompt"),
     "future_version": ({"versions": [(9, 0, 4)]}, "version_out_of_range"),
     "other_group": ({"group_id": 99}, "mismatched_ids"),
     "huge_reward": ({"reward": 1e308}, "reward_out_of_range"),
@@ -140,6 +138,18 @@ def test_a_sample_the_run_could_not_have_produced_is_refused_and_its_request_req
     # still owed: back at the front of the queue, not outstanding at the liar
     assert c.data.dispatcher.pending[0].sample_id == req["sample_id"]
     assert req["sample_id"] not in c.data.dispatcher.outstanding
+    assert c.data.ledger_problems() == []
+
+
+@pytest.mark.parametrize("prompt", [[5, 6, True], "567"], ids=["bool_prompt", "prompt_as_text"])
+def test_a_prompt_that_is_not_a_list_of_ints_is_refused_by_the_protocol(clock, prompt):
+    # prompt_token_ids is a typed field of SampleDone: the decoder refuses it before rank 0
+    # looks at the run (it used to travel in a free-form dict and be caught there).
+    c = running(clock)
+    (req,) = take_work(c, slots=1)
+    c.on_frames(ident(2), frames_of(done(req, prompt_token_ids=prompt)))
+    assert c.rejected["malformed"] == 1
+    assert c.data.delivered_ids == {} and not list(c.data.buffer.samples())
     assert c.data.ledger_problems() == []
 
 

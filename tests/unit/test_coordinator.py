@@ -238,7 +238,7 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
     for i, req in enumerate(c.data.request_work(3, 4)):
         t = traj(req, version=1, worker=3, reward=float(req.sample_id % 2))
         if i == 0:  # its reward crashed: scored 0, recorded by the agent
-            t.extra["info"] = {"reward_error": "ValueError: reward bug"}
+            t.info["reward_error"] = "ValueError: reward bug"
         c.data.deliver(t)
     out = c.handle(ident(0), p.BatchRequest(rank=0))
     assert [to for to, _ in out] == [ident(0), ident(1), ident(2)], out

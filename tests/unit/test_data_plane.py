@@ -13,7 +13,7 @@ from runtime.config.recipe import build_config
 from runtime.control.data_plane import DataPlane
 from runtime.control.replay_buffer import ReplayBuffer
 from runtime.control.samplers import MediumRewardSampler, PluginError, make_sampler
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Sample
 
 
 def traj(req, version, worker=1, reward=None, spans=1, rng=None):
@@ -21,7 +21,7 @@ def traj(req, version, worker=1, reward=None, spans=1, rng=None):
     n = rng.randint(1, 20)
     cut = n // 2
     versions = [(version, 0, n)] if spans == 1 else [(version - 1, 0, cut), (version, cut, n)]
-    return Trajectory(
+    return Sample(
         sample_id=req.sample_id,
         group_id=req.group_id,
         prompt_id=req.prompt_id,

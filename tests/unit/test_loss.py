@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from runtime.data.sample import Sample
 from runtime.engines.torch.loss import policy_loss, replay_weights
 
 
@@ -100,7 +101,18 @@ def test_the_cap_bounds_negative_advantage_tokens():
 
 def _batch(lengths, replay):
     samples = [
-        {"n_valid": n, "replay_count": int(r), "advantage": 1.0 - 0.5 * i}
+        Sample(
+            sample_id=i,
+            group_id=i,
+            prompt_id=i,
+            versions=[(0, 0, n)],
+            token_ids=[1] * n,
+            logprobs=[-1.0] * n,
+            n_valid=n,
+            reward=0.0,
+            replay_count=int(r),
+            advantage=1.0 - 0.5 * i,
+        )
         for i, (n, r) in enumerate(zip(lengths, replay, strict=True))
     ]
     T = max(lengths)

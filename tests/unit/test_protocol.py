@@ -32,11 +32,13 @@ EXAMPLES = [
         group_id=1,
         prompt_id=1,
         versions=[[0, 0, 1], [1, 1, 2]],
+        prompt_token_ids=[7, 8, 9],
+        loss_mask=[1, 0],
+        n_valid=1,
         reward=1.0,
-        n_valid=2,
+        info={"k": "v"},
         started_at=0.0,
         finished_at=1.0,
-        extra={"k": "v"},
         blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
     ),
     p.BatchRequest(rank=0),
@@ -44,7 +46,26 @@ EXAMPLES = [
     p.Work(
         policy_version=0, requests=[{"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}}]
     ),
-    p.Batch(batch_id=0, policy_version=0, samples=[{"sample_id": 1}], blobs=(b"", b"")),
+    p.Batch(
+        batch_id=0,
+        policy_version=1,
+        samples=[
+            {
+                "sample_id": 1,
+                "group_id": 0,
+                "prompt_id": 0,
+                "versions": [[0, 0, 2]],
+                "prompt_token_ids": [7, 8],
+                "loss_mask": None,
+                "n_valid": 2,
+                "reward": 1.0,
+                "advantage": 0.5,
+                "replay_count": 1,
+                "info": {"reward_error": "x"},
+            }
+        ],
+        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
+    ),
     p.BatchWait(reason="waiting"),
     p.Welcome(
         rank=1,
@@ -157,30 +178,107 @@ def sample_done(**over):
         group_id=1,
         prompt_id=1,
         versions=[[0, 0, 2]],
-        reward=1.0,
+        prompt_token_ids=[3, 4],
+        loss_mask=None,
         n_valid=2,
+        reward=1.0,
+        info={},
         started_at=0.0,
         finished_at=1.0,
-        extra={},
     )
     fields.update(over)
     return header(**fields)
 
 
+# What a sample must satisfy, on its way to rank 0 (SampleDone) or inside a Batch.
+SAMPLE_CASES = [
+    ({}, [b"\0" * 8, b"\0" * 4], "frame sizes differ"),
+    ({}, [b"", b""], "no tokens"),
+    ({"sample_id": -1}, [b"\0" * 8, b"\0" * 8], "negative id"),
+    ({"n_valid": 3}, [b"\0" * 8, b"\0" * 8], "n_valid exceeds"),
+    ({"versions": [[0, 0, 1]]}, [b"\0" * 8, b"\0" * 8], "do not cover"),
+    ({"versions": [[0, 0, 1], [1, 0, 2]]}, [b"\0" * 8, b"\0" * 8], "bad spans"),
+    ({"versions": [[1, 0, 1], [0, 1, 2]]}, [b"\0" * 8, b"\0" * 8], "backwards"),
+    ({"versions": []}, [b"\0" * 8, b"\0" * 8], "no version spans"),
+    ({"loss_mask": [1]}, [b"\0" * 8, b"\0" * 8], "loss_mask length"),
+    ({"loss_mask": [1, 2]}, [b"\0" * 8, b"\0" * 8], "loss_mask values"),
+    ({"loss_mask": [1, 0]}, [b"\0" * 8, b"\0" * 8], "loss_mask and n_valid disagree"),
+    # typed fields: a bool is not a token id nor a mask value, info is JSON only
+    ({"prompt_token_ids": [3, True]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"prompt_token_ids": "34"}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"prompt_token_ids": [2**63]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"loss_mask": [True, True]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"info": {"x": b"\0"}}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"info": {"x": float("inf")}}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+]
+
+
 @pytest.mark.parametrize(
     ("over", "blobs", "reason"),
-    [
-        ({}, [b"\0" * 8], "needs token and log-prob frames"),
-        ({}, [b"\0" * 8, b"\0" * 4], "frame sizes differ"),
-        ({"n_valid": 3}, [b"\0" * 8, b"\0" * 8], "n_valid exceeds"),
-        ({"versions": [[0, 0, 1]]}, [b"\0" * 8, b"\0" * 8], "do not cover"),
-        ({"versions": [[0, 0, 1], [1, 0, 2]]}, [b"\0" * 8, b"\0" * 8], "bad spans"),
-        ({"versions": []}, [b"\0" * 8, b"\0" * 8], "no version spans"),
-    ],
+    [({}, [b"\0" * 8], "needs token and log-prob frames"), *SAMPLE_CASES],
 )
-def test_invalid_trajectories_are_rejected(over, blobs, reason):
+def test_invalid_samples_are_rejected(over, blobs, reason):
     with pytest.raises(p.ProtocolError, match=reason):
         p.decode([sample_done(**over), *blobs])
+
+
+def test_a_sample_has_no_free_form_extra_map():
+    with pytest.raises(p.ProtocolError, match="fields"):
+        p.decode([sample_done(extra={"prompt_ids": [3, 4]}), b"\0" * 8, b"\0" * 8])
+
+
+def batch(sample_over=None, **over):
+    sample = {
+        "sample_id": 5,
+        "group_id": 1,
+        "prompt_id": 1,
+        "versions": [[0, 0, 2]],
+        "prompt_token_ids": [3, 4],
+        "loss_mask": None,
+        "n_valid": 2,
+        "reward": 1.0,
+        "advantage": 0.5,
+        "replay_count": 0,
+        "info": {},
+    }
+    sample.update(sample_over or {})
+    fields = dict(v=p.PROTOCOL_VERSION, type="batch", batch_id=0, policy_version=0)
+    fields.update(samples=[sample], **over)
+    return header(**fields)
+
+
+@pytest.mark.parametrize(("over", "blobs", "reason"), SAMPLE_CASES)
+def test_invalid_batch_samples_are_rejected_like_sent_ones(over, blobs, reason):
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([batch(over), *blobs])
+
+
+@pytest.mark.parametrize(
+    ("sample_over", "reason"),
+    [
+        ({"extra": {}}, "wrong type"),  # a key the record does not have
+        ({"advantage": "high"}, "wrong type"),
+        ({"replay_count": -1}, "negative replay count"),
+    ],
+)
+def test_a_batch_sample_is_exactly_its_record(sample_over, reason):
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([batch(sample_over), b"\0" * 8, b"\0" * 8])
+    missing = {"sample_id": 5}
+    with pytest.raises(p.ProtocolError, match="wrong type"):
+        p.decode(
+            [
+                header(
+                    v=p.PROTOCOL_VERSION,
+                    type="batch",
+                    batch_id=0,
+                    policy_version=0,
+                    samples=[missing],
+                ),
+                b"\0" * 8,
+                b"\0" * 8,
+            ]
+        )
 
 
 @settings(max_examples=300, deadline=None)
@@ -211,3 +309,43 @@ def test_random_fields_for_a_real_type_never_crash(kind, fields):
     except p.ProtocolError:
         return
     assert kind == msg.TYPE  # only possible when the random fields happened to be valid
+
+
+def test_a_sample_and_a_batch_travel_with_every_field():
+    from array import array
+
+    from runtime.data.sample import Batch, Sample
+    from runtime.transport import frames as wire
+
+    s = Sample(
+        sample_id=5,
+        group_id=1,
+        prompt_id=1,
+        versions=[(0, 0, 2), (1, 2, 3)],
+        prompt_token_ids=[7, 8],
+        token_ids=[3, 4, 5],
+        logprobs=[-0.5, -0.25, 0.0],
+        loss_mask=[1, 0, 1],
+        n_valid=2,
+        reward=1.0,
+        info={"reward_error": "x"},
+        worker=2,
+        started_at=1.0,
+        finished_at=2.0,
+    )
+    got = wire.sample(p.decode(p.encode(wire.sample_done(s, 2))))
+    assert isinstance(got.token_ids, array) and isinstance(got.logprobs, array)
+    for name in ("sample_id", "group_id", "prompt_id", "versions", "n_valid", "reward", "info"):
+        assert getattr(got, name) == getattr(s, name), name
+    assert list(got.prompt_token_ids) == [7, 8] and list(got.loss_mask) == [1, 0, 1]
+    assert list(got.token_ids) == [3, 4, 5] and list(got.logprobs) == [-0.5, -0.25, 0.0]
+    assert (got.worker, got.started_at, got.finished_at) == (2, 1.0, 2.0)
+    # at rank 0: advantages set, one fresh and one replayed sample, then to the trainers
+    got.advantage, other = 0.5, wire.sample(wire.sample_done(s, 2))
+    other.sample_id, other.loss_mask, other.n_valid, other.replay_count = 6, None, 3, 1
+    b = wire.batch(p.decode(p.encode(wire.batch_message(Batch(3, 4, [got, other], 1, 1)))))
+    assert (b.batch_id, b.policy_version, b.n_unused, b.n_replay) == (3, 4, 1, 1)
+    first, second = b.samples
+    assert first.token_ids == [3, 4, 5] and first.prompt_token_ids == [7, 8]
+    assert first.loss_mask == [1, 0, 1] and first.advantage == 0.5 and first.info == s.info
+    assert second.loss_mask is None and second.replay_count == 1 and second.n_valid == 3

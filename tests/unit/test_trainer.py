@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from runtime.config.recipe import build_config
+from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
@@ -18,21 +19,26 @@ def model_dir(tmp_path_factory):
     return save_pretrained(build_model(seed=3), build_tokenizer(), path)
 
 
-def batch(seed: int, n: int = 6):
+def batch(seed: int, n: int = 6) -> list[Sample]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
         prob = sample_problem(rng)
         resp = prob.solution_ids()
         out.append(
-            {
-                "extra": {"prompt_ids": prob.prompt_ids()},
-                "token_ids": resp,
-                "logprobs": [-3.0] * len(resp),
-                "n_valid": len(resp),
-                "advantage": 1.0 if i % 2 else -1.0,
-                "replay_count": i % 3 == 0,
-            }
+            Sample(
+                sample_id=i,
+                group_id=i // 2,
+                prompt_id=i // 2,
+                versions=[(0, 0, len(resp))],
+                prompt_token_ids=prob.prompt_ids(),
+                token_ids=resp,
+                logprobs=[-3.0] * len(resp),
+                n_valid=len(resp),
+                reward=0.0,
+                advantage=1.0 if i % 2 else -1.0,
+                replay_count=int(i % 3 == 0),
+            )
         )
     return out
 
@@ -92,11 +98,11 @@ def test_environment_tokens_are_masked_out_of_the_loss(model_dir):
     def multi_turn(env_logprob: float, model_logprob: float = -3.0):
         out = []
         for s in batch(5):
-            n = len(s["token_ids"])
+            n = len(s.token_ids)
             mask = [1 if i < n // 2 or i >= n - 2 else 0 for i in range(n)]  # env tokens mid
-            s["extra"]["loss_mask"] = mask
-            s["logprobs"] = [model_logprob if m else env_logprob for m in mask]
-            s["n_valid"] = sum(mask)
+            s.loss_mask = mask
+            s.logprobs = [model_logprob if m else env_logprob for m in mask]
+            s.n_valid = sum(mask)
             out.append(s)
         return out
 

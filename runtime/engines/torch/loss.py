@@ -46,9 +46,12 @@ replay share of the gradient is ``alpha = lambda tau / ((1 - lambda) + lambda ta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from runtime.data.sample import Sample
 
 
 def replay_weights(is_replay: torch.Tensor, n_valid: torch.Tensor, tau: float) -> torch.Tensor:
@@ -119,12 +122,12 @@ def policy_loss(
 
 
 def batch_normalisers(
-    samples: list[dict], tau: float, agg: str = "token_mean"
+    samples: Sequence[Sample], tau: float, agg: str = "token_mean"
 ) -> tuple[torch.Tensor, float]:
     """Per-sample replay weights ``w~`` and the token count of a whole batch, from its
     samples' metadata (so every data-parallel shard can use the batch's own values)."""
-    is_replay = torch.tensor([s["replay_count"] > 0 for s in samples])
-    n_valid = torch.tensor([s["n_valid"] for s in samples])
+    is_replay = torch.tensor([s.replay_count > 0 for s in samples])
+    n_valid = torch.tensor([s.n_valid for s in samples])
     mass = n_valid if agg == "token_mean" else torch.ones_like(n_valid)
     return replay_weights(is_replay, mass, tau), float(n_valid.sum())
 
@@ -133,12 +136,12 @@ def batch_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    samples: list[dict],
+    samples: Sequence[Sample],
     cfg,
     shard: list[int] | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The loss of a batch as rank 0 sends it: advantages and replay flags from each
-    sample's metadata, ``tau`` and the clip settings from the run's config.
+    """The loss of a batch as rank 0 sends it: advantages and replay flags from its
+    samples, ``tau`` and the clip settings from the run's config.
 
     With ``shard`` (indices into ``samples``) the rows are that data-parallel shard only;
     weights and the denominator still come from the whole batch.
@@ -148,7 +151,7 @@ def batch_loss(
     n_seqs = len(samples)
     if shard is not None:
         samples, weights = [samples[i] for i in shard], weights[shard]
-    adv = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     a = cfg.algorithm
     return policy_loss(
         logprobs,

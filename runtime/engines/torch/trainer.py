@@ -26,19 +26,21 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.data.sample import Sample
 from runtime.engines.torch.loss import batch_loss
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer
 from runtime.store.run_dir import RunPaths, write_json_atomic
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
+from runtime.workloads.kinds import workload_kind
 
 log = logging.getLogger(__name__)
 PAD = 0
@@ -61,7 +63,7 @@ class TorchTrainer:
 
     def train_step(
         self,
-        samples: list[dict[str, Any]],
+        samples: Sequence[Sample],
         collective: Collective | None = None,
         shard_index: int = 0,
         shard_count: int = 1,
@@ -75,7 +77,7 @@ class TorchTrainer:
         stats = [0.0, 0.0, 0.0]
         if mine:
             # 2. Pack prompt + response, right-padded.
-            seqs = [s["extra"]["prompt_ids"] + s["token_ids"] for s in mine]
+            seqs = [[*s.prompt_token_ids, *s.token_ids] for s in mine]
             width = max(map(len, seqs))
             ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
             attn = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -83,23 +85,22 @@ class TorchTrainer:
                 ids[i, : len(seq)] = torch.tensor(seq)
                 attn[i, : len(seq)] = 1
             # 3. Response positions: token t is predicted at position t-1.
-            resp_len = max(len(s["token_ids"]) for s in mine)
+            resp_len = max(len(s.token_ids) for s in mine)
             behavior = torch.zeros(len(mine), resp_len)
             mask = torch.zeros(len(mine), resp_len)
             logits = self.model(input_ids=ids, attention_mask=attn).logits / temperature
             logprobs_all = torch.log_softmax(logits.float(), dim=-1)
             rows = []
             for i, s in enumerate(mine):
-                n_prompt, n_resp = len(s["extra"]["prompt_ids"]), len(s["token_ids"])
+                n_prompt, n_resp = len(s.prompt_token_ids), len(s.token_ids)
                 pos = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
-                tok = torch.tensor(s["token_ids"])
+                tok = torch.tensor(s.token_ids)
                 rows.append((n_resp, logprobs_all[i, pos, tok]))
-                behavior[i, :n_resp] = torch.tensor(s["logprobs"])
-                loss_mask = s["extra"].get("loss_mask")  # multi-turn: env tokens are 0
-                if loss_mask is not None:
-                    mask[i, :n_resp] = torch.tensor(loss_mask, dtype=mask.dtype)
+                behavior[i, :n_resp] = torch.tensor(s.logprobs)
+                if s.loss_mask is not None:  # multi-turn: environment tokens are 0
+                    mask[i, :n_resp] = torch.tensor(s.loss_mask, dtype=mask.dtype)
                 else:
-                    mask[i, : s["n_valid"]] = 1
+                    mask[i, : s.n_valid] = 1
             logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for n, r in rows])
             # 4. Replay weights and the clipped surrogate (runtime/engines/torch/loss.py),
             # normalised by the whole batch so the shards' losses add up to the batch's.
@@ -238,7 +239,7 @@ class TorchTrainerSide(BatchConsumer):
         self.trainer.version = max(self.trainer.version, policy_version)
 
     def before_request(self) -> None:
-        if self._eval_start is None and self.cfg.workload.kind == "arith":
+        if self._eval_start is None and workload_kind(self.cfg.workload.kind).trainer_eval:
             self._eval_start = self.evaluate()
             log.info("eval reward at start: %.3f", self._eval_start)
 
@@ -266,7 +267,7 @@ class TorchTrainerSide(BatchConsumer):
         index, count = 0, 1
         if c is not None and self.rank in c.trainer_ranks:
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
-        metrics = self.trainer.train_step(wire.batch_samples(msg), c, index, count)
+        metrics = self.trainer.train_step(wire.batch(msg).samples, c, index, count)
         t = self.trainer
         metrics["trainer_replicas"] = count
         if c is not None:
@@ -279,7 +280,7 @@ class TorchTrainerSide(BatchConsumer):
             metrics["eval_reward_start"] = self._eval_start
         if t.step >= self.cfg.train.steps:
             t.publish(self.paths.root / "weights")  # the run's final policy
-            if self.cfg.workload.kind == "arith":
+            if workload_kind(self.cfg.workload.kind).trainer_eval:
                 metrics["eval_reward_end"] = self.evaluate()
         self._send(
             p.StepDone(

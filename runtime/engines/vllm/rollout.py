@@ -6,8 +6,9 @@ cleared KV cache -> reload in place -> version bump -> resume, so held requests 
 under the new weights and vLLM records the per-span versions), abort, shutdown.
 
 :class:`VLLMRolloutSide` runs that adapter on a background thread for the synchronous
-hybrid worker: work from rank 0 goes in, finished trajectories (scored by the workload's
-reward) come out through a queue drained on the worker's thread, which owns the socket.
+hybrid worker, behind the rollout pull loop (runtime/rank/rollout_loop.py): work from rank 0
+goes in, finished samples (scored by the workload's reward) come out through the loop's
+outbox, emptied on the worker's thread, which owns the socket.
 
 Log-probs: vLLM's default ``raw_logprobs`` are of the distribution before temperature. The
 trainer computes log pi(y) at temperature 1 too, so the importance ratio compares like
@@ -27,7 +28,6 @@ import asyncio
 import gc
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
@@ -37,12 +37,11 @@ from typing import Any
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
-from runtime.data.sample import Trajectory
+from runtime.data.sample import Request, Sample
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
 from runtime.rank.collective import Collective
-from runtime.rank.sides import REASK_S, Send
+from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
-from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv, Generation
@@ -181,7 +180,7 @@ class VLLMEngine:
             gc.collect()
 
 
-class VLLMRolloutSide:
+class VLLMRolloutSide(RolloutSide[Future]):
     name = "rollout"
 
     def __init__(
@@ -189,8 +188,8 @@ class VLLMRolloutSide:
     ) -> None:
         from runtime.embedded.resolve import resolve_model_path
 
-        self.cfg = cfg
-        self.rank = rank
+        super().__init__(cfg, rank)
+        self.cfg: Config = cfg
         self.paths = paths
         self.collective = collective
         # Received weights are handed to the engine as a file in memory (/dev/shm), the
@@ -202,13 +201,6 @@ class VLLMRolloutSide:
         self.weights_root = fresh_private_dir(base / f"reflow-{paths.name}-rank{rank}")
         self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
-        self.active = False
-        self._send: Send = lambda m: None
-        self._outbox: queue.SimpleQueue[Trajectory] = queue.SimpleQueue()
-        self._running: dict[int, Future] = {}
-        self._asked = False
-        self._asked_at = 0.0
-        self._retry_at = 0.0
         self._updating: Future | None = None
         self.sync_times: list[float] = []
         self._loop = asyncio.new_event_loop()
@@ -236,71 +228,50 @@ class VLLMRolloutSide:
     def _call(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    # --- RoleSide ----------------------------------------------------------------------
+    # --- the engine behind the pull loop (runtime/rank/rollout_loop.py) ------------------
 
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
+    def start(self, req: Request, now: float) -> Future:
+        return self._call(self._run(req))
+
+    def reap(self, now: float) -> None:
+        running = self.loop.running
+        for sid in [s for s, f in running.items() if f.done()]:
+            fut = running.pop(sid)
+            exc = None if fut.cancelled() else fut.exception()
+            if exc is not None:
+                log.error("generation of sample %d failed: %r", sid, exc)
+                self.loop.failed(sid, repr(exc))
+
+    def free_slots(self) -> int:
+        # Only episodes generating now hold a slot: one waiting on the sandbox does not.
+        return self.slots - (len(self.loop.running) - self.env.in_tools)
+
+    def abort(self, running: dict[int, Future]) -> None:
+        """Leaving the rollout pool: stop what is in flight (rank 0 requeues it)."""
+        turns = range(self.cfg.workload.max_turns)
+        ids = [f"s{sid}" for sid in running]
+        ids += [f"s{sid}-t{t}" for sid in running for t in turns]
+        for fut in running.values():
+            fut.cancel()  # an agent between turns must not start the next one
+        if ids:
+            self._call(self.engine.abort(ids)).result()
+
+    def observe(self, msg: p.Message, now: float) -> None:
+        if isinstance(msg, p.WeightSync):
+            self._receive_weights(wait=False)
+
+    # --- RoleSide ----------------------------------------------------------------------
 
     def activate(self) -> None:
         self._call(self.engine.wake_up()).result()
         self.active = True
 
     def deactivate(self) -> None:
-        # Leaving the rollout pool: abort what is in flight (rank 0 requeues it).
-        self.active = False
-        turns = range(self.cfg.workload.max_turns)
-        ids = [f"s{sid}" for sid in self._running]
-        ids += [f"s{sid}-t{t}" for sid in self._running for t in turns]
-        for fut in self._running.values():
-            fut.cancel()  # an agent between turns must not start the next one
-        if ids:
-            self._call(self.engine.abort(ids)).result()
-        self._running.clear()
-        self._asked = False
+        super().deactivate()
         self._call(self.engine.sleep()).result()
-
-    @property
-    def state(self) -> str:
-        return "busy" if self._running else "idle"
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats.snapshot()
-
-    def on_message(self, msg: p.Message) -> None:
-        if isinstance(msg, p.WeightSync):
-            self._receive_weights(wait=False)
-        if isinstance(msg, p.Work):
-            self._asked = False
-            if not msg.requests:
-                self._retry_at = time.monotonic() + 0.05
-            for req in msg.requests:
-                if req["sample_id"] in self._running:
-                    # rank 0 timed it out and handed it back to us while our first copy
-                    # still runs: that copy's result is the one it will take
-                    continue
-                self._running[req["sample_id"]] = self._call(self._run(req))
-
-    def step(self) -> None:
-        while not self._outbox.empty():
-            self._send(wire.sample_done(self._outbox.get(), self.rank))
-        for sid in [s for s, f in self._running.items() if f.done()]:
-            fut = self._running.pop(sid)
-            exc = None if fut.cancelled() else fut.exception()
-            if exc is not None:
-                # Never lose a sample silently: rank 0 puts it back in the queue.
-                log.error("generation of sample %d failed: %r", sid, exc)
-                self._send(p.SampleFailed(rank=self.rank, sample_id=sid, reason=repr(exc)))
-        if not self.active:
-            return
-        # Only episodes generating now hold a slot: one waiting on the sandbox does not.
-        free = self.slots - (len(self._running) - self.env.in_tools)
-        now = time.monotonic()
-        asked_long_ago = self._asked and now - self._asked_at > REASK_S  # answer lost
-        if free > 0 and (not self._asked or asked_long_ago) and now >= self._retry_at:
-            self._asked, self._asked_at = (
-                bool(self._send(p.WorkRequest(rank=self.rank, slots=free))),
-                now,
-            )
 
     def on_layout(self, change: LayoutChange) -> None:
         """New rollout ranks get the leader's current weights (the whole rollout pool
@@ -350,31 +321,27 @@ class VLLMRolloutSide:
             if old.name != f"v{version}":
                 shutil.rmtree(old, ignore_errors=True)
 
-    async def _run(self, req: dict[str, Any]) -> None:
-        prompt = req["prompt"]
+    async def _run(self, req: Request) -> None:
+        prompt = req.prompt
         started = time.monotonic()
-        ep = await self.agent.run(self.env, f"s{req['sample_id']}", prompt)
+        ep = await self.agent.run(self.env, f"s{req.sample_id}", prompt)
         if ep is None:  # aborted on leaving the rollout pool; rank 0 requeued it
             return
-        extra: dict[str, Any] = {"prompt_ids": list(prompt["prompt_ids"])}
-        if 0 in ep.loss_mask:
-            extra["loss_mask"] = ep.loss_mask
-        if ep.info:
-            extra["info"] = ep.info
-        spans = ep.spans or [(self.engine.version, 0, len(ep.token_ids))]
-        self._outbox.put(
-            Trajectory(
-                sample_id=req["sample_id"],
-                group_id=req["group_id"],
-                prompt_id=req["prompt_id"],
-                versions=spans,
+        self.loop.finished(
+            Sample(
+                sample_id=req.sample_id,
+                group_id=req.group_id,
+                prompt_id=req.prompt_id,
+                versions=ep.spans or [(self.engine.version, 0, len(ep.token_ids))],
+                prompt_token_ids=list(prompt["prompt_ids"]),
                 token_ids=ep.token_ids,
                 logprobs=ep.logprobs,
-                reward=ep.reward,
+                loss_mask=ep.loss_mask if 0 in ep.loss_mask else None,
                 n_valid=ep.n_model_tokens,
+                reward=ep.reward,
+                info=ep.info or {},
                 worker=self.rank,
                 started_at=started,
                 finished_at=time.monotonic(),
-                extra=extra,
             )
         )
