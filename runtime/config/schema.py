@@ -311,3 +311,13 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.resources.nodes * self.resources.gpus_per_node
+
+
+# Engine pairs whose trainer broadcasts weights to the rollout engines over
+# torch.distributed: every rank joins the run's process group for them (and a rank of such
+# a group cannot be lost without the group: runtime/control/coordinator.py).
+WEIGHT_TRANSPORT: frozenset[tuple[str, str]] = frozenset({("vllm", "torch")})
+
+
+def needs_collective(cfg: Config) -> bool:
+    return (cfg.engine.rollout, cfg.engine.trainer) in WEIGHT_TRANSPORT

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config.layout import LayoutError, Role
+from runtime.config.schema import needs_collective
 from runtime.control import lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
-from runtime.engines.registry import needs_collective
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 

@@ -53,7 +53,6 @@ class ReplayBuffer:
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
         self._groups: dict[int, list[Sample]] = {}
         self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
-        self._group_target: dict[int, int] = {}
         self.unused: dict[int, Sample] = {}
         self.replay: dict[int, Sample] = {}
         self.in_batch: dict[int, Batch] = {}
@@ -75,22 +74,12 @@ class ReplayBuffer:
         t.phase = Phase.FINISHED
         group.append(t)
         self._n_waiting += 1
-        if len(group) >= self._group_target.get(t.group_id, self.group_size):
+        if len(group) >= self.group_size:
             self._complete(t.group_id)
-
-    def close_group(self, group_id: int, size: int) -> None:
-        """The group will have only ``size`` members (some were aborted or lost)."""
-        self._group_target[group_id] = size
-        group = self._groups.get(group_id)
-        if group is not None and len(group) >= size:
-            self._complete(group_id)
-        elif size == 0:
-            self._group_target.pop(group_id, None)
 
     def _complete(self, group_id: int) -> None:
         group = self._groups.pop(group_id)
         self._n_waiting -= len(group)
-        self._group_target.pop(group_id, None)
         mean, std = _group_stats(tuple(sorted(t.reward for t in group)))
         for t in group:
             t.advantage = (t.reward - mean) / (std + _TINY)
@@ -183,7 +172,6 @@ class ReplayBuffer:
             raise ValueError("a batch is in training: checkpoint at a step boundary")
         return {
             "groups": {str(g): [sample_state(t) for t in ts] for g, ts in self._groups.items()},
-            "group_target": {str(g): n for g, n in self._group_target.items()},
             # lists, not maps: the pools' order feeds the sampler, so it must survive
             "unused": [sample_state(t) for t in self.unused.values()],
             "replay": [sample_state(t) for t in self.replay.values()],
@@ -199,7 +187,6 @@ class ReplayBuffer:
         self._groups = {
             int(g): [sample_from_state(d) for d in ts] for g, ts in state["groups"].items()
         }
-        self._group_target = {int(g): int(n) for g, n in state["group_target"].items()}
         self._n_waiting = sum(len(g) for g in self._groups.values())
         self.unused, self.replay, self.in_batch, self._by_version = {}, {}, {}, {}
         for pool, key in ((self.unused, "unused"), (self.replay, "replay")):

@@ -4,7 +4,7 @@ Values are ``module:attribute`` strings imported on first use, so validating a r
 ``--dry-run``) never imports heavy engine code. Each factory is called as
 ``factory(cfg, rank, paths, collective)`` and returns a :class:`runtime.rank.sides.RoleSide`;
 ``collective`` is the rank's process group (:mod:`runtime.rank.collective`) for the engines
-that move tensors between ranks (``WEIGHT_TRANSPORT``), else None.
+that move tensors between ranks (:data:`runtime.config.schema.WEIGHT_TRANSPORT`), else None.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ TRAINER_ENGINES: dict[str, str] = {
 }
 
 
-# Engine pairs whose trainer broadcasts weights to the rollout engines over
-# torch.distributed: the rank joins the run's process group for them.
-WEIGHT_TRANSPORT: set[tuple[str, str]] = {("vllm", "torch")}
-
-
 class EngineUnavailable(RuntimeError):
     """A registered engine whose code or dependencies are not importable here."""
 
@@ -42,10 +37,6 @@ def _load(kind: str, name: str, target: str):
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise EngineUnavailable(f"engine.{kind}: {name!r} cannot be loaded ({exc})") from None
-
-
-def needs_collective(cfg: Config) -> bool:
-    return (cfg.engine.rollout, cfg.engine.trainer) in WEIGHT_TRANSPORT
 
 
 def build_sides(

@@ -59,13 +59,11 @@ class RoleSide(Protocol):
 
 
 class PlaceholderSide:
-    """A side with no engine: activation/deactivation are recorded, work is nothing."""
+    """A side with no engine: it is active or not, and its work is nothing."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.active = False
-        self.activations = 0
-        self.activated_at: float | None = None
 
     def attach(self, send: Send, rank: int) -> None:
         self.rank = rank
@@ -75,8 +73,6 @@ class PlaceholderSide:
 
     def activate(self) -> None:
         self.active = True
-        self.activations += 1
-        self.activated_at = time.monotonic()
 
     def deactivate(self) -> None:
         self.active = False

@@ -100,7 +100,6 @@ class HybridWorker:
         self._on_stop_signal = on_stop_signal
         self.heartbeat_interval = cfg.control.heartbeat_interval_s
         self.last_ack = time.monotonic()
-        self.switch_durations: list[float] = []
         self.unsent = 0
         self.resent = 0
         # sample id -> [message, when last sent]; forgotten when rank 0 acks the id
@@ -382,7 +381,6 @@ class HybridWorker:
                 self.sides[name].on_layout(change)
             self.layout_epoch, self.roles = msg.layout_epoch, change.after
             took = time.perf_counter() - start
-            self.switch_durations.append(took)
             log.info("epoch %d: %s -> %s in %.3f s", msg.layout_epoch, old_role, new_role, took)
             assert self.role is not None
             self._send(

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from jobs.control import ControlClient
 from runtime.data.sample import Sample
+from runtime.transport import envelope
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.auth import CLIENT, SERVER, load_keypair, secure_client
@@ -67,7 +68,7 @@ def fuzzed_frames(draw) -> list[bytes]:
         hint = typing.get_type_hints(type(example))[name]
         # a value of a type the field does not take (random junk may happen to fit)
         candidates = [draw(junk), b"\x00", [[b"x"]], {"k": b"v"}]
-        header[name] = next(v for v in candidates if not p._conforms(hint, v))
+        header[name] = next(v for v in candidates if not envelope._conforms(hint, v))
     elif how == "type":
         header["type"] = draw(st.text(max_size=12).filter(lambda t: t not in p.message_types()))
     elif how == "version":

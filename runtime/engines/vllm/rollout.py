@@ -202,7 +202,6 @@ class VLLMRolloutSide(RolloutSide[Future]):
         self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
         self._updating: Future | None = None
-        self.sync_times: list[float] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, daemon=True, name="vllm-loop"
@@ -315,7 +314,6 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     async def _update(self, path: str, version: int) -> None:
         took = await self.engine.update_weights(path, version)
-        self.sync_times.append(took)
         log.debug("weights v%d loaded in %.3f s", version, took)
         for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
             if old.name != f"v{version}":
