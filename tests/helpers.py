@@ -76,3 +76,13 @@ def wait_for_status(run: str, predicate, timeout: float = 120) -> dict:
             return s
         assert time.monotonic() < deadline, f"timed out; last status {s}"
         time.sleep(0.25)
+
+
+def load_script(name: str):
+    """A file of scripts/ as a module (scripts are run by path, not imported by package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,25 +6,19 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import re
 
 import pytest
 
 from runtime.config.recipe import load_recipe
 from runtime.data.datasets import check_dataset
-from tests.helpers import DATA_SLICES, REPO, SHARED_DATA, needs_full_data
+from tests.helpers import DATA_SLICES, REPO, SHARED_DATA, load_script, needs_full_data
 
 NOT_DATA = {"SOURCES.md", "SHA256SUMS", "LICENSE"}
 
 
 def make_slices():
-    spec = importlib.util.spec_from_file_location(
-        "make_data_slices", REPO / "scripts" / "make_data_slices.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_data_slices")
 
 
 def sums() -> dict[str, str]:

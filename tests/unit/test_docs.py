@@ -1,21 +1,17 @@
 """The docs hold to the code: the generated recipe reference is current, and every file,
 name and test the docs point at exists."""
 
-import importlib.util
 import re
 from pathlib import Path
+
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "gen_recipe_docs", REPO / "scripts" / "gen_recipe_docs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_recipe_docs")
 
 
 def _pages() -> dict[str, str]:
