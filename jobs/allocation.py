@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.config.layout import Layout, Role, parse_ratio
+from runtime.config.layout import Role, initial_layout
 from runtime.config.schema import Config
 
 
@@ -15,20 +15,6 @@ class RankPlan:
     local_rank: int
     role: Role
     group: int
-
-
-def initial_layout(cfg: Config) -> Layout:
-    res = cfg.resources
-    assert res.initial_ratio is not None
-    rollout, trainer = parse_ratio(res.initial_ratio)
-    return Layout.from_ratio(
-        rollout,
-        trainer,
-        world_size=cfg.world_size,
-        gpus_per_node=res.gpus_per_node,
-        trainer_group_size=res.trainer_gpus_per_replica,
-        rollout_group_size=res.rollout_gpus_per_replica,
-    )
 
 
 def plan_ranks(cfg: Config) -> list[RankPlan]:

@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.live import Live
 
 from jobs import launch as launching
-from jobs.allocation import initial_layout, plan_ranks
+from jobs.allocation import plan_ranks
 from jobs.control import ControlClient
 from jobs.errors import UserError
 from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli.reward import reward_app
 from reflow_cli.view import plan_view, status_view
-from runtime.config.layout import LayoutError, parse_ratio
+from runtime.config.layout import LayoutError, initial_layout, parse_ratio
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.data.datasets import DatasetError, check_dataset
 from runtime.sim.cluster import SimStalled

@@ -33,9 +33,6 @@ def needs_full_data(what: str) -> pytest.MarkDecorator:
     )
 
 
-needs_shared_data = needs_full_data("the full public datasets")
-
-
 def reflow(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (the environment, REFLOW_RUNS_DIR included, passes)."""
     done = subprocess.run(

@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.config.schema import Config
 
 
 class Role(str, Enum):
@@ -191,3 +195,18 @@ class LayoutChange:
     def joined(self, role: str) -> list[int]:
         """Ranks that have ``role`` now and did not before."""
         return [r for r in self.ranks(role) if self.before[r] != role]
+
+
+def initial_layout(cfg: Config) -> Layout:
+    """The layout a run starts with: ``resources.initial_ratio`` over the run's ranks."""
+    res = cfg.resources
+    assert res.initial_ratio is not None
+    rollout, trainer = parse_ratio(res.initial_ratio)
+    return Layout.from_ratio(
+        rollout,
+        trainer,
+        world_size=cfg.world_size,
+        gpus_per_node=res.gpus_per_node,
+        trainer_group_size=res.trainer_gpus_per_replica,
+        rollout_group_size=res.rollout_gpus_per_replica,
+    )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.config.layout import Layout, Role, parse_ratio
+from runtime.config.layout import Layout, Role, initial_layout
 from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
 from runtime.control.data_plane import DataPlane
@@ -70,17 +70,8 @@ class Run:
         self.clock = clock
         self.wall = wall
         self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
-        res, sch = cfg.resources, cfg.scheduler
-        assert res.initial_ratio is not None, "config not validated"
-        rollout, trainer = parse_ratio(res.initial_ratio)
-        layout = Layout.from_ratio(
-            rollout,
-            trainer,
-            world_size=cfg.world_size,
-            gpus_per_node=res.gpus_per_node,
-            trainer_group_size=res.trainer_gpus_per_replica,
-            rollout_group_size=res.rollout_gpus_per_replica,
-        )
+        sch = cfg.scheduler
+        layout = initial_layout(cfg)
         self.state = RunState.STARTING
         self.reason = ""
         self.step = 0
