@@ -189,6 +189,6 @@ def test_a_simulation_that_stops_making_progress_says_so():
         PROFILES.workload("math"),
         stall_s=3600.0,
     )
-    sim._turn_finished = lambda leader, sid: None  # every finished sample is lost
+    sim.pool._turn_finished = lambda leader, sid: None  # every finished sample is lost
     with pytest.raises(sim_cluster.SimStalled, match=r"^no training step for \d+ simulated s"):
         sim.run()

@@ -1,0 +1,291 @@
+"""The simulated rollout side: one modelled replica per rollout group, each led by a rank
+running the real rollout pull loop (:class:`runtime.rank.rollout_loop.RolloutLoop`).
+
+A leader asks for work up to its sequence limit, its replica generates each request turn
+by turn (a tool call between turns), and finished samples go back to rank 0 as the real
+ranks send them. Requests refused for lack of room (B_max, staleness, a barrier, the token
+budget) are retried when something that lifts those limits happens, not polled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runtime.control.coordinator import Coordinator
+from runtime.data.sample import Sample
+from runtime.rank.rollout_loop import RolloutLoop
+from runtime.sim.events import EventQueue
+from runtime.sim.parameters import ModelProfile, WorkloadProfile
+from runtime.sim.replica import RolloutReplica
+from runtime.transport import protocol as p
+
+
+@dataclass
+class _Generation:
+    """A request in flight on a simulated replica (its pull loop's handle for it)."""
+
+    prompt_blocks: int
+    turns: list[int]  # blocks to generate per turn
+    version: int  # policy version when dispatched
+    group_id: int
+    prompt_id: int
+    dispatched_at: float
+    turn: int = 0
+    context: int = 0  # blocks generated in earlier turns
+
+
+class RolloutPool:
+    """The rollout replicas of the current layout, keyed by their leader rank."""
+
+    def __init__(
+        self,
+        events: EventQueue,
+        coord: Coordinator,
+        send: Callable[[int, p.Message], bool],
+        model: ModelProfile,
+        workload: WorkloadProfile,
+        *,
+        rng: random.Random,
+        block: int,
+        max_seqs: int,
+        world: int,
+        gpus_per_replica: int,
+        prompt_ids: list[int],
+        progress: Callable[[], float],
+        on_delivered: Callable[[], None],
+    ) -> None:
+        self.events, self.coord, self._send = events, coord, send
+        self.model, self.workload, self.lengths = model, workload, workload.lengths
+        self.rng, self.block, self.max_seqs = rng, block, max_seqs
+        self.gpus_per_replica = gpus_per_replica
+        self._progress, self._on_delivered = progress, on_delivered
+        self.stopped = False
+        self.version = 0  # the newest policy version the ranks have received
+        self.replicas: dict[int, RolloutReplica] = {}  # leader rank -> replica
+        self.loops: dict[int, RolloutLoop[_Generation]] = {}  # leader rank -> its pull loop
+        self._replica_event: dict[int, int] = {}  # leader -> token of its scheduled event
+        # Leaders whose last work request got nothing (B_max, staleness, a barrier, the
+        # token budget), oldest first. They ask again when something that lifts those
+        # limits happens: a step (all), a delivery (the oldest one), the periodic tick.
+        self._blocked: dict[int, None] = {}
+        self._stale_at: int | None = None  # see _stale_limited
+        self.rollout_active: list[float] = [0.0] * world  # seconds per rank, for heartbeats
+        self.rollout_busy: list[float] = [0.0] * world
+        self._last_account = 0.0
+        self._accounted: dict[int, float] = {}
+        self._arrays: dict[int, tuple[array, array]] = {}
+        self._prompt_ids = prompt_ids  # the one prompt rank 0 hands out
+
+    # --- layout ------------------------------------------------------------------------
+
+    def add(self, leader: int, *, frozen_for: float = 0.0) -> None:
+        """A rollout replica led by ``leader``, with the leader's pull loop; it starts
+        generating after ``frozen_for`` seconds (a role switch)."""
+        replica = RolloutReplica(self.model, block=self.block, max_seqs=self.max_seqs)
+        loop: RolloutLoop[_Generation] = RolloutLoop(leader, retry_s=0.0)
+        loop.attach(lambda msg: self._send(leader, msg), leader)
+        self.replicas[leader], self.loops[leader] = replica, loop
+        if frozen_for:
+            replica.t = replica.frozen_until = self.events.now + frozen_for
+
+    def relayout(self, leaders: set[int], frozen_for: float) -> None:
+        """Keep the replicas whose leaders lead again, drop the others (the coordinator
+        requeued their requests; whatever they were generating is lost), add the new."""
+        self.account()
+        for gone in set(self.replicas) - leaders:
+            del self.replicas[gone]
+            self.loops.pop(gone).drop()
+            self._replica_event.pop(gone, None)
+            self._accounted.pop(gone, None)
+            self._blocked.pop(gone, None)
+        for new in leaders - set(self.replicas):
+            self.add(new, frozen_for=frozen_for)
+
+    # --- coordinator -> leaders --------------------------------------------------------
+
+    def on_work(self, leader: int, msg: p.Work) -> None:
+        replica, loop = self.replicas.get(leader), self.loops.get(leader)
+        if replica is None or loop is None:
+            return
+        now = self.events.now
+        requests = loop.take(msg, now)
+        if not msg.requests:
+            # Nothing now (B_max, staleness, a barrier): real ranks ask again a moment
+            # later; here the blocked ones ask when something that lifts those limits
+            # happens (a step, a delivery, the periodic tick).
+            self._blocked[leader] = None
+            return
+        self._blocked.pop(leader, None)
+        n_turns, prompt_blocks = self.workload.turns, len(self._prompt_ids)
+        progress = self._progress()
+        for req in requests:
+            total = self.lengths.draw(self.rng, progress)
+            per = [max(1, total // n_turns // self.block)] * n_turns
+            loop.running[req.sample_id] = _Generation(
+                prompt_blocks=prompt_blocks,
+                turns=per,
+                version=msg.policy_version,
+                group_id=req.group_id,
+                prompt_id=req.prompt_id,
+                dispatched_at=now,
+            )
+            replica.submit(req.sample_id, prompt_blocks, per[0])
+        self._catch_up(leader, replica)
+
+    def on_weight_sync(self, rank: int, version: int) -> None:
+        """A sync holds a replica's requests for the sync time; they resume after."""
+        self.version = max(self.version, version)
+        replica = self.replicas.get(rank)
+        if replica is not None:
+            replica.stall(self.events.now, self.model.weight_sync_s)
+            self._schedule(rank)
+
+    # --- replica events ----------------------------------------------------------------
+
+    def _schedule(self, leader: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None:
+            return
+        t = replica.next_event()
+        token = self.events.token()
+        self._replica_event[leader] = token
+        if t < math.inf:
+            self.events.at(max(t, self.events.now), self._tick, leader, token)
+
+    def _tick(self, leader: int, token: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None or self._replica_event.get(leader) != token:
+            return  # superseded by a later schedule, or the replica is gone
+        for sid in replica.on_event(self.events.now):
+            self._turn_finished(leader, sid)
+        if self._stale_limited():
+            self._blocked.setdefault(leader, None)
+        elif leader not in self._blocked:  # blocked ones wait for a step or a delivery
+            self.ask_work(leader)
+        self._schedule(leader)
+
+    def _catch_up(self, leader: int, replica: RolloutReplica) -> None:
+        """Bring a replica to now after new work: what finishes at this very instant (its
+        tick was due now but had not run yet) must be reported, not dropped."""
+        for sid in replica.on_event(self.events.now):
+            self._turn_finished(leader, sid)
+        self._schedule(leader)
+
+    def _turn_finished(self, leader: int, sid: int) -> None:
+        loop = self.loops[leader]
+        s = loop.running.get(sid)
+        if s is None:
+            return
+        now = self.events.now
+        s.context += s.turns[s.turn]
+        s.turn += 1
+        if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
+            self.events.at(now + self.workload.tool_s(self.rng), self._next_turn, leader, sid)
+            return
+        del loop.running[sid]
+        n = s.context
+        # Held across a weight sync (runtime/rank/rollout_loop.py, Spans): modelled as half
+        # way through, which is all rank 0 looks at (the spans' versions).
+        v = s.version
+        spans = [(v, 0, n)] if self.version <= v else [(v, 0, n // 2), (self.version, n // 2, n)]
+        reward = float(self.rng.random() < self.workload.reward_p(self._progress()))
+        tokens, logprobs = self._arrays_of(n)
+        loop.finished(
+            Sample(
+                sample_id=sid,
+                group_id=s.group_id,
+                prompt_id=s.prompt_id,
+                versions=spans,
+                prompt_token_ids=self._prompt_ids,  # rank 0 checks it was its prompt
+                token_ids=tokens,
+                logprobs=logprobs,
+                n_valid=n,
+                reward=reward,
+                worker=leader,
+                started_at=s.dispatched_at,
+                finished_at=now,
+            )
+        )
+        loop.flush()
+        if self._blocked and not self._stale_limited():
+            # a slot under B_max is free now: the longest-waiting asks
+            oldest = next(iter(self._blocked))
+            del self._blocked[oldest]
+            self.ask_work(oldest)
+        self._on_delivered()
+
+    def _next_turn(self, leader: int, sid: int) -> None:
+        replica, loop = self.replicas.get(leader), self.loops.get(leader)
+        s = loop.running.get(sid) if loop is not None else None
+        if replica is None or s is None:
+            return
+        replica.advance(self.events.now)
+        replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
+        self._catch_up(leader, replica)
+
+    # --- asking for work ---------------------------------------------------------------
+
+    def ask_work(self, leader: int) -> None:
+        replica = self.replicas.get(leader)
+        if replica is None or self.stopped:
+            return
+        blocked = self.coord.data.dispatcher.blocked
+        refused = blocked["staleness"]
+        asked = self.loops[leader].pull(self.max_seqs - replica.outstanding, self.events.now)
+        if asked and blocked["staleness"] != refused:
+            self._stale_at = self._settled_groups()
+
+    def ask_all(self) -> None:
+        for leader in list(self.replicas):
+            self.ask_work(leader)
+
+    def retry_blocked(self) -> None:
+        """Something that lifts the limits happened (a step, the periodic tick): the
+        blocked leaders ask again, oldest first, until staleness refuses one."""
+        self._stale_at = None
+        for leader in list(self._blocked):
+            if self._stale_limited():  # the rest would be refused the same way
+                break
+            self._blocked.pop(leader, None)
+            self.ask_work(leader)
+
+    def _settled_groups(self) -> int:
+        t = self.coord.data.buffer.transitions
+        return t["finished->available"] + t["finished->evicted"]
+
+    def _stale_limited(self) -> bool:
+        """Whether the last work request was refused by staleness admission and nothing
+        that lifts it has happened since. Its bound counts buffered + outstanding samples,
+        which a delivery does not change: only a step (a batch consumed, a new version) or
+        a group leaving the buffer does. Asking again after every delivery while it holds
+        was nine in ten of all work requests at 128 GPUs."""
+        if self._stale_at is not None and self._stale_at != self._settled_groups():
+            self._stale_at = None
+        return self._stale_at is not None
+
+    def _arrays_of(self, n: int) -> tuple[array, array]:
+        """Token ids and log-probs of a response of ``n`` blocks (their values never matter;
+        typed arrays go onto the wire as they are)."""
+        b = self._arrays.get(n)
+        if b is None:
+            b = self._arrays[n] = (array("i", [0] * n), array("f", [-1.0] * n))
+        return b
+
+    # --- accounting --------------------------------------------------------------------
+
+    def account(self) -> None:
+        """Rollout active/busy seconds per rank since the last call (for the heartbeats)."""
+        now = self.events.now
+        dt = now - self._last_account
+        self._last_account = now
+        for leader, replica in self.replicas.items():
+            replica.advance(now)
+            busy = replica.busy_s - self._accounted.get(leader, 0.0)
+            self._accounted[leader] = replica.busy_s
+            for r in range(leader, leader + self.gpus_per_replica):
+                self.rollout_active[r] += dt
+                self.rollout_busy[r] += busy
