@@ -41,8 +41,6 @@ def run_cell(workload: str, model: str, gpus: int, steps: int, mode: str, sets: 
     sets = [f"train.steps={steps}", *sets]
     if mode == "reflow" and "scheduler.adaptive_caps=false" not in sets:
         sets.append("scheduler.adaptive_caps=true")  # ReFlow with every part on
-    if mode == "reflow":
-        sets.append("reflow.admission=capacity")  # throughput-first admission
     if mode != "reflow":  # the baselines keep their initial placement and fixed caps
         sets += ["scheduler.auto_rebalance=false", "scheduler.adaptive_caps=false"]
     cfg = load_recipe(REPO / "recipes" / RECIPES[workload], sets)

@@ -246,8 +246,31 @@ def check_feasible(cfg: Config) -> None:
         raise _FieldError(
             "reflow.sigma", f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})"
         )
+    group = cfg.algorithm.group_size
+    if train.batch_prompts is not None:
+        b = train.batch_prompts * group
+        if train.batch_size is not None and train.batch_size != b:
+            raise _FieldError(
+                "train.batch_size",
+                f"{train.batch_size} != batch_prompts x group_size = "
+                f"{train.batch_prompts} x {group} = {b} (give one of the two)",
+            )
+        train.batch_size = b
+    elif train.batch_size is None:
+        train.batch_size = 32
+    if train.batch_size % train.mini_batches:
+        raise _FieldError(
+            "train.mini_batches",
+            f"{train.mini_batches} does not divide batch_size={train.batch_size}",
+        )
     if rf.B_max is None:
         rf.B_max = train.batch_size
+    if train.steps % train.sync_every:
+        raise _FieldError(
+            "train.steps",
+            f"{train.steps} is not a multiple of sync_every={train.sync_every} "
+            "(a run ends at a sync point, where its last policy version is published)",
+        )
     if train.checkpoint_every and train.checkpoint_every % train.sync_every:
         raise _FieldError(
             "train.checkpoint_every",

@@ -104,15 +104,44 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(100, "training steps (optimizer updates) of the run", ge=1)
-    batch_size: int = opt(32, "samples per training batch (b)", ge=1)
+    steps: int = opt(100, "training steps of the run (one batch each)", ge=1)
+    batch_size: int | None = opt(
+        None,
+        "samples per training batch (b); none = batch_prompts x algorithm.group_size, or 32",
+        ge=1,
+    )
+    batch_prompts: int | None = opt(
+        None, "prompts per training batch (b = batch_prompts x algorithm.group_size)", ge=1
+    )
+    mini_batches: int = opt(
+        1,
+        "optimizer updates per step: the batch is split into this many mini-batches "
+        "(verl's ppo_mini_batch_size = b / mini_batches)",
+        ge=1,
+    )
     lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
-    sync_every: int = opt(1, "steps between weight syncs to rollout", ge=1)
+    sync_every: int = opt(
+        1,
+        "steps between weight syncs to rollout; the policy version (what delta and sample "
+        "ages count) goes up by one at each sync",
+        ge=1,
+    )
     checkpoint_every: int = opt(
         0, "steps between checkpoints (a multiple of sync_every); 0 = only at a stop", ge=0
     )
     keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
     seed: int = opt(0, "global seed", ge=0)
+
+    # Versions are counted as the paper counts them: one per weight sync, so a delta of 1
+    # keeps the samples of the latest and the one-earlier published weights.
+    def version_at(self, step: int) -> int:
+        """The policy version after ``step`` training steps."""
+        return step // self.sync_every
+
+    def last_step_for(self, oldest_version: int, delta: int) -> int:
+        """The last step whose batch may take a sample with this oldest version: step
+        ``s`` samples at ``version_at(s - 1)``, which may be at most ``delta`` newer."""
+        return (oldest_version + delta + 1) * self.sync_every
 
 
 @dataclass
@@ -126,12 +155,6 @@ class ReflowConfig:
     delta: int = opt(1, "max policy-version age of a sample", ge=0)
     sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
     replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
-    admission: str = opt(
-        "observed",
-        "staleness admission bound: observed fresh samples per step x (delta+1) (fresher), "
-        "or the trainer's capacity b x (delta+1) (more rollout in flight)",
-        choices=("observed", "capacity"),
-    )
 
 
 @dataclass

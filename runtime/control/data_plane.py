@@ -46,9 +46,10 @@ class DataPlane:
             delta=rf.delta,
             batch_size=train.batch_size,
             clock=clock,
-            admission=rf.admission,
         )
-        self.policy_version = 0
+        self.train, self.delta = train, rf.delta
+        self.policy_version = 0  # of the weights last published: one per sync
+        self.step = 0  # training steps done
         self.rejected: Counter[str] = Counter()
         # sample id -> the rank it came from (-1: restored from a checkpoint): a rank that
         # sends a result again (no ack reached it) is told apart from a real duplicate
@@ -76,9 +77,16 @@ class DataPlane:
             slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
             if slots == 0:
                 self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
+                self.dispatcher.last_block = f"{self.mode}_barrier"
                 return []
+        horizon = self.train.last_step_for(self.policy_version, self.delta) - self.step
         return self.dispatcher.take(
-            worker, slots, buffered=buffered, version=self.policy_version, admit=admit
+            worker,
+            slots,
+            buffered=buffered,
+            version=self.policy_version,
+            horizon=horizon,
+            admit=admit,
         )
 
     def deliver(self, t: Sample) -> bool:
@@ -157,11 +165,13 @@ class DataPlane:
         self.batches[batch.batch_id] = batch
         return batch
 
-    def finish_step(self, batch_id: int, new_version: int) -> Batch:
+    def finish_step(self, batch_id: int, step: int, new_version: int) -> Batch:
+        """Step ``step`` trained batch ``batch_id``; its weights are version ``new_version``
+        (one more than before at a sync point)."""
         batch = self.batches.pop(batch_id)
         self.buffer.complete_batch(batch_id)
+        self.step = max(self.step, step)
         self.policy_version = max(self.policy_version, new_version)
-        self.dispatcher.observe_step(batch.n_unused)
         self.buffer.evict_stale(self.policy_version)
         return batch
 
@@ -172,6 +182,7 @@ class DataPlane:
             raise ValueError("a batch is in training: checkpoint at a step boundary")
         return {
             "policy_version": self.policy_version,
+            "step": self.step,
             "buffer": self.buffer.state_dict(),
             "dispatcher": self.dispatcher.state_dict(),
             "rejected": dict(self.rejected),
@@ -182,6 +193,7 @@ class DataPlane:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy_version = int(state["policy_version"])
+        self.step = int(state["step"])
         self.buffer.load_state_dict(state["buffer"])
         self.dispatcher.load_state_dict(state["dispatcher"])
         self.rejected = Counter(state["rejected"])

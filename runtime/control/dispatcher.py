@@ -4,22 +4,20 @@ Prompts become ``group_size`` requests each (one GRPO group) in a FIFO pending q
 Rollout workers ask for work; a request is handed out only if
 
 - fewer than ``B_max`` samples are outstanding (running or held) at rollout workers, and
-- its trajectory can still be consumed within ``delta`` policy versions: with ``ahead``
-  samples in front of it (unused in the buffer, waiting for their group, outstanding) and
-  a consumption of ``rate`` fresh samples per step, admission needs
-  ``ahead + 1 <= rate * (delta + 1)`` (StaleFlow-style consistency; otherwise the work
+- its sample can still be consumed before it is too old: with ``ahead`` samples in front
+  of it (unused in the buffer, waiting for their group, outstanding), the trainer taking
+  ``b`` of them per step and ``horizon`` steps left whose batches may still take a sample
+  of the current version (``TrainConfig.last_step_for`` minus the steps done), admission
+  needs ``ahead + 1 <= b * horizon`` (StaleFlow-style consistency; otherwise the work
   would be generated only to be evicted).
 
-``rate`` is, by ``reflow.admission``: ``observed`` (default), an EWMA of the fresh samples
-the trainer took per step; or ``capacity``, the batch size ``b``. ``observed`` keeps
-samples fresher, but in ``reflow`` mode a batch takes fewer fresh samples exactly when
-fewer arrive (replay fills the rest), so it also holds rollout back when it falls behind:
-the cluster simulator showed rollout idle at 73% against async's 40% (APPS agent, 64 GPUs),
-and ``capacity`` won more throughput there. On the CPU demo both reached the same held-out
-reward (0.344 with ``capacity``, 0.348 with ``observed``, one run each); the default stays
-the rule the demo was tuned with.
+The rate is the trainer's demand, ``b``, not the fresh samples it was seen to take: in
+``reflow`` mode a batch takes fewer fresh samples exactly when fewer arrive (replay fills
+the rest), and a bound on that observed rate held rollout back further each time it fell
+behind (the cluster simulator showed rollout idle at 73% against async's 40%, APPS agent,
+64 GPUs). Outside ``reflow`` every batch is all fresh and both rates are ``b``.
 
-Pure logic: the coordinator passes in the current buffer occupancy and version.
+Pure logic: the coordinator passes in the current buffer occupancy, version and horizon.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ class Dispatcher:
         delta: int,
         batch_size: int,
         clock: Callable[[], float],
-        admission: str = "observed",
     ) -> None:
         self._prompts = prompts
         self.group_size = group_size
@@ -52,8 +49,6 @@ class Dispatcher:
         self.outstanding: dict[int, tuple[Request, int]] = {}  # sample_id -> (request, worker)
         self._at_worker: Counter[int] = Counter()  # outstanding per worker, kept in step
         self.batch_size = batch_size
-        self.admission = admission
-        self.fresh_per_step = float(batch_size)  # EWMA of unused samples consumed per step
         self._next_sample = 0
         self._next_group = 0
         self._next_prompt = 0
@@ -61,6 +56,7 @@ class Dispatcher:
         self.blocked: Counter[str] = Counter()  # why requests were not handed out
         self.requeue_reasons: Counter[str] = Counter()  # why requests came back
         self.exhausted = False
+        self.last_block: str | None = None  # why the last take stopped short, if it did
         self._started_groups: set[int] = set()
 
     def _refill(self) -> bool:
@@ -89,9 +85,10 @@ class Dispatcher:
             n += 1
         return n
 
-    def admissible(self, ahead: int) -> bool:
-        rate = self.batch_size if self.admission == "capacity" else self.fresh_per_step
-        return ahead + 1 <= rate * (self.delta + 1)
+    def admissible(self, ahead: int, horizon: int) -> bool:
+        """Whether a sample with ``ahead`` in front of it is consumed within ``horizon``
+        steps at ``b`` samples per step."""
+        return ahead + 1 <= self.batch_size * horizon
 
     def take(
         self,
@@ -100,24 +97,29 @@ class Dispatcher:
         *,
         buffered: int,
         version: int,
+        horizon: int,
         admit: Callable[[Request], bool] | None = None,
     ) -> list[Request]:
         """Up to ``slots`` requests for ``worker``; ``buffered`` = unused + waiting samples;
+        ``horizon`` = steps left that may take a sample of ``version`` (module doc);
         ``admit`` (the generation scheduler's token budget) may stop the hand-out at the
-        first request that does not fit (it stays first in the queue)."""
+        first request that does not fit (it stays first in the queue). Why it stopped, if
+        it did, is in ``last_block``."""
+        self.last_block = None
         out: list[Request] = []
         while len(out) < slots:
+            why = None
             if len(self.outstanding) >= self.B_max:
-                self.blocked["B_max"] += 1
-                break
-            if not self.admissible(buffered + len(self.outstanding)):
-                self.blocked["staleness"] += 1
-                break
-            if not self.pending and not self._refill():
-                self.blocked["no_prompts"] += 1
-                break
-            if admit is not None and not admit(self.pending[0]):
-                self.blocked["token_budget"] += 1
+                why = "B_max"
+            elif not self.admissible(buffered + len(self.outstanding), horizon):
+                why = "staleness"
+            elif not self.pending and not self._refill():
+                why = "no_prompts"
+            elif admit is not None and not admit(self.pending[0]):
+                why = "token_budget"
+            if why is not None:
+                self.blocked[why] += 1
+                self.last_block = why
                 break
             req = self.pending.popleft()
             req = Request(
@@ -188,9 +190,6 @@ class Dispatcher:
             out.append((sid, w))
         return out
 
-    def observe_step(self, n_unused: int) -> None:
-        self.fresh_per_step = 0.8 * self.fresh_per_step + 0.2 * max(n_unused, 1)
-
     # --- checkpoints -------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -204,7 +203,6 @@ class Dispatcher:
             "next_sample": self._next_sample,
             "next_group": self._next_group,
             "prompts_drawn": self._next_prompt,
-            "fresh_per_step": self.fresh_per_step,
             "transitions": dict(self.transitions),
             "blocked": dict(self.blocked),
             "started_groups": sorted(self._started_groups),
@@ -227,7 +225,6 @@ class Dispatcher:
         self._next_sample = int(state["next_sample"])
         self._next_group = int(state["next_group"])
         self._next_prompt = drawn
-        self.fresh_per_step = float(state["fresh_per_step"])
         self.transitions = Counter(state["transitions"])
         self.transitions["running->pending"] += int(state["requeued_on_save"])
         self.requeue_reasons = Counter(state.get("requeue_reasons", {}))
@@ -243,7 +240,6 @@ class Dispatcher:
             "delivered": self.transitions["running->finished"],
             "requeued": self.transitions["running->pending"],
             "held_across_sync": self.transitions["running->held"],
-            "fresh_per_step": round(self.fresh_per_step, 2),
             "blocked": dict(self.blocked),
             "requeued_by_reason": dict(self.requeue_reasons),
         }

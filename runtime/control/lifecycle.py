@@ -16,7 +16,7 @@ from runtime.data.sample import sample_digest
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
-STATE_FORMAT = 2  # of the coordinator's state in a checkpoint (2: typed samples, no extra)
+STATE_FORMAT = 3  # of the coordinator's state in a checkpoint (3: versions per sync)
 
 
 def request_stop(c: Run, reason: str) -> list[Outgoing]:

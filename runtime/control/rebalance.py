@@ -82,6 +82,7 @@ class Rebalancer:
         )
         self._window_steps = sch.window_steps
         self._delta = cfg.reflow.delta
+        self._train = cfg.train
         self._marks: list[Mark] = []
         self.fresh_total = 0  # samples trained on for the first time
         self.replay_life_total = 0  # later batches those could still join (delta - age)
@@ -148,12 +149,15 @@ class Rebalancer:
 
     # --- the allocator -------------------------------------------------------------------
 
-    def count_replay_life(self, fresh: list[Sample], policy_version: int) -> None:
-        """How much replay a batch's fresh samples can still supply: each may join the
-        later batches of versions up to ``oldest_version + delta`` (the allocator keeps
-        rollout ranks that replay could not replace)."""
+    def count_replay_life(self, fresh: list[Sample], step: int) -> None:
+        """How much replay the fresh samples of step ``step``'s batch can still supply:
+        each may join the later batches up to ``TrainConfig.last_step_for`` its oldest
+        version (the allocator keeps rollout ranks that replay could not replace)."""
+        last = self._train.last_step_for
         self.fresh_total += len(fresh)
-        self.replay_life_total += sum(max(0, self._delta - t.age(policy_version)) for t in fresh)
+        self.replay_life_total += sum(
+            max(0, last(t.oldest_version, self._delta) - step) for t in fresh
+        )
 
     def mark(
         self,

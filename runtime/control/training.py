@@ -28,22 +28,23 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     if msg.step <= c.step:  # a report sent again (its ack was lost): nothing new
         return []
     # The leader trains one batch per step: the report is for the batch in flight, the
-    # next step, and one policy version on (a forged step would end or skip the run).
+    # next step, and the version that step publishes: one more at a sync point, the same
+    # otherwise (a forged step would end or skip the run).
     if msg.step != c.step + 1:
         c.reject("bad_step")
         return []
     if c.batch_in_flight is None or msg.batch_id != c.batch_in_flight:
         c.reject("unknown_batch")
         return []
-    if not c.policy_version <= msg.policy_version <= c.policy_version + 1:
+    if msg.policy_version != c.cfg.train.version_at(msg.step):
         c.reject("bad_policy_version")
         return []
     c.training_started = True
     now = c.clock()
-    batch = c.data.finish_step(msg.batch_id, msg.policy_version)
+    batch = c.data.finish_step(msg.batch_id, msg.step, msg.policy_version)
     c.batch_in_flight = None
     c.counters.consumed_total += len(batch.samples)
-    c.rebalance.count_replay_life(batch.samples[: batch.n_unused], batch.policy_version)
+    c.rebalance.count_replay_life(batch.samples[: batch.n_unused], msg.step)
     line = telemetry.step_line(c, msg, batch, now)
     c.step, c.policy_version = msg.step, msg.policy_version
     problems = c.data.ledger_problems()

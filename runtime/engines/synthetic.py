@@ -190,18 +190,25 @@ class SyntheticTrainer(BatchConsumer):
             tokens[i, 1 : n + 1] = torch.tensor(s.token_ids)
             behavior[i, :n] = torch.tensor(s.logprobs)
             mask[i, : s.n_valid] = 1
-        logits = self._model(tokens[:, :-1])
-        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        loss, stats = batch_loss(logp, behavior, mask, samples, self.cfg)
-        self._opt.zero_grad()
-        loss.backward()
-        self._opt.step()
+        k = self.cfg.train.mini_batches
+        losses, clipped = [], []
+        for j in range(k):  # the batch in k optimizer updates, strided as the real trainer
+            rows = list(range(j, len(samples), k))
+            logits = self._model(tokens[rows, :-1])
+            logp = torch.log_softmax(logits, -1).gather(-1, tokens[rows, 1:, None]).squeeze(-1)
+            mini = [samples[i] for i in rows]
+            loss, stats = batch_loss(logp, behavior[rows], mask[rows], mini, self.cfg)
+            self._opt.zero_grad()
+            loss.backward()
+            self._opt.step()
+            losses.append(stats.loss)
+            clipped.append(stats.clip_fraction)
         # Simulated data parallelism: the compute a real trainer would do, shared by the
         # trainer ranks (only the leader computes here).
         tokens = sum(s.n_valid for s in samples)
         time.sleep(tokens * self.cfg.engine.synthetic_train_token_s / self.trainer_ranks)
         self.step_no += 1
-        self.version = max(self.version, msg.policy_version) + 1
+        self.version = self.cfg.train.version_at(self.step_no)
         self._send(
             p.StepDone(
                 rank=self.rank,
@@ -209,8 +216,9 @@ class SyntheticTrainer(BatchConsumer):
                 policy_version=self.version,
                 batch_id=msg.batch_id,
                 metrics={
-                    "loss": stats.loss,
-                    "clip_fraction": stats.clip_fraction,
+                    "loss": sum(losses) / k,
+                    "clip_fraction": sum(clipped) / k,
+                    "optimizer_updates": float(k),
                     "step_time_s": time.perf_counter() - start,
                 },
             )

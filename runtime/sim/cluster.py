@@ -195,7 +195,7 @@ class SimCluster:
             p.StepDone(
                 rank=0,
                 step=step,
-                policy_version=step,
+                policy_version=self.cfg.train.version_at(step),
                 batch_id=batch_id,
                 metrics={"step_time_s": 0.0},
             ),

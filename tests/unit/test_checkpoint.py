@@ -290,7 +290,7 @@ def drive(dp: DataPlane, rng: random.Random, steps: int, *, drain: bool) -> list
         batch = dp.next_batch()
         if batch is not None:
             batches.append(sorted(t.sample_id for t in batch.samples))
-            dp.finish_step(batch.batch_id, dp.policy_version + 1)
+            dp.finish_step(batch.batch_id, dp.step + 1, dp.policy_version + 1)
     if drain:
         for req, w in held:
             dp.deliver(traj(req, dp.policy_version, worker=w))
@@ -395,7 +395,7 @@ def one_step(c, clock) -> list:
                 p.StepDone(
                     rank=0,
                     step=c.step + 1,
-                    policy_version=c.step + 1,
+                    policy_version=c.cfg.train.version_at(c.step + 1),
                     batch_id=batch.batch_id,
                     metrics={"loss": 0.5},
                 ),
@@ -417,7 +417,8 @@ def test_checkpoints_are_taken_every_n_steps_and_hold_batches_meanwhile(clock):
     assert c.rejected["unexpected_checkpoint"] == 1  # only the leader's answer counts
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
     ((step, version, state),) = saves.calls
-    assert (step, version, state["step"], state["policy_version"]) == (2, 2, 2, 2)
+    # a sync every 2 steps: version 1 after step 2
+    assert (step, version, state["step"], state["policy_version"]) == (2, 1, 2, 1)
     assert c.status()["checkpoint"]["last"]["step"] == 2
     assert isinstance(c.handle(ident(0), p.BatchRequest(rank=0))[0][1], (p.Batch, p.BatchWait))
     assert c.checkpoint_pending is None
@@ -466,7 +467,7 @@ def test_a_stop_waits_for_the_batch_in_training_then_checkpoints_then_stops(cloc
     assert c.state == "RUNNING" and "after a checkpoint" in c.reason
     out = c.handle(
         ident(0),
-        p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch.batch_id, metrics={}),
+        p.StepDone(rank=0, step=2, policy_version=1, batch_id=batch.batch_id, metrics={}),
     )
     assert [m.step for _, m in out if isinstance(m, p.Checkpoint)] == [2]
     assert not any(isinstance(m, p.Stop) for _, m in out)
@@ -496,7 +497,7 @@ def test_a_restored_coordinator_continues_the_run(clock):
 
     fresh = coordinator(Clock(), Saves())
     fresh.load_state_dict(state, source="step-00000002")
-    assert (fresh.step, fresh.policy_version, fresh.attempt) == (2, 2, 2)
+    assert (fresh.step, fresh.policy_version, fresh.attempt) == (2, 1, 2)
     assert fresh.buffer_digest() == digest
     assert fresh.resumed["from"] == "step-00000002"
     # When every rank is back, the restored weights go to the rollout ranks first.
@@ -505,7 +506,7 @@ def test_a_restored_coordinator_continues_the_run(clock):
         ((_, welcome),) = fresh.handle(ident(r), p.Hello(rank=r, world_size=4, node="n", pid=9))
         out = fresh.handle(ident(r), p.Ready(rank=r, role=welcome.role, layout_epoch=0))
     assert fresh.state == "RUNNING"
-    syncs = {to for to, m in out if isinstance(m, p.WeightSync) and m.policy_version == 2}
+    syncs = {to for to, m in out if isinstance(m, p.WeightSync) and m.policy_version == 1}
     assert syncs == {ident(0), ident(2), ident(3)}
     one_step(fresh, clock)
     line = fresh.metrics_log[-1]
@@ -514,6 +515,6 @@ def test_a_restored_coordinator_continues_the_run(clock):
 
 def test_a_foreign_state_format_is_refused(clock):
     c = coordinator(clock, Saves())
-    for old in (1, 99):  # 1: samples with an ``extra`` dict, before typed samples
+    for old in (1, 2, 99):  # 1: samples with an ``extra`` dict; 2: versions per step
         with pytest.raises(ValueError, match="format"):
             c.load_state_dict({"format": old})

@@ -39,6 +39,19 @@ def make(clock, prompts=None, vocab_size=None, **sections) -> Coordinator:
 def train_step(c: Coordinator, step: int, metrics: dict | None = None) -> list:
     """One real step: a rollout rank delivers samples until a batch can be made, the
     leader takes it and reports ``step`` on it (rank 0 accepts only that)."""
+    out = take_batch(c)
+    done = p.StepDone(
+        rank=0,
+        step=step,
+        policy_version=c.cfg.train.version_at(step),
+        batch_id=out.batch_id,
+        metrics=metrics or {},
+    )
+    return c.handle(ident(0), done)
+
+
+def take_batch(c: Coordinator) -> p.Batch:
+    """The leader's next batch, once a rollout rank has delivered enough samples."""
     from runtime.config.layout import Role
 
     d = c.data.dispatcher
@@ -54,14 +67,7 @@ def train_step(c: Coordinator, step: int, metrics: dict | None = None) -> list:
             c.data.deliver(traj(req, c.policy_version, worker=rollout))
     else:
         raise AssertionError("no batch after 100 tries")
-    done = p.StepDone(
-        rank=0,
-        step=step,
-        policy_version=c.policy_version + 1,
-        batch_id=out.batch_id,
-        metrics=metrics or {},
-    )
-    return c.handle(ident(0), done)
+    return out
 
 
 def register_all(c: Coordinator) -> None:
@@ -218,7 +224,7 @@ def test_rebalance_waits_for_a_sync_point_once_training(clock):
     out = train_step(c, 2, {})
     # Weights first, to the old layout's sync group (leader + rollout ranks 2, 3), then
     # the switch to everyone: each rank sees them in this order.
-    sync = p.WeightSync(policy_version=2, layout_epoch=0)
+    sync = p.WeightSync(policy_version=1, layout_epoch=0)  # one version per sync
     assert out[:3] == [(ident(0), sync), (ident(2), sync), (ident(3), sync)]
     assert {type(m) for _, m in out[3:]} == {p.RoleSwitch} and len(out) == 7
     assert c.layout.ratio == "1:3"
@@ -445,3 +451,19 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
     assert [(w["fresh"], w["replay_life"]) for w in windows] == [(4, 0), (4, 4)]
     lines = c.metrics_log
     assert all(x["rollout_response_tokens"] > 0 for x in lines)
+
+
+def test_the_policy_version_goes_up_at_syncs_not_at_every_step(clock):
+    # sync every 2 steps: step 1 keeps version 0 (a trainer that counted its optimizer
+    # steps would say 1: refused), step 2 publishes version 1 and broadcasts it.
+    c = make(clock, train={"steps": 6, "sync_every": 2})
+    register_all(c)
+    batch = take_batch(c)
+    per_step = p.StepDone(rank=0, step=1, policy_version=1, batch_id=batch.batch_id, metrics={})
+    assert c.handle(ident(0), per_step) == [] and c.step == 0
+    assert c.rejected["bad_policy_version"] == 1
+    ok = p.StepDone(rank=0, step=1, policy_version=0, batch_id=batch.batch_id, metrics={})
+    assert c.handle(ident(0), ok) == [] and (c.step, c.policy_version) == (1, 0)
+    out = train_step(c, 2, {})
+    assert {m.policy_version for _, m in out if isinstance(m, p.WeightSync)} == {1}
+    assert (c.step, c.policy_version, c.data.policy_version) == (2, 1, 1)

@@ -137,7 +137,7 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
                     t.is_replay == (i >= batch.n_unused) for i, t in enumerate(batch.samples)
                 )
         elif e < 0.95 and in_training is not None:
-            dp.finish_step(in_training.batch_id, dp.policy_version + 1)
+            dp.finish_step(in_training.batch_id, dp.step + 1, dp.policy_version + 1)
             in_training = None
         elif running and rng.random() < 0.5:  # a rollout worker dies: its work is requeued
             worker = rng.randint(1, 3)
@@ -284,7 +284,7 @@ def test_execution_modes_gate_generation(mode):
     during = dp.request_work(1, 100)
     # one_step_off generates the next batch while the trainer trains; sync waits.
     assert len(during) == (4 if mode == "one_step_off" else 0)
-    dp.finish_step(batch.batch_id, 1)
+    dp.finish_step(batch.batch_id, 1, 1)
     after = dp.request_work(1, 100)
     assert len(during) + len(after) == 4
 
@@ -310,18 +310,78 @@ def test_the_batch_barrier_never_strands_a_started_group(mode):
     assert dp.next_batch() is not None
 
 
-@pytest.mark.parametrize("admission, admitted", [("observed", 2), ("capacity", 8)])
-def test_admission_bound_observed_or_capacity(admission, admitted):
+def test_admission_counts_the_trainers_demand_not_the_fresh_samples_it_took():
+    # Before: the bound was the EWMA of the fresh samples batches took; in reflow they
+    # take fewer exactly when fewer arrive, which throttled rollout further (4 here).
     cfg = build_config(
         {
             "train": {"batch_size": 4},
             "algorithm": {"group_size": 1},
-            "reflow": {"delta": 1, "B_max": 100, "mode": "reflow", "admission": admission},
+            "reflow": {"delta": 1, "B_max": 100, "mode": "reflow"},
         }
     )
-    dp = DataPlane(cfg, prompts(), Clock())
-    for _ in range(40):  # batches that took one fresh sample each (replay filled the rest)
-        dp.dispatcher.observe_step(1)
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    for step in range(1, 41):  # batches of two fresh samples (replay fills the rest)
+        _fill(dp, clock, dp.request_work(1, 4 if step == 1 else 2), dp.policy_version)
+        batch = dp.next_batch()
+        assert batch is not None and batch.n_unused == (4 if step == 1 else 2)
+        dp.finish_step(batch.batch_id, step, step)
     got = dp.request_work(1, 100)
-    # observed: ~1 fresh per step x (delta + 1); capacity: b x (delta + 1)
-    assert len(got) == admitted
+    assert len(got) == 8  # b x (delta + 1)
+
+
+def test_admission_horizon_counts_the_steps_left_before_a_version_is_too_old():
+    # sync every 4 steps, delta 1: a sample of version v may be taken by the batches of
+    # steps up to (v + 2) x 4. After 3 steps at version 0: 5 steps left, b = 2.
+    cfg = build_config(
+        {
+            "train": {"batch_size": 2, "sync_every": 4, "steps": 8},
+            "algorithm": {"group_size": 1},
+            "reflow": {"delta": 1, "B_max": 100, "mode": "async"},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    assert len(dp.request_work(1, 100)) == 2 * 8  # fresh run: 8 steps of version 0
+    dp.worker_gone(1)
+    dp.step = 3
+    assert len(dp.request_work(1, 100)) == 2 * 5
+
+
+def test_with_sync_every_2_a_sample_first_trained_after_its_publication_is_replayed_next():
+    # delta 1, a sync every 2 steps: version 1 is published by step 2. A sample of version
+    # 1 first trained in step 3 is 0 versions old in step 4, and still 1 old in steps 5-6.
+    # Counted per step (before), it was 1 version old in step 4 and evicted after it.
+    cfg = build_config(
+        {
+            "train": {"batch_size": 2, "sync_every": 2, "steps": 8},
+            "algorithm": {"group_size": 1},
+            "reflow": {"delta": 1, "sigma": 0.5, "B_max": 100, "mode": "reflow"},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    train = cfg.train
+
+    def step(n: int, fresh: int) -> list[int]:
+        _fill(dp, clock, dp.request_work(1, fresh), dp.policy_version)
+        batch = dp.next_batch()
+        assert batch is not None, f"no batch at step {n}"
+        dp.finish_step(batch.batch_id, n, train.version_at(n))
+        return [t.sample_id for t in batch.samples[batch.n_unused :]]
+
+    step(1, 2)
+    step(2, 2)
+    assert dp.policy_version == 1
+    _fill(dp, clock, dp.request_work(1, 2), dp.policy_version)
+    third = dp.next_batch()
+    assert third is not None and third.n_unused == 2
+    mine = {t.sample_id for t in third.samples}
+    dp.finish_step(third.batch_id, 3, train.version_at(3))
+    assert len(step(4, 1)) == 1
+    # version 2 is out: the version-0 samples of steps 1-2 are gone, step 3's stay
+    assert dp.policy_version == 2 and dp.buffer.evicted == {"stale_replay": 4}
+    assert mine <= set(dp.buffer.replay)
+    replayed = step(5, 1)  # version 1 at version 2: still within delta
+    assert len(replayed) == 1 and dp.buffer.replay[replayed[0]].oldest_version == 1

@@ -25,8 +25,8 @@ BAD = [
     ),
     (
         "reflow: {sigmma: 0.3}",
-        "reflow.sigmma: unknown key (allowed here: B_max, admission, delta, mode, "
-        "replay_filter, sampler, sigma, tau)",
+        "reflow.sigmma: unknown key (allowed here: B_max, delta, mode, replay_filter, "
+        "sampler, sigma, tau)",
     ),
     ("train: {steps: ten}", "train.steps: expected an integer, got 'ten'"),
     ("train: {steps: 1.5}", "train.steps: expected an integer, got 1.5"),
@@ -66,6 +66,19 @@ BAD = [
         "logging, model, name, reflow, resources, sandbox, scheduler, slurm, train, workload)",
     ),
     ("train: {lr: .nan}", "train.lr: expected a finite number, got nan"),
+    (
+        "train: {batch_prompts: 4, batch_size: 30}\nalgorithm: {group_size: 8}",
+        "train.batch_size: 30 != batch_prompts x group_size = 4 x 8 = 32 (give one of the two)",
+    ),
+    (
+        "train: {batch_size: 30, mini_batches: 4}",
+        "train.mini_batches: 4 does not divide batch_size=30",
+    ),
+    (
+        "train: {steps: 10, sync_every: 4}",
+        "train.steps: 10 is not a multiple of sync_every=4 (a run ends at a sync point, "
+        "where its last policy version is published)",
+    ),
 ]
 
 
@@ -144,3 +157,10 @@ def test_a_ratio_is_a_ratio_not_a_base_60_number(tmp_path):
     cfg = load_recipe(recipe, ["resources.initial_ratio=2:2"])
     assert cfg.resources.initial_ratio == "2:2"
     assert load_recipe(recipe, ["train.lr=1e-5"]).train.lr == 1e-5
+
+
+def test_a_batch_given_in_prompts_is_prompts_times_group_size(tmp_path):
+    text = "train: {batch_prompts: 32, mini_batches: 16}\nalgorithm: {group_size: 16}"
+    path = write(tmp_path, text)
+    train = load_recipe(path).train
+    assert (train.batch_size, train.mini_batches) == (512, 16)

@@ -43,8 +43,8 @@ def batch(seed: int, n: int = 6) -> list[Sample]:
     return out
 
 
-def cfg():
-    return build_config({"train": {"lr": 1e-3}, "model": {"path": "x"}})
+def cfg(**train):
+    return build_config({"train": {"lr": 1e-3, **train}, "model": {"path": "x"}})
 
 
 def params(t: TorchTrainer):
@@ -113,3 +113,15 @@ def test_environment_tokens_are_masked_out_of_the_loss(model_dir):
     (m0, p0), (m1, p1), (m2, _) = runs
     assert m0["loss"] == m1["loss"] and all(torch.equal(p0[k], p1[k]) for k in p0)
     assert m0["loss"] != m2["loss"]  # the model's own tokens do count
+
+
+def test_a_step_takes_mini_batches_optimizer_updates_and_the_version_moves_at_syncs(model_dir):
+    # 6 samples in 3 mini-batches: 3 AdamW updates (AdamW counts them per parameter), and
+    # with a sync every 2 steps the version stays 0 after step 1 and is 1 after step 2.
+    t = TorchTrainer(cfg(mini_batches=3, sync_every=2, steps=4, batch_size=6), str(model_dir))
+    m = t.train_step(batch(0))
+    state = t.opt.state_dict()["state"]
+    assert {int(s["step"]) for s in state.values()} == {3}
+    assert m["optimizer_updates"] == 3 and (t.step, t.version) == (1, 0)
+    t.train_step(batch(1))
+    assert (t.step, t.version) == (2, 1)

@@ -1,10 +1,12 @@
 """The trainer engine: a Hugging Face causal LM trained with the ReFlow loss in torch.
 
-One optimisation step per batch, read top to bottom in :meth:`TorchTrainer.train_step`:
-take this replica's shard of the batch, teacher-force prompt + response, take the
-log-probs of the response tokens, weight replay samples by ``tau`` (normalised over the
-whole batch), clipped surrogate against the behaviour log-probs stored with each sample,
-backward, sum gradients over the trainer replicas, clip, AdamW.
+One training step per batch, in ``train.mini_batches`` optimizer updates (verl's PPO
+mini-batches), each read top to bottom in :meth:`TorchTrainer._update`: take this
+replica's shard of the mini-batch, teacher-force prompt + response, take the log-probs of
+the response tokens, weight replay samples by ``tau`` (normalised over the mini-batch),
+clipped surrogate against the behaviour log-probs stored with each sample, backward, sum
+gradients over the trainer replicas, clip, AdamW. The policy version moves on at sync
+points only (``TrainConfig.version_at``): it names the weights rollout generates with.
 
 Data parallelism: every trainer rank gets the whole batch from rank 0 and trains on rows
 ``i, i + n, ...`` (``i`` its index among the ``n`` trainer ranks); each shard's loss is
@@ -68,7 +70,29 @@ class TorchTrainer:
         shard_index: int = 0,
         shard_count: int = 1,
     ) -> dict[str, float]:
+        """One batch in ``train.mini_batches`` optimizer updates; the metrics are their means."""
         start = time.perf_counter()
+        k = self.cfg.train.mini_batches
+        # Strided, not contiguous: the batch comes fresh samples first, replayed last, and
+        # every update should see both, as a shuffled split would.
+        updates = [
+            self._update(samples[j::k], collective, shard_index, shard_count) for j in range(k)
+        ]
+        self.step += 1
+        self.version = self.cfg.train.version_at(self.step)
+        out = {key: sum(u[key] for u in updates) / k for key in updates[0]}
+        out["optimizer_updates"] = float(k)
+        out["step_time_s"] = time.perf_counter() - start
+        return out
+
+    def _update(
+        self,
+        samples: Sequence[Sample],
+        collective: Collective | None,
+        shard_index: int,
+        shard_count: int,
+    ) -> dict[str, float]:
+        """One optimizer update on ``samples`` (a mini-batch), sharded over the replicas."""
         temperature = self.cfg.algorithm.temperature
         # 1. This replica's rows of the batch.
         shard = list(range(shard_index, len(samples), shard_count))
@@ -103,7 +127,7 @@ class TorchTrainer:
                     mask[i, : s.n_valid] = 1
             logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for n, r in rows])
             # 4. Replay weights and the clipped surrogate (runtime/engines/torch/loss.py),
-            # normalised by the whole batch so the shards' losses add up to the batch's.
+            # normalised by the whole mini-batch so the shards' losses add up to its loss.
             loss, st = batch_loss(logp, behavior, mask, samples, self.cfg, shard=shard)
             loss.backward()
             stats = [st.loss, st.clip_fraction, st.mean_ratio]
@@ -116,14 +140,11 @@ class TorchTrainer:
             stats = collective.all_reduce_sum(stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
-        self.step += 1
-        self.version += 1
         return {
             "loss": stats[0],
             "clip_fraction": stats[1],
             "mean_ratio": stats[2],
             "grad_norm": float(grad_norm),
-            "step_time_s": time.perf_counter() - start,
         }
 
     def checksum(self) -> float:
