@@ -44,8 +44,8 @@ demo: install
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
-	$(BIN)/python benchmarks/sim_grid.py --steps 30 --out reports/sim
-	$(BIN)/python benchmarks/sim_grid.py --steps 30 --set reflow.delta=2 --out reports/sim-delta2
+	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --out reports/sim
+	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --set reflow.delta=2 --out reports/sim-delta2
 
 test: install
 	$(BIN)/pytest -m "not gpu" --durations=15

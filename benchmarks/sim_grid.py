@@ -1,14 +1,16 @@
 """The paper's grid in simulation: every mode on every (model, workload, GPUs) cell, plus
 ablations of ReFlow's parts, with the ideal-throughput bound per run.
 
-    .venv/bin/python benchmarks/sim_grid.py [--steps 60] [--out reports/sim] [--quick]
+    .venv/bin/python benchmarks/sim_grid.py [--syncs 10] [--out reports/sim] [--quick]
         [--jobs N] [--set reflow.delta=2 ...]
 
 Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
 recipes/apps_coding.yaml for the APPS agent) resized to the cell's GPUs, with the model's
-profile from runtime/sim/profiles.yaml. ``reflow`` runs with adaptive caps on; the
-ablations turn replay (sigma = 0), the allocator, or adaptive caps off. Output: a
-Markdown report (and ``grid.json``) in --out, plus PNG plots when matplotlib is installed.
+profile from runtime/sim/profiles.yaml, for ``--syncs`` weight syncs (the recipe's
+``sync_every`` steps each). ``reflow`` runs with adaptive caps on; the ablations turn
+replay (sigma = 0), the allocator, or adaptive caps off. Output: a Markdown report (and
+``grid.json``) in --out, with every idle second by cause for async and reflow, plus PNG
+plots when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ ABLATIONS = {
 }
 
 
-def run_cell(workload: str, model: str, gpus: int, steps: int, mode: str, sets: list[str]):
-    sets = [f"train.steps={steps}", *sets]
+def run_cell(workload: str, model: str, gpus: int, syncs: int, mode: str, sets: list[str]):
+    recipe = REPO / "recipes" / RECIPES[workload]
+    sync_every = load_recipe(recipe, sets).train.sync_every
+    sets = [f"train.steps={syncs * sync_every}", *sets]
     if mode == "reflow" and "scheduler.adaptive_caps=false" not in sets:
         sets.append("scheduler.adaptive_caps=true")  # ReFlow with every part on
     if mode != "reflow":  # the baselines keep their initial placement and fixed caps
         sets += ["scheduler.auto_rebalance=false", "scheduler.adaptive_caps=false"]
-    cfg = load_recipe(REPO / "recipes" / RECIPES[workload], sets)
+    cfg = load_recipe(recipe, sets)
     row = figures(simulate(plan(cfg, gpus, mode=mode, model=model, workload=workload)), gpus)
     row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
     return row
@@ -51,7 +55,7 @@ def run_cell(workload: str, model: str, gpus: int, steps: int, mode: str, sets: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--syncs", type=int, default=10, help="weight syncs per run")
     ap.add_argument("--out", type=Path, default=REPO / "reports" / "sim")
     ap.add_argument("--quick", action="store_true", help="two cells only")
     ap.add_argument("--part", default="1/1", help="K/N: every N-th cell from the K-th")
@@ -82,7 +86,7 @@ def main() -> None:
         ]
     with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
         futures = [
-            pool.submit(run_cell, w, m, g, args.steps, mode, sets)
+            pool.submit(run_cell, w, m, g, args.syncs, mode, sets)
             for _, w, m, g, mode, sets in runs
         ]
         for (label, *_), future in zip(runs, futures, strict=True):
@@ -91,7 +95,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "grid.json").write_text(json.dumps(rows, indent=1))
-    report = render(rows, args.steps)
+    report = render(rows, args.syncs)
     (args.out / "report.md").write_text(report)
     plots(rows, args.out)
     print(report)
@@ -102,13 +106,19 @@ def in_grid_order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: order.get((r["workload"], r["model"], r["gpus"]), -1))
 
 
-def render(rows: list[dict], steps: int) -> str:
+def causes(shares: dict[str, float], top: int = 3) -> str:
+    """The largest idle causes, e.g. ``fresh_short 12%, weight_sync 3%``."""
+    best = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{k} {v:.1%}" for k, v in best if v >= 0.0005) or "none"
+
+
+def render(rows: list[dict], syncs: int) -> str:
     cells: dict[tuple, dict[str, dict]] = {}
     for r in in_grid_order(rows):
         cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
     common = sorted(set.intersection(*(set(r.get("overrides", [])) for r in rows)))
     lines = [
-        f"Simulated {steps} steps per run ({len(rows)} runs); profiles: "
+        f"Simulated {syncs} weight syncs per run ({len(rows)} runs); profiles: "
         "runtime/sim/profiles.yaml; overrides in every run: "
         f"{', '.join(common) or 'none'}. Speed-ups of reflow in trained tokens/s, and in "
         "steps per hour in brackets (replayed samples are older, so often shorter: fewer "
@@ -137,6 +147,28 @@ def render(rows: list[dict], steps: int) -> str:
         "",
         f"reflow fastest in {wins} of {len(cells)} cells by tokens/s, in {step_wins} by steps "
         f"per hour; its trainer idle ratio is below async's in {idle_wins}.",
+        "",
+        "Idle by cause (share of trainer time since the first step, of rollout active time; "
+        "the three largest causes; runtime/control/idle.py), replay share of trained "
+        "samples, and the mean tokens of samples evicted unused against those trained fresh:",
+        "",
+        "| workload | model | GPUs | mode | trainer idle | by cause | rollout idle | by cause "
+        "| replay share | evicted / trained tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (workload, model, gpus), by in cells.items():
+        for mode in ("async", "reflow"):
+            r = by[mode]
+            bias = r.get("length_bias", {})
+            ev, co = bias.get("evicted_mean_tokens"), bias.get("consumed_mean_tokens")
+            lines.append(
+                f"| {workload} | {model} | {gpus} | {mode} | {r['trainer_idle_ratio']:.1%} | "
+                f"{causes(r.get('trainer_idle_by_cause', {}))} | "
+                f"{r['rollout_idle_ratio']:.1%} | {causes(r.get('rollout_idle_by_cause', {}))} "
+                f"| {r.get('replay_share', 0.0):.1%} | "
+                f"{'-' if ev is None else f'{ev:.0f}'} / {'-' if co is None else f'{co:.0f}'} |"
+            )
+    lines += [
         "",
         "Ablations (tokens/s relative to reflow with every part on):",
         "",

@@ -142,6 +142,7 @@ class Coordinator(Run):
                 # take it. What it delivered before dying is in the buffer.
                 requeued = self.data.worker_gone(w.rank)
                 self.generation.worker_left(w.rank)
+                self.idle.forget(w.rank)
                 self.lost_ranks.append(
                     {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
                 )

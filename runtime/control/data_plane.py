@@ -48,6 +48,7 @@ class DataPlane:
             clock=clock,
         )
         self.train, self.delta = train, rf.delta
+        self.last_refusal: str | None = None  # why the last work request got less
         self.policy_version = 0  # of the weights last published: one per sync
         self.step = 0  # training steps done
         self.rejected: Counter[str] = Counter()
@@ -64,6 +65,19 @@ class DataPlane:
     def request_work(
         self, worker: int, slots: int, admit: Callable[[Request], bool] | None = None
     ) -> list[Request]:
+        """Up to ``slots`` requests for ``worker``; when it gets fewer, ``last_refusal``
+        says why (a dispatcher limit or a batch barrier)."""
+        out = self._request_work(worker, slots, admit)
+        if len(out) < slots:
+            self.last_refusal = self.dispatcher.last_block or f"{self.mode}_barrier"
+        else:
+            self.last_refusal = None
+        return out
+
+    def _request_work(
+        self, worker: int, slots: int, admit: Callable[[Request], bool] | None
+    ) -> list[Request]:
+        self.dispatcher.last_block = None
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
         if self.mode in ("sync", "one_step_off"):
             # Batch-at-a-time baselines: never more than one batch generated ahead of the
@@ -77,7 +91,6 @@ class DataPlane:
             slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
             if slots == 0:
                 self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
-                self.dispatcher.last_block = f"{self.mode}_barrier"
                 return []
         horizon = self.train.last_step_for(self.policy_version, self.delta) - self.step
         return self.dispatcher.take(

@@ -62,10 +62,19 @@ def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
     if w.state not in (WorkerState.STARTING, WorkerState.SWITCHING):
         w.state, w.role, w.layout_epoch = WorkerState(msg.state), msg.role, msg.layout_epoch
     w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
-    w.beat_at = c.clock()
+    w.beat_at = now = c.clock()
     if msg.role == Role.ROLLOUT.value and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         c.generation.observe(msg.rank, msg.engine)
-        c.engine_profile.observe(msg.rank, c.clock(), msg.engine)
+        c.engine_profile.observe(msg.rank, now, msg.engine)
+        holding = c.data.dispatcher.running_at(msg.rank) > 0
+        c.idle.rank_beat(
+            msg.rank,
+            now,
+            msg.rollout_active_s,
+            msg.rollout_busy_s,
+            msg.rollout_paused_s,
+            holding,
+        )
     else:
         c.engine_profile.forget(msg.rank)
     acked, w.to_ack = w.to_ack[: p.MAX_IDS], w.to_ack[p.MAX_IDS :]  # the rest next beat

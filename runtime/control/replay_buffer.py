@@ -62,6 +62,13 @@ class ReplayBuffer:
         self.transitions: Counter[str] = Counter()
         self.evicted: Counter[str] = Counter()
         self.recent: list[tuple[int, int]] = []  # (unused, replay) of the last batches
+        # why the last sample_batch made none: too few fresh, too little replay, or the
+        # sampler picked fewer than it needed (None: it made one)
+        self.shortfall: str | None = None
+        # work wasted and the length bias of eviction: tokens of samples evicted by
+        # reason, and (count, tokens) of evicted vs first consumed samples
+        self.evicted_tokens: Counter[str] = Counter()
+        self.length_tally: dict[str, list[int]] = {"evicted": [0, 0], "consumed": [0, 0]}
 
     # --- arrival -----------------------------------------------------------------------
 
@@ -112,6 +119,10 @@ class ReplayBuffer:
         self._ids.discard(t.sample_id)
         self.transitions[f"{src.value}->evicted"] += 1
         self.evicted[reason] += 1
+        self.evicted_tokens[reason] += t.n_valid
+        if src is not Phase.REPLAYED:  # never trained on: its generation was wasted
+            tally = self.length_tally["evicted"]
+            tally[0], tally[1] = tally[0] + 1, tally[1] + t.n_valid
 
     def evict_stale(self, current_version: int) -> int:
         """Drop pool samples older than ``delta`` versions; returns how many."""
@@ -132,8 +143,13 @@ class ReplayBuffer:
         """A batch of exactly ``batch_size`` samples, or None when the rule cannot be met."""
         self.evict_stale(current_version)
         b = self.batch_size
-        if len(self.unused) < self.min_unused or len(self.unused) + len(self.replay) < b:
+        self.shortfall = "fresh"
+        if len(self.unused) < self.min_unused:
             return None
+        self.shortfall = "replay"
+        if len(self.unused) + len(self.replay) < b:
+            return None
+        self.shortfall = "sampler"
         fresh = self.sampler.select(list(self.unused.values()), b, self.rng)
         if len(fresh) < self.min_unused:
             return None
@@ -141,6 +157,7 @@ class ReplayBuffer:
         old = self.sampler.select(list(self.replay.values()), need, self.rng) if need else []
         if len(old) < need:
             return None
+        self.shortfall = None
         batch = Batch(self._next_batch, current_version, [*fresh, *old], len(fresh), len(old))
         self._next_batch += 1
         for t in batch.samples:
@@ -148,6 +165,9 @@ class ReplayBuffer:
             self._leave_pool(t)
             t.phase = Phase.CONSUMED
             self.transitions[f"{src.value}->consumed"] += 1
+        tally = self.length_tally["consumed"]
+        tally[0] += batch.n_unused
+        tally[1] += sum(t.n_valid for t in batch.samples[: batch.n_unused])
         self.in_batch[batch.batch_id] = batch
         self.recent = [*self.recent[-19:], (batch.n_unused, batch.n_replay)]
         return batch
@@ -179,6 +199,8 @@ class ReplayBuffer:
             "next_batch": self._next_batch,
             "transitions": dict(self.transitions),
             "evicted": dict(self.evicted),
+            "evicted_tokens": dict(self.evicted_tokens),
+            "length_tally": {k: list(v) for k, v in self.length_tally.items()},
             "recent": [list(x) for x in self.recent],
         }
 
@@ -199,6 +221,8 @@ class ReplayBuffer:
         self._next_batch = int(state["next_batch"])
         self.transitions = Counter(state["transitions"])
         self.evicted = Counter(state["evicted"])
+        self.evicted_tokens = Counter(state["evicted_tokens"])
+        self.length_tally = {k: [int(a), int(b)] for k, (a, b) in state["length_tally"].items()}
         self.recent = [(int(a), int(b)) for a, b in state["recent"]]
 
     # --- inspection --------------------------------------------------------------------
@@ -231,8 +255,18 @@ class ReplayBuffer:
             "replayed": self.transitions["consumed->replayed"],
             "retired": self.transitions["consumed->retired"],
             "evicted": dict(self.evicted),
+            "evicted_tokens": dict(self.evicted_tokens),
             "replay_fraction_recent": round(r / (u + r), 4) if u + r else 0.0,
         }
+
+    def length_bias(self) -> dict[str, float | None]:
+        """Mean response tokens of the samples evicted before any training, against those
+        of the samples trained on fresh: what the eviction rule (a sample is as old as its
+        oldest version span) costs long responses."""
+        out: dict[str, float | None] = {}
+        for key, (n, tokens) in self.length_tally.items():
+            out[f"{key}_mean_tokens"] = round(tokens / n, 2) if n else None
+        return out
 
 
 @functools.lru_cache(maxsize=4096)

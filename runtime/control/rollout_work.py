@@ -35,8 +35,11 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
             prompt_ids = r.prompt.get("prompt_ids") or ()
             return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids))
 
+        refused = "concurrency_cap" if slots < msg.slots else None
         if slots:
             requests = c.data.request_work(msg.rank, slots, admit)
+            refused = c.data.last_refusal or refused
+        c.idle.rank_is(msg.rank, refused, c.clock())
     return [(identity, wire.work_message(requests, c.policy_version))]
 
 

@@ -23,6 +23,7 @@ from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
 from runtime.control.data_plane import DataPlane
 from runtime.control.decode_rates import EngineRateProfile
+from runtime.control.idle import IdleBook
 from runtime.control.membership import Membership, Outgoing, WorkerInfo
 from runtime.control.rebalance import Rebalancer
 from runtime.control.sample_check import RunBounds
@@ -40,7 +41,6 @@ class StepCounters:
     generated_tokens: int = 0  # tokens of every accepted trajectory
     tokens_at_last_step: int = 0  # generated_tokens at the previous step
     tokens_at_first_step: int = 0
-    idle_at_first_step: float = 0.0
     reward_sum: float = 0.0  # of the samples delivered since the last step
     delivered: int = 0
     consumed_total: int = 0
@@ -101,6 +101,9 @@ class Run:
         )
         self.engine_profile = EngineRateProfile()
         self.counters = StepCounters()
+        self.idle = IdleBook()  # idle seconds by cause, trainer and rollout
+        # (time, trainer idle by cause) at the first step: the trainer's idle window
+        self.trainer_window: tuple[float, Counter[str]] | None = None
 
         # batches: the one in training, and copies a trainer replica missed
         self.batch_in_flight: int | None = None
@@ -152,7 +155,19 @@ class Run:
         return self.ckpt.records
 
     def rollout_idle_ratio(self) -> float:
+        """Share of the rollout ranks' active time idle (sync pauses included), from the
+        idle book; before it has two beats of a rank, from the raw heartbeat totals."""
+        if self.idle.rollout_active_s > 0:
+            return self.idle.rollout_idle_s() / self.idle.rollout_active_s
         return self.members.rollout_idle_ratio()
+
+    def trainer_idle_ratio(self, now: float) -> float:
+        """Share of the trainer's time since the first step idle, for any cause."""
+        if self.trainer_window is None:
+            return 0.0
+        start, at_start = self.trainer_window
+        idle = sum(self.idle.trainer_idle(now).values()) - sum(at_start.values())
+        return max(0.0, idle) / max(now - start, 1e-9)
 
     # --- the moves every handler makes ------------------------------------------------
 
@@ -194,6 +209,8 @@ class Run:
                 # requests go back to the front of the queue, so no sample is lost.
                 self.data.worker_gone(w.rank)
                 self.generation.worker_left(w.rank)
+                # its rollout time starts again at its first beat in the new role
+                self.idle.forget(w.rank)
         roles = [r.value for r in target.roles()]
         return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
@@ -205,6 +222,7 @@ class Run:
         self.failed_while_training = state == RunState.FAILED and self.training_started
         self.state, self.reason = state, reason
         self.ended_at = self.clock()
+        self.idle.trainer_is(None, self.ended_at)  # the trainer's time ends with the run
         return self.members.send(p.Stop(reason=reason))
 
     def check_ended(self) -> None:

@@ -47,11 +47,17 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
     line.update(
         wall_s=round(now - c.started_at, 4),
         trainer_idle_s=round(c.data.trainer_idle_s, 4),
+        # cumulative idle seconds by cause (runtime/control/idle.py)
+        trainer_idle_by_cause_s={
+            k: round(v, 3) for k, v in sorted(c.idle.trainer_idle(now).items()) if v > 0
+        },
+        rollout_idle_by_cause_s={
+            k: round(v, 3) for k, v in sorted(c.idle.rollout.items()) if v > 0
+        },
         layout=c.layout.ratio,
         **{k: v for k, v in msg.metrics.items() if k not in line},
     )
     if not c.all_metrics:
-        n.idle_at_first_step = c.data.trainer_idle_s
         n.tokens_at_first_step = n.generated_tokens
     return line
 
@@ -85,10 +91,13 @@ def summary(c: Run) -> dict[str, Any]:
         "wall_s": round(wall, 3),
         "trainer_tokens_per_s": round(tokens / wall, 2),
         # Idle is counted from the first step on: before it the pools are warming up.
-        "trainer_idle_ratio": round(
-            max(0.0, c.data.trainer_idle_s - n.idle_at_first_step) / max(wall - first, 1e-9), 4
-        ),
+        # Every idle second has one cause (runtime/control/idle.py).
+        "trainer_idle_ratio": round(c.trainer_idle_ratio(end), 4),
         "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
+        **c.idle.report(end, c.trainer_window),
+        # generated, then evicted before any use (by reason), and their length bias
+        "wasted_tokens": dict(c.data.buffer.evicted_tokens),
+        "length_bias": c.data.buffer.length_bias(),
         "rollout_tokens": n.generated_tokens,
         # over the training window (first step to the end), as trainer idle is
         "rollout_tokens_per_s": round(
@@ -133,6 +142,14 @@ def status(c: Run) -> dict[str, Any]:
         "attempt": c.attempt,
         "resumed": resumed_brief(c),
         "checkpoint": c.ckpt.status(),
+        "idle": {
+            "trainer_idle_ratio": round(c.trainer_idle_ratio(now), 4),
+            "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
+            **c.idle.report(now, c.trainer_window),
+            "throttled_busy_s": round(c.idle.throttled_busy_s, 3),
+            "wasted_tokens": dict(c.data.buffer.evicted_tokens),
+            "length_bias": c.data.buffer.length_bias(),
+        },
         "allocator": {
             "auto": c.auto_rebalance,
             "decisions": [d.as_dict() for d in allocator.decisions[-5:]],

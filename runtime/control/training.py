@@ -41,6 +41,11 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         return []
     c.training_started = True
     now = c.clock()
+    if c.trainer_window is None:  # idle counts from the first step: before, pools warm up
+        c.trainer_window = (now, c.idle.trainer_idle(now))
+    # Until its next request the leader reports, and at a sync point broadcasts weights.
+    synced = msg.step % c.cfg.train.sync_every == 0 and msg.step < c.cfg.train.steps
+    c.idle.trainer_is("weight_sync" if synced else "step_report", now)
     batch = c.data.finish_step(msg.batch_id, msg.step, msg.policy_version)
     c.batch_in_flight = None
     c.counters.consumed_total += len(batch.samples)
@@ -92,7 +97,10 @@ def mark(c: Run, now: float) -> None:
         # rewards under medium_reward) cost rollout time and feed no batch
         produced=stats["delivered"] - stats["evicted"].get("sampler_rejected", 0),
         consumed=c.counters.consumed_total,
-        rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s),
+        # a rank refused work by the run's rules is not generating at capacity: its busy
+        # seconds then would read as a slow rank to the allocator
+        rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s)
+        - c.idle.throttled_busy_s,
         trainer_idle_s=c.data.trainer_idle_s,
     )
 
@@ -110,16 +118,33 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
             c.batch_resent += 1
             return send_batch(c, identity, batch)
         return [(identity, p.BatchWait(reason="step report pending"))]
+    now = c.clock()
+    leader = msg.rank == 0
     if c.rebalance.switching():
+        if leader:
+            c.idle.trainer_is("role_switch", now)
         return [(identity, p.BatchWait(reason="sync point in progress"))]
     if c.ckpt.busy:
+        if leader:
+            c.idle.trainer_is("checkpoint", now)
         return [(identity, p.BatchWait(reason="checkpoint in progress"))]
     batch = c.data.next_batch()
     if batch is None:
+        if leader:
+            c.idle.trainer_is(starved_by(c), now)
         return [(identity, p.BatchWait(reason="waiting for samples"))]
+    c.idle.trainer_is(None, now)
     c.batch_in_flight = batch.batch_id
-    c.batch_sent_at = c.clock()
+    c.batch_sent_at = now
     return send_batch(c, identity, batch)
+
+
+def starved_by(c: Run) -> str:
+    """Why no batch could be made, as a trainer idle cause (runtime/control/idle.py)."""
+    short = c.data.buffer.shortfall
+    if short == "fresh":
+        return "rollout_held" if c.idle.held_back() else "fresh_short"
+    return "replay_short" if short == "replay" else "sampler_short"
 
 
 def send_batch(c: Run, identity: bytes, batch: Batch) -> list[Outgoing]:

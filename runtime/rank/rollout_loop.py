@@ -132,6 +132,8 @@ class RolloutSide(LinkedSide, Generic[H]):
     def __init__(self, cfg: object, rank: int) -> None:
         super().__init__(cfg, rank)
         self.loop: RolloutLoop[H] = RolloutLoop(rank, retry_s=self.retry_s)
+        # seconds the engine was paused for weight syncs, holding requests (heartbeats)
+        self.paused_s = 0.0
 
     # --- the engine --------------------------------------------------------------------
 

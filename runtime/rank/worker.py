@@ -26,6 +26,7 @@ import zmq
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.rank.rollout_loop import RolloutSide
 from runtime.rank.sides import RoleSide
 from runtime.store import checkpoint
 from runtime.store.run_dir import RunPaths, read_json
@@ -175,6 +176,13 @@ class HybridWorker:
         if self.role != "rollout" or side is None or not hasattr(side, "engine_stats"):
             return {}
         return side.engine_stats()
+
+    def _paused_s(self) -> float:
+        """Seconds the rollout engine was paused for weight syncs while busy: a pause with
+        nothing in the engine held nothing (both totals only grow, so does their min)."""
+        side = self.sides.get("rollout")
+        paused = side.paused_s if isinstance(side, RolloutSide) else 0.0
+        return min(paused, self.rollout_busy_s)
 
     def _send(self, msg: p.Message) -> bool:
         """Send now if we can. Results and step reports are also kept until acknowledged
@@ -341,6 +349,7 @@ class HybridWorker:
                         rollout_active_s=self.rollout_active_s,
                         rollout_busy_s=self.rollout_busy_s,
                         engine=self._engine_stats(),
+                        rollout_paused_s=self._paused_s(),
                     )
                 )
                 next_beat = now + self.heartbeat_interval

@@ -276,6 +276,7 @@ class SimCluster:
                     rollout_active_s=self.pool.rollout_active[r],
                     rollout_busy_s=self.pool.rollout_busy[r],
                     engine=replica.stats() if replica is not None else {},
+                    rollout_paused_s=self.pool.rollout_paused[r],
                 ),
             )
 

@@ -58,6 +58,8 @@ class RolloutReplica:
         self.preemptions = 0
         self.generated_blocks = 0.0
         self.busy_s = 0.0  # time with something running (decoding or stalled)
+        self.sync_until = 0.0  # paused for a weight sync (requests held) before this
+        self.paused_s = 0.0  # of busy_s, paused for weight syncs
         self.kv_peak = 0.0
 
     # --- state -------------------------------------------------------------------------
@@ -97,6 +99,7 @@ class RolloutReplica:
             return
         if self.running:
             self.busy_s += now - self.t
+            self.paused_s += max(0.0, min(now, self.sync_until) - self.t)
             start = max(self.t, self.frozen_until)
             if now > start:
                 ds = (now - start) * self.rate()
@@ -107,8 +110,10 @@ class RolloutReplica:
             self.kv_peak = max(self.kv_peak, self.kv_used() / self.capacity)
 
     def stall(self, now: float, seconds: float) -> None:
+        """A weight sync: what runs is held for ``seconds``, then resumes."""
         self.advance(now)
         self.frozen_until = max(self.frozen_until, now) + seconds
+        self.sync_until = max(self.sync_until, now) + seconds
 
     def next_event(self) -> float:
         """When the next sequence finishes or the cache overflows (inf: nothing runs)."""

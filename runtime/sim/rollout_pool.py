@@ -75,8 +75,9 @@ class RolloutPool:
         self._stale_at: int | None = None  # see _stale_limited
         self.rollout_active: list[float] = [0.0] * world  # seconds per rank, for heartbeats
         self.rollout_busy: list[float] = [0.0] * world
+        self.rollout_paused: list[float] = [0.0] * world  # of busy, paused for syncs
         self._last_account = 0.0
-        self._accounted: dict[int, float] = {}
+        self._accounted: dict[int, tuple[float, float]] = {}  # leader -> (busy, paused)
         self._arrays: dict[int, tuple[array, array]] = {}
         self._prompt_ids = prompt_ids  # the one prompt rank 0 hands out
 
@@ -284,8 +285,10 @@ class RolloutPool:
         self._last_account = now
         for leader, replica in self.replicas.items():
             replica.advance(now)
-            busy = replica.busy_s - self._accounted.get(leader, 0.0)
-            self._accounted[leader] = replica.busy_s
+            busy_before, paused_before = self._accounted.get(leader, (0.0, 0.0))
+            self._accounted[leader] = (replica.busy_s, replica.paused_s)
+            busy, paused = replica.busy_s - busy_before, replica.paused_s - paused_before
             for r in range(leader, leader + self.gpus_per_replica):
                 self.rollout_active[r] += dt
                 self.rollout_busy[r] += busy
+                self.rollout_paused[r] += paused

@@ -104,8 +104,21 @@ def figures(result: SimResult, gpus: int) -> dict[str, Any]:
         "rollout_idle_ratio": s["rollout_idle_ratio"],
         "bound_tokens_per_s": round(bound, 1),
         "efficiency": round(x / bound, 4) if bound else None,
+        "trainer_idle_by_cause": s.get("trainer_idle_by_cause", {}),
+        "rollout_idle_by_cause": s.get("rollout_idle_by_cause", {}),
+        "replay_share": round(
+            sum(m["batch_replay"] for m in result.metrics)
+            / max(sum(m["batch_unused"] + m["batch_replay"] for m in result.metrics), 1),
+            4,
+        ),
         "placements": [p[2] for p in result.placements],
         "lost": s["samples"]["lost"],
         "evicted": s["samples"]["evicted"],
+        # in tokens (the simulator's samples count blocks of ``block`` tokens)
+        "wasted_tokens": {k: v * result.block for k, v in s.get("wasted_tokens", {}).items()},
+        "length_bias": {
+            k: None if v is None else round(v * result.block, 1)
+            for k, v in s.get("length_bias", {}).items()
+        },
         "real_s": round(result.real_s, 2),
     }

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 3  # 3: samples carry their fields explicitly (no ``extra`` map)
+PROTOCOL_VERSION = 4  # 3: samples carry their fields explicitly; 4: heartbeats, sync pauses
 MAX_FRAMES = 2 * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
 # Containers (maps + arrays) one header may hold. An empty msgpack array is one byte and a

@@ -82,7 +82,8 @@ class Ready(Message):
 @message
 @dataclass(frozen=True)
 class Heartbeat(Message):
-    """Liveness plus the rank's cumulative rollout time: active, and busy generating."""
+    """Liveness plus the rank's cumulative rollout time: active, busy (requests in its
+    engine), and of that paused for weight syncs (held, generating nothing)."""
 
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
@@ -93,10 +94,23 @@ class Heartbeat(Message):
     rollout_busy_s: float
     # rollout engine load (runtime/engines/vllm/stat_logger.py); {} if none
     engine: dict[str, float]
+    rollout_paused_s: float = 0.0
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
         _require(self.state in WORKER_STATES, "unknown worker state")
+        times = (self.rollout_active_s, self.rollout_busy_s, self.rollout_paused_s)
+        _require(
+            all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times),
+            "rollout times must be finite non-negative numbers",
+        )
+        # cumulative seconds of nested states (a float's rounding aside)
+        slack = 1e-6 * (1.0 + self.rollout_active_s)
+        _require(
+            self.rollout_paused_s <= self.rollout_busy_s + slack
+            and self.rollout_busy_s <= self.rollout_active_s + slack,
+            "rollout times must nest: paused <= busy <= active",
+        )
         _require(len(self.engine) <= 16, "too many engine stats")
         for value in self.engine.values():
             _require(

@@ -18,6 +18,7 @@ EXAMPLES = [
         rollout_active_s=1.0,
         rollout_busy_s=0.5,
         engine={},
+        rollout_paused_s=0.25,
     ),
     p.HeartbeatAck(step=4, policy_version=4),
     p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
@@ -144,10 +145,37 @@ def header(**fields):
                     rollout_active_s=0.0,
                     rollout_busy_s=0.0,
                     engine={},
+                    rollout_paused_s=0.0,
                 )
             ],
             "unknown role",
         ),
+        *[
+            (
+                [
+                    header(
+                        v=p.PROTOCOL_VERSION,
+                        type="heartbeat",
+                        rank=0,
+                        role="rollout",
+                        state="busy",
+                        layout_epoch=0,
+                        rollout_active_s=active,
+                        rollout_busy_s=busy,
+                        engine={},
+                        rollout_paused_s=paused,
+                    )
+                ],
+                why,
+            )
+            # busy longer than alive, paused longer than busy, time running backwards
+            for active, busy, paused, why in [
+                (1.0, 5.0, 0.0, "must nest"),
+                (10.0, 5.0, 6.0, "must nest"),
+                (10.0, 5.0, -1.0, "non-negative"),
+                (float("inf"), 5.0, 0.0, "rollout_active_s"),
+            ]
+        ],
         (
             [
                 header(

@@ -140,10 +140,19 @@ def test_shipped_recipes_load_and_round_trip(tmp_path, recipe):
     assert yaml.safe_load(out.read_text())["reflow"]["B_max"] == cfg.reflow.B_max
 
 
-@pytest.mark.parametrize("name", ["apps_coding", "dapo_math", "retool"])
-def test_cluster_recipes_use_the_paper_settings(name):
+@pytest.mark.parametrize(
+    ("name", "prompts_per_update", "updates_per_sync"),
+    [("apps_coding", 16, 4), ("dapo_math", 32, 16), ("retool", 16, 4)],
+)
+def test_cluster_recipes_use_the_paper_settings(name, prompts_per_update, updates_per_sync):
+    # DAPO: 512 prompts x 16 per weight sync in mini-batches of 32 prompts; ReTool (verl
+    # recipe, which the APPS agent follows): 64 prompts x 16 in mini-batches of 16
     cfg = load_recipe(REPO / "recipes" / f"{name}.yaml")
-    assert cfg.reflow.B_max == cfg.train.batch_size
+    train = cfg.train
+    assert cfg.algorithm.group_size == 16 and train.batch_prompts == prompts_per_update
+    assert train.sync_every == updates_per_sync and train.mini_batches == 1
+    # one weight publication's worth of samples may be in flight
+    assert cfg.reflow.B_max == train.batch_size * train.sync_every
     assert cfg.reflow.sigma == cfg.reflow.tau == 0.5
     assert cfg.reflow.delta == 1
     assert "Qwen3" in cfg.model.path

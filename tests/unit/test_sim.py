@@ -19,7 +19,10 @@ PROFILES = load_profiles()
 
 
 def small(recipe="dapo_math.yaml", steps=6, *sets):
-    return load_recipe(REPO / "recipes" / recipe, [f"train.steps={steps}", *sets])
+    """A shipped recipe cut short: ``steps`` steps with a weight sync every 2 (the recipes
+    sync every 16 or 4, which would make these runs several times longer)."""
+    sets = (f"train.steps={steps}", "train.sync_every=2", *sets)
+    return load_recipe(REPO / "recipes" / recipe, list(sets))
 
 
 def test_the_simulated_control_plane_is_the_runtime_itself():
@@ -165,7 +168,9 @@ def test_reflow_simulate_on_the_command_line():
         "--gpus",
         "32",
         "--steps",
-        "3",
+        "4",
+        "--set",
+        "train.sync_every=2",
         "--mode",
         "sync",
         "--mode",
@@ -175,8 +180,10 @@ def test_reflow_simulate_on_the_command_line():
     )
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["mode"] for r in rows] == ["sync", "reflow"]
-    assert all(r["steps"] == 3 and r["model"] == "qwen3-8b" and r["lost"] == 0 for r in rows)
-    table = reflow("simulate", recipe, "--gpus", "32", "--steps", "2", check=True).stdout
+    assert all(r["steps"] == 4 and r["model"] == "qwen3-8b" and r["lost"] == 0 for r in rows)
+    assert "trainer_idle_by_cause" in rows[0] and "rollout_idle_by_cause" in rows[0]
+    sets = ["--set", "train.sync_every=1"]
+    table = reflow("simulate", recipe, "--gpus", "32", "--steps", "2", *sets, check=True).stdout
     assert "qwen3-8b, math, 32 GPUs" in table and "X/X*" in table
     bad = reflow("simulate", recipe, "--gpus", "20")
     assert bad.returncode == 2 and "--gpus 20: not a multiple" in bad.stderr

@@ -314,6 +314,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     async def _update(self, path: str, version: int) -> None:
         took = await self.engine.update_weights(path, version)
+        self.paused_s += took  # paused, reloaded, resumed: requests held meanwhile
         log.debug("weights v%d loaded in %.3f s", version, took)
         for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
             if old.name != f"v{version}":

@@ -1,0 +1,185 @@
+"""Where the idle time goes: every idle second of the trainer and of the rollout ranks
+attributed to one cause, for the metrics line, ``reflow status``, ``summary.json`` and the
+simulator's report (all read the same book).
+
+Pure bookkeeping with the caller's times; the coordinator tells it what it already knows:
+
+- **Trainer.** The trainer leader is in one state at a time, set when rank 0 answers it:
+  training (a batch out, not idle), or idle for a cause. A batch request refused for lack
+  of samples is classified when it is refused: too few fresh samples while admission or
+  a batch barrier held a rollout rank back (``rollout_held``), too few fresh samples
+  with rollout unhindered (``fresh_short``), enough fresh ones but not enough replay to
+  fill the batch (``replay_short``: not yet there, or evicted), or a sampler that picked
+  fewer (``sampler_short``); from a step report to the next request it is
+  ``weight_sync`` at a sync point (the leader broadcasts) and ``step_report`` otherwise;
+  ``role_switch`` and ``checkpoint`` while those hold batches back.
+- **Rollout.** Each rank reports cumulative active, busy and sync-paused seconds with its
+  heartbeat; idle is active minus busy, plus the seconds its engine was paused for a
+  weight sync (it holds requests then, but generates nothing). Between two beats, the
+  idle seconds go first to ``weight_sync`` (the paused ones), then to the states rank 0
+  put the rank in: refused work (``B_max``, ``staleness``, ``no_prompts``, a batch
+  barrier, ``concurrency_cap``, ``token_budget``) or ``role_switch``, pro rata when those
+  states lasted longer than the idle time; what is left is ``between_turns`` when the rank
+  held requests (tool calls, rewards, a hand-off in progress) and ``between_requests``
+  when it held none and was refused nothing.
+- **Throttled busy time.** A rank refused work for ``THROTTLES`` but still generating
+  something is not running at capacity: those seconds are kept apart, and the allocator
+  does not count them as busy (it would read a throttled rank as a slow one).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAINER_CAUSES = (
+    "fresh_short",
+    "rollout_held",
+    "replay_short",
+    "sampler_short",
+    "weight_sync",
+    "step_report",
+    "role_switch",
+    "checkpoint",
+)
+ROLLOUT_CAUSES = (
+    "B_max",
+    "staleness",
+    "no_prompts",
+    "sync_barrier",
+    "one_step_off_barrier",
+    "concurrency_cap",
+    "token_budget",
+    "weight_sync",
+    "role_switch",
+    "between_turns",
+    "between_requests",
+)
+# Refusals that hold a rank under its capacity by the run's rules, not its engine's.
+THROTTLES = frozenset({"B_max", "staleness", "no_prompts", "sync_barrier", "one_step_off_barrier"})
+# Refusal reasons that mean rollout is held back (the trainer's "rollout_held").
+HELD_BACK = THROTTLES - {"no_prompts"}
+
+
+@dataclass
+class _Rank:
+    state: str | None = None  # a refusal reason or "role_switch"; None: nothing holds it
+    since: float = 0.0
+    spent: Counter[str] = field(default_factory=Counter)  # seconds per state since the beat
+    last: tuple[float, float, float] | None = None  # (active, busy, paused) at the last beat
+
+
+class IdleBook:
+    def __init__(self) -> None:
+        self.trainer: Counter[str] = Counter()
+        self.rollout: Counter[str] = Counter()
+        self.rollout_active_s = 0.0
+        self.throttled_busy_s = 0.0
+        self._trainer_state: str | None = None
+        self._trainer_since = 0.0
+        self._ranks: dict[int, _Rank] = {}
+
+    # --- trainer -------------------------------------------------------------------------
+
+    def trainer_is(self, cause: str | None, now: float) -> None:
+        """The trainer leader is idle for ``cause`` from ``now`` (None: training)."""
+        if cause is not None and cause not in TRAINER_CAUSES:
+            raise ValueError(f"unknown trainer idle cause {cause!r}")
+        self._close_trainer(now)
+        self._trainer_state = cause
+
+    def _close_trainer(self, now: float) -> None:
+        if self._trainer_state is not None and now > self._trainer_since:
+            self.trainer[self._trainer_state] += now - self._trainer_since
+        self._trainer_since = max(self._trainer_since, now)
+
+    def trainer_idle(self, now: float) -> Counter[str]:
+        """Seconds per cause up to ``now`` (the open interval included)."""
+        out = Counter(self.trainer)
+        if self._trainer_state is not None and now > self._trainer_since:
+            out[self._trainer_state] += now - self._trainer_since
+        return out
+
+    # --- rollout -------------------------------------------------------------------------
+
+    def held_back(self) -> bool:
+        """Whether a rollout rank's last work request was refused by a rule that holds
+        rollout back (B_max, staleness, a batch barrier)."""
+        return any(r.state in HELD_BACK for r in self._ranks.values())
+
+    def rank_is(self, rank: int, state: str | None, now: float) -> None:
+        """Rank 0 answered ``rank``: refused for ``state`` (a reason or ``role_switch``),
+        or None when it got all it asked for."""
+        if state is not None and state not in ROLLOUT_CAUSES:
+            raise ValueError(f"unknown rollout idle cause {state!r}")
+        r = self._ranks.setdefault(rank, _Rank(since=now))
+        if r.state is not None and now > r.since:
+            r.spent[r.state] += now - r.since
+        r.state, r.since = state, max(r.since, now)
+
+    def forget(self, rank: int) -> None:
+        """The rank left the rollout pool: its next beat starts a fresh interval."""
+        self._ranks.pop(rank, None)
+
+    def rank_beat(
+        self,
+        rank: int,
+        now: float,
+        active_s: float,
+        busy_s: float,
+        paused_s: float,
+        holding: bool,
+    ) -> None:
+        """A heartbeat's cumulative rollout seconds; ``holding``: the rank has requests
+        out. The interval since its previous beat is attributed (module doc)."""
+        r = self._ranks.setdefault(rank, _Rank(since=now))
+        self.rank_is(rank, r.state, now)  # close the open state at the beat
+        prev, r.last = r.last, (active_s, busy_s, paused_s)
+        spent, r.spent = r.spent, Counter()
+        if prev is None:
+            return  # the first beat of this rank in the pool: its start is the baseline
+        d_active, d_busy, d_paused = (max(0.0, x - y) for x, y in zip(r.last, prev, strict=True))
+        if active_s < prev[0]:  # a restarted rank counts from zero again
+            d_active, d_busy, d_paused = active_s, busy_s, paused_s
+        d_busy = min(d_busy, d_active)
+        paused = min(d_paused, d_busy)
+        idle = d_active - d_busy
+        self.rollout_active_s += d_active
+        if paused > 0:
+            self.rollout["weight_sync"] += paused
+        explained = sum(spent.values())
+        if explained > idle:
+            scale = idle / explained
+            for state, s in spent.items():
+                self.rollout[state] += s * scale
+                if state in THROTTLES:
+                    self.throttled_busy_s += s * (1 - scale)
+        else:
+            self.rollout.update(spent)
+            rest = idle - explained
+            if rest > 0:
+                self.rollout["between_turns" if holding else "between_requests"] += rest
+
+    def rollout_idle_s(self) -> float:
+        return sum(self.rollout.values())
+
+    # --- reporting -----------------------------------------------------------------------
+
+    def report(self, now: float, trainer_window: tuple[float, Counter[str]] | None) -> dict:
+        """Shares of time by cause: the trainer's over its window (from the first step;
+        ``(start, idle at the start)``), the rollout ranks' over their active time."""
+        out: dict[str, Any] = {}
+        if trainer_window is not None:
+            start, at_start = trainer_window
+            span = max(now - start, 1e-9)
+            idle = self.trainer_idle(now)
+            idle.subtract(at_start)
+            out["trainer_idle_by_cause"] = _shares(idle, span)
+        out["rollout_idle_by_cause"] = _shares(self.rollout, max(self.rollout_active_s, 1e-9))
+        return out
+
+
+def _shares(seconds: Counter[str], span: float) -> dict[str, float]:
+    shares = {k: round(max(v, 0.0) / span, 4) for k, v in sorted(seconds.items())}
+    return {k: v for k, v in shares.items() if v > 0}
