@@ -23,8 +23,9 @@ Pure bookkeeping with the caller's times; the coordinator tells it what it alrea
   held requests (tool calls, rewards, a hand-off in progress) and ``between_requests``
   when it held none and was refused nothing.
 - **Throttled busy time.** A rank refused work for ``THROTTLES`` but still generating
-  something is not running at capacity: those seconds are kept apart, and the allocator
-  does not count them as busy (it would read a throttled rank as a slow one).
+  something is not running at capacity: those seconds, weighted by the share of its slots
+  the refusal left empty, are kept apart, and the allocator does not count them as busy
+  (it would read a throttled rank as a slow one).
 """
 
 from __future__ import annotations
@@ -58,15 +59,20 @@ ROLLOUT_CAUSES = (
 )
 # Refusals that hold a rank under its capacity by the run's rules, not its engine's.
 THROTTLES = frozenset({"B_max", "staleness", "no_prompts", "sync_barrier", "one_step_off_barrier"})
+# The trainer's causes that mean it waited for data.
+STARVED = ("fresh_short", "rollout_held", "replay_short", "sampler_short")
 # Refusal reasons that mean rollout is held back (the trainer's "rollout_held").
 HELD_BACK = THROTTLES - {"no_prompts"}
 
 
 @dataclass
 class _Rank:
-    state: str | None = None  # a refusal reason or "role_switch"; None: nothing holds it
+    state: str | None = None  # a refusal reason; None: nothing holds it
     since: float = 0.0
+    unused: float = 1.0  # share of its slots left empty by the refusal
     spent: Counter[str] = field(default_factory=Counter)  # seconds per state since the beat
+    # of those, refused seconds weighted by the share of slots left empty
+    spent_unused: Counter[str] = field(default_factory=Counter)
     last: tuple[float, float, float] | None = None  # (active, busy, paused) at the last beat
 
 
@@ -108,15 +114,17 @@ class IdleBook:
         rollout back (B_max, staleness, a batch barrier)."""
         return any(r.state in HELD_BACK for r in self._ranks.values())
 
-    def rank_is(self, rank: int, state: str | None, now: float) -> None:
-        """Rank 0 answered ``rank``: refused for ``state`` (a reason or ``role_switch``),
-        or None when it got all it asked for."""
+    def rank_is(self, rank: int, state: str | None, now: float, unused: float = 1.0) -> None:
+        """Rank 0 answered ``rank``: refused for ``state`` (a reason), or None when it got
+        all it asked for; ``unused``: the share of the rank's slots the refusal left empty
+        (a rank refused one slot of 256 is nearly at capacity)."""
         if state is not None and state not in ROLLOUT_CAUSES:
             raise ValueError(f"unknown rollout idle cause {state!r}")
         r = self._ranks.setdefault(rank, _Rank(since=now))
         if r.state is not None and now > r.since:
             r.spent[r.state] += now - r.since
-        r.state, r.since = state, max(r.since, now)
+            r.spent_unused[r.state] += (now - r.since) * r.unused
+        r.state, r.since, r.unused = state, max(r.since, now), min(max(unused, 0.0), 1.0)
 
     def forget(self, rank: int) -> None:
         """The rank left the rollout pool: its next beat starts a fresh interval."""
@@ -134,9 +142,10 @@ class IdleBook:
         """A heartbeat's cumulative rollout seconds; ``holding``: the rank has requests
         out. The interval since its previous beat is attributed (module doc)."""
         r = self._ranks.setdefault(rank, _Rank(since=now))
-        self.rank_is(rank, r.state, now)  # close the open state at the beat
+        self.rank_is(rank, r.state, now, r.unused)  # close the open state at the beat
         prev, r.last = r.last, (active_s, busy_s, paused_s)
         spent, r.spent = r.spent, Counter()
+        spent_unused, r.spent_unused = r.spent_unused, Counter()
         if prev is None:
             return  # the first beat of this rank in the pool: its start is the baseline
         d_active, d_busy, d_paused = (max(0.0, x - y) for x, y in zip(r.last, prev, strict=True))
@@ -153,8 +162,8 @@ class IdleBook:
             scale = idle / explained
             for state, s in spent.items():
                 self.rollout[state] += s * scale
-                if state in THROTTLES:
-                    self.throttled_busy_s += s * (1 - scale)
+                if state in THROTTLES:  # generating, at the share of slots it had filled
+                    self.throttled_busy_s += spent_unused[state] * (1 - scale)
         else:
             self.rollout.update(spent)
             rest = idle - explained
@@ -163,6 +172,15 @@ class IdleBook:
 
     def rollout_idle_s(self) -> float:
         return sum(self.rollout.values())
+
+    def trainer_starved_s(self, now: float) -> float:
+        """Seconds the trainer waited for data (no batch could be made)."""
+        idle = self.trainer_idle(now)
+        return sum(idle[k] for k in STARVED)
+
+    def rollout_throttled_s(self) -> float:
+        """Rollout rank-seconds refused work by the run's rules, idle or generating."""
+        return self.throttled_busy_s + sum(self.rollout[k] for k in THROTTLES)
 
     # --- reporting -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ allocator decides from windows of cumulative counters marked at each training st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ class Mark:
     replay_life: int
     rollout_busy_s: float
     trainer_idle_s: float
+    trainer_starved_s: float = 0.0  # the trainer waiting for data (runtime/control/idle.py)
+    rollout_active_s: float = 0.0  # rollout rank-seconds, and of those refused by THROTTLES
+    rollout_throttled_s: float = 0.0
 
 
 class Rebalancer:
@@ -81,6 +85,9 @@ class Rebalancer:
             min_window_steps=min(3, sch.window_steps),
         )
         self._window_steps = sch.window_steps
+        # the first steps train what rollout made before the first batch (up to B_max)
+        assert cfg.reflow.B_max is not None and cfg.train.batch_size is not None
+        self._warmup_steps = math.ceil(cfg.reflow.B_max / cfg.train.batch_size)
         self._delta = cfg.reflow.delta
         self._train = cfg.train
         self._marks: list[Mark] = []
@@ -167,6 +174,9 @@ class Rebalancer:
         consumed: int,
         rollout_busy_s: float,
         trainer_idle_s: float,
+        trainer_starved_s: float = 0.0,
+        rollout_active_s: float = 0.0,
+        rollout_throttled_s: float = 0.0,
     ) -> None:
         self._marks.append(
             Mark(
@@ -179,6 +189,9 @@ class Rebalancer:
                 replay_life=self.replay_life_total,
                 rollout_busy_s=rollout_busy_s,
                 trainer_idle_s=trainer_idle_s,
+                trainer_starved_s=trainer_starved_s,
+                rollout_active_s=rollout_active_s,
+                rollout_throttled_s=rollout_throttled_s,
             )
         )
         del self._marks[: -(self._window_steps + 1)]
@@ -186,7 +199,11 @@ class Rebalancer:
     def window(self) -> WindowStats | None:
         """Rates over the last ``window_steps`` steps of the current layout."""
         last = self._marks[-1]
-        same = [m for m in self._marks if m.epoch == last.epoch and m.step < last.step]
+        same = [
+            m
+            for m in self._marks
+            if m.epoch == last.epoch and self._warmup_steps <= m.step < last.step
+        ]
         if not same or self.switching():
             return None
         first = same[0]
@@ -201,6 +218,9 @@ class Rebalancer:
             trainer_busy_s=self.layout.n_trainer_ranks * max(dt - idle, 0.0),
             fresh=last.fresh - first.fresh,
             replay_life=last.replay_life - first.replay_life,
+            trainer_starved=(last.trainer_starved_s - first.trainer_starved_s) / max(dt, 1e-9),
+            rollout_throttled=(last.rollout_throttled_s - first.rollout_throttled_s)
+            / max(last.rollout_active_s - first.rollout_active_s, 1e-9),
         )
 
     def allocate(self, step: int) -> dict[str, Any] | None:

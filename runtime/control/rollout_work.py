@@ -39,7 +39,9 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
         if slots:
             requests = c.data.request_work(msg.rank, slots, admit)
             refused = c.data.last_refusal or refused
-        c.idle.rank_is(msg.rank, refused, c.clock())
+        # the share of the rank's slots left empty: its free ones not filled now
+        empty = (msg.slots - len(requests)) / max(running + msg.slots, 1)
+        c.idle.rank_is(msg.rank, refused, c.clock(), empty)
     return [(identity, wire.work_message(requests, c.policy_version))]
 
 

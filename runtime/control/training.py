@@ -102,6 +102,9 @@ def mark(c: Run, now: float) -> None:
         rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s)
         - c.idle.throttled_busy_s,
         trainer_idle_s=c.data.trainer_idle_s,
+        trainer_starved_s=c.idle.trainer_starved_s(now),
+        rollout_active_s=c.idle.rollout_active_s,
+        rollout_throttled_s=c.idle.rollout_throttled_s(),
     )
 
 

@@ -416,9 +416,12 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
     assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
 
 
-def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
+@pytest.mark.parametrize(("B_max", "expected"), [(4, [(4, 0), (4, 4)]), (8, [(4, 4)])])
+def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_max, expected):
     """A fresh sample first trained at age a can join delta - a later batches as replay:
-    the allocator's window sums that (it keeps rollout ranks replay could not replace)."""
+    the allocator's window sums that (it keeps rollout ranks replay could not replace).
+    Windows start after the warm-up, the first B_max / b steps (what rollout generated
+    before the first batch): with B_max = 2b the window of steps 1-2 is not one."""
     from runtime.transport import frames as wire
 
     prompts = ({"text": f"p{i}"} for i in itertools.count())
@@ -427,7 +430,7 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
         prompts=prompts,
         train={"steps": 5, "batch_size": 4},
         algorithm={"group_size": 2},
-        reflow={"sigma": 0.5, "delta": 1, "B_max": 64},
+        reflow={"sigma": 0.5, "delta": 1, "B_max": B_max},
         scheduler={"auto_rebalance": True, "window_steps": 1},
     )
     register_all(c)
@@ -448,7 +451,7 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock):
     step(2, generated_at=0)  # trained at version 1, age 1: none can be replayed
     step(3, generated_at=2)  # trained at version 2, age 0
     windows = [x["placement"]["window"] for x in c.metrics_log if "placement" in x]
-    assert [(w["fresh"], w["replay_life"]) for w in windows] == [(4, 0), (4, 4)]
+    assert [(w["fresh"], w["replay_life"]) for w in windows] == expected
     lines = c.metrics_log
     assert all(x["rollout_response_tokens"] > 0 for x in lines)
 

@@ -43,7 +43,7 @@ def test_rollout_idle_goes_to_sync_pauses_then_refusals_then_what_the_rank_held(
 def test_a_rank_refused_work_while_generating_is_throttled_not_busy():
     book = IdleBook()
     book.rank_beat(2, 0.0, 0.0, 0.0, 0.0, holding=True)
-    book.rank_is(2, "B_max", 0.0)  # refused more work at once, all interval long
+    book.rank_is(2, "B_max", 0.0)  # refused all of its slots, all interval long
     book.rank_beat(2, 10.0, 10.0, 8.0, 0.0, holding=True)  # 2 s idle, 8 s generating
     assert book.rollout == {"B_max": pytest.approx(2.0)}
     assert book.throttled_busy_s == pytest.approx(8.0)
@@ -141,11 +141,20 @@ def test_the_allocator_does_not_count_a_throttled_rollout_rank_as_busy():
     ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=8))
     assert len(work.requests) == 4  # refused the other 4: B_max
     clock.t += 10.0
-    beat(2, 10.0, 10.0)  # generating all along, at half its slots
+    beat(2, 10.0, 10.0)  # generating all along, with half of its slots filled
     for req, _ in list(c.data.dispatcher.outstanding.values()):
         c.handle(ident(2), wire.sample_done(traj(req, 0, worker=2), 2))
     ((_, batch), *_) = c.handle(ident(0), p.BatchRequest(rank=0))
     done = p.StepDone(rank=0, step=1, policy_version=1, batch_id=batch.batch_id, metrics={})
     c.handle(ident(0), done)
-    assert c.rebalance._marks[-1].rollout_busy_s == pytest.approx(0.0, abs=1e-6)
-    assert c.idle.throttled_busy_s == pytest.approx(10.0)
+    # refused half of its slots all along: busy at half its capacity, 5 of the 10 s
+    assert c.rebalance._marks[-1].rollout_busy_s == pytest.approx(5.0)
+    assert c.idle.throttled_busy_s == pytest.approx(5.0)
+
+
+def test_throttled_time_counts_the_share_of_slots_the_refusal_left_empty():
+    book = IdleBook()
+    book.rank_beat(4, 0.0, 0.0, 0.0, 0.0, holding=True)
+    book.rank_is(4, "staleness", 0.0, unused=0.25)  # three quarters of its slots full
+    book.rank_beat(4, 10.0, 10.0, 10.0, 0.0, holding=True)
+    assert book.throttled_busy_s == pytest.approx(2.5) and book.rollout_idle_s() == 0.0

@@ -123,7 +123,7 @@ def test_allocator_moves_workers_toward_the_bottleneck():
     d = a.decide(10, current, window(40, 80, rollout_busy=40, trainer_busy=10))
     assert d.applied and int(d.best.split(":")[0]) > 4  # more rollout ranks
     # the predicted coverages are in the decision; the chosen one is the closest in log
-    assert min(d.predicted, key=lambda k: abs(math.log(d.predicted[k] / 0.5))) == d.best
+    assert min(d.predicted, key=lambda k: abs(math.log(d.predicted[k] / a.target))) == d.best
     # Rollout is fast: more trainers.
     d = a.decide(20, Placement(7, 1), window(400, 80, rollout_busy=40, trainer_busy=10))
     assert d.applied and int(d.best.split(":")[1]) > 1
@@ -131,28 +131,54 @@ def test_allocator_moves_workers_toward_the_bottleneck():
 
 def test_allocator_keeps_rollout_ranks_that_replay_cannot_replace():
     a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0)
+    assert a.target == 0.75  # the middle of the band [1 - sigma, 1] the batch rule allows
 
-    # r = 1 sample/s per rollout rank, t = 3 per trainer rank: 12:4 covers 1.0, 8:8 0.33
-    def w(replay_life: int, consumed: int = 120) -> WindowStats:
-        return WindowStats(5, 10.0, 120, consumed, 120.0, 40.0, fresh=60, replay_life=replay_life)
+    # r = 1 sample/s per rollout rank, t = 2 per trainer rank: 12:4 covers 1.5, 8:8 0.5
+    def w(replay_life: int) -> WindowStats:
+        return WindowStats(5, 10.0, 120, 80, 120.0, 40.0, fresh=60, replay_life=replay_life)
 
-    # every fresh sample may be replayed once more (delta 1, first used at age 0): replay
-    # can fill half of a batch, and the trainer gets rollout ranks
+    # every fresh sample may be replayed once more: replay can fill half of a batch, the
+    # target stands, and 8:8 is closer to it than 12:4
     d = a.decide(10, Placement(12, 4), w(replay_life=60))
-    assert (d.target_coverage, d.replay_target) == (0.5, 0.5) and d.applied and d.best == "8:8"
+    assert (d.target_coverage, d.replay_target) == (0.75, 0.75) and d.applied and d.best == "8:8"
     # samples arrive already a version old: no replay left, the trainer would starve
     d = a.decide(20, Placement(12, 4), w(replay_life=0))
     assert d.replay_target == 1.0 and not d.applied and d.best == "12:4"
     # in between: one in three can be replayed once, replay fills 1/4, 3/4 must be fresh
     d = a.decide(30, Placement(12, 4), w(replay_life=20))
     assert math.isclose(d.replay_target, 0.75)
-    # ... but a short replay life is no reason to add rollout ranks: at 8:8 with t = 2 the
-    # coverage is 1 - sigma exactly, and 12:4 is judged against that
-    d = a.decide(40, Placement(8, 8), w(replay_life=0, consumed=80))
+    # ... but a short replay life is no reason to add rollout ranks: 12:4 is judged
+    # against the target only
+    d = a.decide(40, Placement(8, 8), w(replay_life=0))
     assert d.replay_target == 1.0 and not d.applied and d.best == "8:8"
     # sync and async (sigma 0) never count on replay
     b = ProducerConsumerAllocator(16, 4, 4, sigma=0.0)
     assert b.decide(10, Placement(12, 4), w(replay_life=60)).replay_target == 1.0
+
+
+def test_a_trainer_waiting_for_data_gets_no_more_ranks():
+    # Before: the rates said rollout could feed a bigger trainer, though the trainer had
+    # waited for data 40% of the window; the allocator took rollout ranks away.
+    a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0)
+    fast_rollout = WindowStats(5, 10.0, 400, 80, 40.0, 40.0)
+    assert a.decide(10, Placement(12, 4), fast_rollout).best == "4:12"
+    starved = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, trainer_starved=0.4)
+    d = a.decide(20, Placement(12, 4), starved)
+    assert not d.applied and d.best == "12:4"
+
+
+def test_throttled_rollout_gives_the_trainer_one_group_at_a_time_and_gets_none():
+    # Before: a window where staleness admission refused the rollout ranks work most of
+    # the time read as a huge rollout rate, and the allocator moved 96:32 to 36:92.
+    a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0)
+    held = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, rollout_throttled=0.8)
+    d = a.decide(10, Placement(12, 4), held)
+    assert d.applied and d.best == "8:8"  # not 4:12, whatever the rates say
+    slow = WindowStats(5, 10.0, 10, 80, 40.0, 40.0, rollout_throttled=0.8)
+    d = a.decide(20, Placement(8, 8), slow)  # the rates call for rollout: not while held
+    assert d.best in ("8:8", "4:12") and d.best != "12:4"
+    starved = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, rollout_throttled=0.8, trainer_starved=0.5)
+    assert not a.decide(30, Placement(12, 4), starved).applied
 
 
 def test_allocator_respects_replica_groups():
