@@ -58,6 +58,12 @@ def main() -> None:
     ap.add_argument("--syncs", type=int, default=10, help="weight syncs per run")
     ap.add_argument("--out", type=Path, default=REPO / "reports" / "sim")
     ap.add_argument("--quick", action="store_true", help="two cells only")
+    ap.add_argument(
+        "--cells",
+        default="",
+        help="only these cells, e.g. math:qwen3-8b:128,apps_agent:qwen3-8b:64",
+    )
+    ap.add_argument("--no-ablations", action="store_true", help="the four modes only")
     ap.add_argument("--part", default="1/1", help="K/N: every N-th cell from the K-th")
     ap.add_argument("--merge", nargs="*", type=Path, help="grid.json files to report on")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel")
@@ -71,6 +77,9 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cells = QUICK if args.quick else GRID
+    if args.cells:
+        wanted = [tuple(c.split(":")) for c in args.cells.split(",")]
+        cells = [(w, m, int(g)) for w, m, g in wanted]
     k, n = (int(x) for x in args.part.split("/"))
     cells = cells[k - 1 :: n]
     rows = []
@@ -83,6 +92,7 @@ def main() -> None:
         runs += [
             (f"reflow, {name}", workload, model, gpus, "reflow", [*args.set, *sets])
             for name, sets in ABLATIONS.items()
+            if not args.no_ablations
         ]
     with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
         futures = [
@@ -177,6 +187,8 @@ def render(rows: list[dict], syncs: int) -> str:
     ]
     for (workload, model, gpus), by in cells.items():
         x = by["reflow"]["trainer_tokens_per_s"]
+        if not all(f"reflow, {a}" in by for a in ABLATIONS):
+            continue  # run with --no-ablations
         lines.append(
             f"| {workload} | {model} | {gpus} | "
             + " | ".join(
