@@ -85,9 +85,13 @@ class Rebalancer:
             min_window_steps=min(3, sch.window_steps),
         )
         self._window_steps = sch.window_steps
-        # the first steps train what rollout made before the first batch (up to B_max)
+        # the first steps train what rollout made before the first batch: admission lets
+        # it run (delta + 1) x sync_every steps ahead, with up to B_max in flight
         assert cfg.reflow.B_max is not None and cfg.train.batch_size is not None
-        self._warmup_steps = math.ceil(cfg.reflow.B_max / cfg.train.batch_size)
+        self._warmup_steps = max(
+            math.ceil(cfg.reflow.B_max / cfg.train.batch_size),
+            cfg.train.last_step_for(0, cfg.reflow.delta),
+        )
         self._delta = cfg.reflow.delta
         self._train = cfg.train
         self._marks: list[Mark] = []

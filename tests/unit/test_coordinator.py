@@ -416,12 +416,13 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
     assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
 
 
-@pytest.mark.parametrize(("B_max", "expected"), [(4, [(4, 0), (4, 4)]), (8, [(4, 4)])])
+@pytest.mark.parametrize(("B_max", "expected"), [(4, [(4, 4), (4, 0)]), (12, [(4, 0)])])
 def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_max, expected):
     """A fresh sample first trained at age a can join delta - a later batches as replay:
     the allocator's window sums that (it keeps rollout ranks replay could not replace).
-    Windows start after the warm-up, the first B_max / b steps (what rollout generated
-    before the first batch): with B_max = 2b the window of steps 1-2 is not one."""
+    Windows start after the warm-up, the steps that may still train what rollout made
+    before the first batch: (delta + 1) x sync_every = 2 here, or B_max / b = 3 with
+    B_max = 12, which leaves only the window of steps 3-4."""
     from runtime.transport import frames as wire
 
     prompts = ({"text": f"p{i}"} for i in itertools.count())
@@ -450,6 +451,7 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_m
     step(1, generated_at=0)  # trained at version 0, age 0: each may be replayed once more
     step(2, generated_at=0)  # trained at version 1, age 1: none can be replayed
     step(3, generated_at=2)  # trained at version 2, age 0
+    step(4, generated_at=2)  # trained at version 3, age 1
     windows = [x["placement"]["window"] for x in c.metrics_log if "placement" in x]
     assert [(w["fresh"], w["replay_life"]) for w in windows] == expected
     lines = c.metrics_log
