@@ -176,12 +176,17 @@ class ProducerConsumerAllocator:
             # waits too, production is bound by latency (what may be in flight over how
             # long a generation takes): one rollout group more shortens each generation
             # (less batching), a trainer rank more would only wait (module doc).
-            step_to = current.rollout - self.s_r if not starved else current.rollout + self.s_r
+            side = [
+                p
+                for p in self.placements()
+                if (p.rollout > current.rollout if starved else p.rollout < current.rollout)
+            ]
+            nearest = min(side, key=lambda p: abs(p.rollout - current.rollout), default=None)
 
             def allowed(p: Placement) -> bool:
                 if p.trainer > current.trainer and starved:
                     return False  # more trainer ranks would wait for data too
-                return p.rollout == step_to if throttled else True
+                return p == nearest if throttled else True
 
             candidates = [p for p in self.placements() if p == current or allowed(p)]
             if throttled:  # the rates say nothing of rollout's capacity: no extrapolation
