@@ -184,7 +184,9 @@ class IdleBook:
 
     # --- reporting -----------------------------------------------------------------------
 
-    def report(self, now: float, trainer_window: tuple[float, Counter[str]] | None) -> dict:
+    def report(
+        self, now: float, trainer_window: tuple[float, Counter[str]] | None
+    ) -> dict[str, Any]:
         """Shares of time by cause: the trainer's over its window (from the first step;
         ``(start, idle at the start)``), the rollout ranks' over their active time."""
         out: dict[str, Any] = {}
