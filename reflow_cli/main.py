@@ -266,11 +266,18 @@ def export(
         Optional[int],  # noqa: UP045
         typer.Option(help="which saved policy version (default: the latest)"),
     ] = None,
+    checkpoint: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="export a sharded checkpoint instead (e.g. step-00000010), tensor by tensor"
+        ),
+    ] = None,
 ) -> None:
     """Write a run's policy as a Hugging Face folder (config, safetensors, tokenizer)."""
     from jobs.export import export as export_run
 
-    folder = export_run(find_run(run), out, step)  # ``out`` is the folder here, not the console
+    # ``out`` is the folder here, not the console
+    folder = export_run(find_run(run), out, step, checkpoint=checkpoint)
     typer.echo(f"exported to {folder}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.config.layout import Role
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.data.sample import sample_digest
@@ -54,7 +55,9 @@ def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
     leader = c.members.leader()
     if leader is None or not c.ckpt.request(c.step, then_stop):
         return []
-    return [(leader.identity, p.Checkpoint(step=c.step))]
+    # Every trainer rank writes its own shards (torch.distributed.checkpoint); the leader
+    # stages the folder first and reports for the group.
+    return c.members.send(p.Checkpoint(step=c.step), c.layout.ranks(Role.TRAINER))
 
 
 def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list[Outgoing]:

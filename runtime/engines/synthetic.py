@@ -138,35 +138,32 @@ class SyntheticTrainer(BatchConsumer):
         self._model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
         self._opt = torch.optim.AdamW(self._model.parameters(), lr=self.cfg.train.lr)
 
-    def save_checkpoint(self, path, step: int) -> None:
+    def save_checkpoint(self, checkpoints, step: int) -> None:
+        """The leader's model, optimizer and RNG (one replica: the others hold nothing)."""
         import torch
 
+        from runtime.engines.torch.sharded_state import save_sharded
+        from runtime.store import checkpoint
+
+        if not self.leader:
+            return
         if self.step_no != step:
             raise RuntimeError(f"asked for step {step}, the trainer is at {self.step_no}")
-        tmp = path.with_suffix(".tmp")
-        torch.save(
-            {
-                "step": self.step_no,
-                "version": self.version,
-                "model": self._model.state_dict(),
-                "optimizer": self._opt.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-            },
-            tmp,
-        )
-        tmp.rename(path)
+        staging = checkpoint.start(checkpoints, step)
+        extra = {"step": self.step_no, "version": self.version, "torch_rng": torch.get_rng_state()}
+        save_sharded(checkpoint.trainer_dir(staging), self._model, self._opt, extra)
 
     def restore(self, folder) -> None:
         import torch
 
-        from runtime.store.checkpoint import TRAINER_FILE, load_trainer_state
+        from runtime.engines.torch.sharded_state import load_sharded
+        from runtime.store.checkpoint import trainer_dir
 
-        state = load_trainer_state(folder / TRAINER_FILE)  # weights_only: no code runs
         self._build()
-        self._model.load_state_dict(state["model"])
-        self._opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.step_no, self.version = state["step"], state["version"]
+        # weights_only for the extras: no code runs
+        extra = load_sharded(trainer_dir(folder), self._model, self._opt)
+        torch.set_rng_state(extra["torch_rng"])
+        self.step_no, self.version = extra["step"], extra["version"]
 
     def observe(self, step: int, policy_version: int) -> None:
         self.step_no = max(self.step_no, step)
@@ -191,13 +188,22 @@ class SyntheticTrainer(BatchConsumer):
             behavior[i, :n] = torch.tensor(s.logprobs)
             mask[i, : s.n_valid] = 1
         k = self.cfg.train.mini_batches
+
+        def logprobs(rows: list[int]) -> torch.Tensor:
+            logits = self._model(tokens[rows, :-1])
+            return torch.log_softmax(logits, -1).gather(-1, tokens[rows, 1:, None]).squeeze(-1)
+
+        old = None
+        if self.cfg.algorithm.recompute_old_logprobs:  # before the step's first update
+            with torch.no_grad():
+                old = logprobs(list(range(len(samples))))
         losses, clipped = [], []
         for j in range(k):  # the batch in k optimizer updates, strided as the real trainer
             rows = list(range(j, len(samples), k))
-            logits = self._model(tokens[rows, :-1])
-            logp = torch.log_softmax(logits, -1).gather(-1, tokens[rows, 1:, None]).squeeze(-1)
+            logp = logprobs(rows)
             mini = [samples[i] for i in rows]
-            loss, stats = batch_loss(logp, behavior[rows], mask[rows], mini, self.cfg)
+            old_rows = None if old is None else old[rows]
+            loss, stats = batch_loss(logp, old_rows, behavior[rows], mask[rows], mini, self.cfg)
             self._opt.zero_grad()
             loss.backward()
             self._opt.step()

@@ -288,7 +288,9 @@ class HybridWorker:
         log.info("rank %d restored %s (step %d)", self.rank, info.name, info.step)
 
     def _checkpoint(self, step: int) -> None:
-        """Rank 0 asks the trainer leader (us) for its part of checkpoint ``step``."""
+        """Rank 0 asks every trainer rank (us) for its part of checkpoint ``step``: the
+        side writes its shards into the staging folder (the leader makes the folder), and
+        the leader reports for the group."""
         side = self.sides.get("trainer")
         save = getattr(side, "save_checkpoint", None)
         ok, error = False, ""
@@ -296,13 +298,13 @@ class HybridWorker:
             error = f"engine.trainer {self.cfg.engine.trainer!r} cannot checkpoint"
         else:
             try:
-                staging = checkpoint.start(self.paths.checkpoints, step)
-                save(staging / checkpoint.TRAINER_FILE, step)
+                save(self.paths.checkpoints, step)
                 ok = True
             except Exception as exc:  # reported; the run goes on without this checkpoint
                 log.exception("checkpoint %d failed", step)
                 error = f"{type(exc).__name__}: {exc}"[:1000]
-        self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
+        if getattr(side, "leader", True):
+            self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
 
     def _enter(self, role: str) -> None:
         if self.role == role:
@@ -383,7 +385,12 @@ class HybridWorker:
             change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
             self._enter(new_role)
             # Every rank regroups (collectively), then the sides move state: new trainer
-            # replicas get the leader's, new rollout ranks its weights.
+            # replicas get the leader's, new rollout ranks its weights. A sharded trainer
+            # writes its shards first, while the old groups still exist.
+            for name in ("trainer", "rollout"):
+                before = getattr(self.sides[name], "before_layout", None)
+                if before is not None:
+                    before(change)
             if self.collective is not None:
                 self.collective.regroup(msg.layout_epoch, msg.roles)
             for name in ("trainer", "rollout"):

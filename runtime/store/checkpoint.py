@@ -4,23 +4,33 @@
 
     checkpoints/
         step-00000010/
-            trainer.pt            the trainer leader's model, optimizer, RNG, step, version
+            trainer/              the trainer ranks' part (torch.distributed.checkpoint):
+                .metadata         DCP's index of every tensor's shards
+                __<r>_0.distcp    trainer rank r's shards of the model and AdamW state
+                extra.pt          step, policy version, torch and Python RNG (group rank 0)
             coordinator.msgpack   rank 0's buffer, request queue, data cursor and counters
             manifest.json         step, policy version, sha256 and size of every file, HMAC
         .step-00000012.tmp/       being written; never read, replaced on the next attempt
 
-A checkpoint is taken at a step boundary: the trainer leader writes its file into the
-staging folder, then rank 0 adds its own and the manifest and renames the folder, so a
-folder named ``step-*`` is complete. A crash mid-write leaves only a ``.tmp`` folder; a
-truncated or altered file fails its checksum and the previous checkpoint is used.
+A checkpoint is taken at a step boundary: the trainer ranks write ``trainer/`` into the
+staging folder together (:mod:`runtime.engines.torch.sharded_state`), then rank 0 adds its
+own file and the manifest and renames the folder, so a folder named ``step-*`` is
+complete. A crash mid-write leaves only a ``.tmp`` folder; a truncated or altered file
+fails its checksum and the previous checkpoint is used. The manifest lists every file of
+the folder, ``trainer/`` included, by its path relative to the folder; a file that is not
+listed is refused as well, so nothing can be slipped in next to sealed shards.
 
 The manifest carries an HMAC-SHA256 under a key derived from the run's ``keys/``
 (:func:`runtime.transport.auth.checkpoint_key`): ``checkpoints/`` is always
 ``<run>/checkpoints``, so sealing and verifying find the key themselves and no caller can
 leave it out. A folder re-sealed by someone without the run's secret key, or copied from
-another run, is refused like a corrupt one. ``trainer.pt`` is read with
-``torch.load(weights_only=True)`` as well (:func:`load_trainer_state`): a MAC says who
-sealed a folder, not that it holds no code.
+another run, is refused like a corrupt one. ``extra.pt`` is read with
+``torch.load(weights_only=True)`` as well (:func:`load_trainer_state`), and the DCP files
+through allow-lists (:mod:`runtime.engines.torch.sharded_state`): a MAC says who sealed a
+folder, not that it holds no code.
+
+Folders of the format before sharded checkpoints (one ``trainer.pt`` by the trainer
+leader) are refused with a line that says so.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgpack
@@ -43,9 +53,15 @@ from runtime.store.run_dir import RunPaths
 from runtime.transport.auth import KeyFileError, checkpoint_key
 
 MANIFEST = "manifest.json"
-TRAINER_FILE = "trainer.pt"
+TRAINER_DIR = "trainer"  # the trainer ranks' DCP folder
+DCP_METADATA = ".metadata"  # DCP's index file, in TRAINER_DIR
+EXTRA_FILE = "extra.pt"  # step, version, RNG: in TRAINER_DIR
 COORDINATOR_FILE = "coordinator.msgpack"
-REQUIRED = (TRAINER_FILE, COORDINATOR_FILE)
+# Files a complete checkpoint has, as manifest keys (relative POSIX paths).
+TRAINER_REQUIRED = (f"{TRAINER_DIR}/{DCP_METADATA}", f"{TRAINER_DIR}/{EXTRA_FILE}")
+REQUIRED = (*TRAINER_REQUIRED, COORDINATOR_FILE)
+# The trainer file of the format before sharded checkpoints: only recognised, to refuse.
+LEGACY_TRAINER_FILE = "trainer.pt"
 _NAME = re.compile(r"^step-(\d{8})$")
 MAC_FIELD = "hmac"
 
@@ -67,6 +83,11 @@ class CheckpointInfo:
 
 def folder_name(step: int) -> str:
     return f"step-{step:08d}"
+
+
+def trainer_dir(folder: Path) -> Path:
+    """The trainer ranks' DCP folder of a staging or checkpoint folder."""
+    return folder / TRAINER_DIR
 
 
 def staging_dir(root: Path, step: int) -> Path:
@@ -129,11 +150,14 @@ def _finish(root: Path, step: int, policy_version: int, keep: int, key: bytes) -
     if missing:
         raise CheckpointError(f"{staging}: missing {', '.join(missing)}")
     files = {}
-    for f in sorted(staging.iterdir()):
-        if f.name == MANIFEST:
+    for name in _listing(staging):
+        if name == MANIFEST:
             continue
+        f = staging / name
         _fsync(f)
-        files[f.name] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+        files[name] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+    for d in sorted({(staging / n).parent for n in files} - {staging}):
+        _fsync(d)  # the entries of trainer/ must be durable before the rename publishes them
     manifest = {
         "step": step,
         "policy_version": policy_version,
@@ -150,6 +174,42 @@ def _finish(root: Path, step: int, policy_version: int, keep: int, key: bytes) -
     _fsync(root)
     prune(root, keep)
     return CheckpointInfo(final, step, policy_version)
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every file under ``folder`` as a relative POSIX path, sorted. Anything that is not a
+    plain file or folder (a symlink: it could point anywhere) is an error, not skipped."""
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink() or not (p.is_file() or p.is_dir()):
+            raise CheckpointError(
+                f"{folder.name}/{p.relative_to(folder).as_posix()}: not a plain file"
+            )
+        if p.is_file():
+            out.append(p.relative_to(folder).as_posix())
+    return out
+
+
+def _safe_name(name: Any) -> bool:
+    """A manifest key that names a file inside the folder: relative, normalised, no
+    ``..``. The manifest is checked only after its MAC, but it is also the list of paths
+    opened here, so it is held to the shape _finish writes."""
+    if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:
+        return False
+    path = PurePosixPath(name)
+    return (
+        not path.is_absolute()
+        and path.as_posix() == name
+        and all(part not in ("", ".", "..") for part in path.parts)
+    )
+
+
+def _refuse_legacy(path: Path) -> None:
+    if (path / LEGACY_TRAINER_FILE).is_file() and not (path / TRAINER_DIR).is_dir():
+        raise CheckpointError(
+            f"{path.name}: from an older ReFlow (one {LEGACY_TRAINER_FILE}, the format before "
+            f"sharded checkpoints); this version reads only {TRAINER_DIR}/ folders"
+        )
 
 
 def prune(root: Path, keep: int) -> None:
@@ -177,6 +237,7 @@ def verify(path: Path) -> CheckpointInfo:
 
 
 def _verify(path: Path, key: bytes) -> CheckpointInfo:
+    _refuse_legacy(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         mac = manifest.get(MAC_FIELD)
@@ -201,20 +262,34 @@ def _verify(path: Path, key: bytes) -> CheckpointInfo:
         raise CheckpointError(f"{path.name}: the manifest is for step {step}")
     if not isinstance(files, dict):
         raise CheckpointError(f"{path.name}/{MANIFEST}: unreadable (files is not an object)")
+    for name in files:
+        if not _safe_name(name) or name == MANIFEST:
+            raise CheckpointError(
+                f"{path.name}/{MANIFEST}: lists {name!r}, not a file of the folder"
+            )
     for name in REQUIRED:
         if name not in files:
             raise CheckpointError(f"{path.name}: {MANIFEST} does not list {name}")
     for name, meta in files.items():
         f = path / name
-        if not f.is_file():
+        if not f.is_file() or f.is_symlink():
             raise CheckpointError(f"{path.name}/{name}: missing")
+        try:
+            recorded_size, recorded_sha = int(meta["bytes"]), str(meta["sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path.name}/{MANIFEST}: unreadable entry for {name}") from None
         size = f.stat().st_size
-        if size != meta["bytes"]:
+        if size != recorded_size:
             raise CheckpointError(
-                f"{path.name}/{name}: {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+                f"{path.name}/{name}: {size} bytes, the manifest says {recorded_size} (truncated?)"
             )
-        if _sha256(f) != meta["sha256"]:
+        if _sha256(f) != recorded_sha:
             raise CheckpointError(f"{path.name}/{name}: checksum mismatch (corrupt)")
+    # Last: a file the sealer never saw (e.g. a shard added to trainer/, which DCP would
+    # not read but a later tool might) means the folder is not what was sealed.
+    extra = sorted(set(_listing(path)) - set(files) - {MANIFEST})
+    if extra:
+        raise CheckpointError(f"{path.name}/{extra[0]}: not in {MANIFEST} (added after sealing)")
     return CheckpointInfo(path, step, version)
 
 
@@ -250,8 +325,9 @@ def coordinator_writer(root: Path, keep: int) -> Callable[[int, int, dict[str, A
 
     def save(step: int, policy_version: int, state: dict[str, Any]) -> str:
         staging = staging_dir(root, step)
-        if not (staging / TRAINER_FILE).is_file():
-            raise CheckpointError(f"{staging}: the trainer's {TRAINER_FILE} is missing")
+        for name in TRAINER_REQUIRED:
+            if not (staging / name).is_file():
+                raise CheckpointError(f"{staging}: the trainer's {name} is missing")
         (staging / COORDINATOR_FILE).write_bytes(msgpack.packb(state, use_bin_type=True))
         return str(_finish(root, step, policy_version, keep, key).path)
 
@@ -266,7 +342,8 @@ def read_coordinator_state(info: CheckpointInfo) -> dict[str, Any]:
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
-    """A trainer's ``trainer.pt``: tensors and plain Python values only.
+    """A trainer's ``trainer/extra.pt`` (or any such file): tensors and plain Python values
+    only.
 
     ``weights_only=True`` refuses any pickled global outside torch's allow-list (tensors,
     containers, numbers, strings) instead of calling it, so a file that would run code on
@@ -278,6 +355,8 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     import torch  # here, not at the top: the CLI imports this module and must stay light
 
     where = f"{path.parent.name}/{path.name}"
+    if path.parent.name == TRAINER_DIR:  # name the checkpoint too: step-00000010/trainer/...
+        where = f"{path.parent.parent.name}/{where}"
     try:
         state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as exc:

@@ -12,10 +12,12 @@ import msgpack
 import pytest
 import torch
 
+from runtime.config.layout import Role
 from runtime.config.recipe import build_config
 from runtime.control.data_plane import DataPlane
 from runtime.data.sample import Request
 from runtime.engines.synthetic import SyntheticTrainer
+from runtime.engines.torch.sharded_state import load_sharded, save_sharded
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store import checkpoint as ck
 from runtime.store.checkpoint import folder_name
@@ -44,11 +46,41 @@ def root(tmp_path):
     return new_run(tmp_path)
 
 
+SHARD = f"{ck.TRAINER_DIR}/__0_0.distcp"
+TRAINER_FILES = (
+    f"{ck.TRAINER_DIR}/{ck.DCP_METADATA}",
+    SHARD,
+    f"{ck.TRAINER_DIR}/__1_0.distcp",
+    f"{ck.TRAINER_DIR}/{ck.EXTRA_FILE}",
+)
+
+
+def write_trainer_part(staging: Path, payload: bytes = b"weights") -> None:
+    """What two trainer ranks leave in trainer/ (bytes stand in for DCP's files)."""
+    folder = ck.trainer_dir(staging)
+    folder.mkdir()
+    (folder / ck.DCP_METADATA).write_bytes(b"index" * 20)
+    (folder / "__0_0.distcp").write_bytes(payload * 100)
+    (folder / "__1_0.distcp").write_bytes(payload * 90)
+    (folder / ck.EXTRA_FILE).write_bytes(b"extra" * 10)
+
+
 def write(root, step, payload=b"weights"):
     staging = ck.start(root, step)
-    (staging / ck.TRAINER_FILE).write_bytes(payload * 100)
+    write_trainer_part(staging, payload)
     save = ck.coordinator_writer(root, keep=3)
     return save(step, step, {"format": 1, "step": step})
+
+
+def test_the_manifest_lists_every_file_by_its_path_in_the_folder(root):
+    write(root, 2)
+    manifest = json.loads((root / "step-00000002" / ck.MANIFEST).read_text())
+    assert sorted(manifest["files"]) == sorted((*TRAINER_FILES, ck.COORDINATOR_FILE))
+    shard = root / "step-00000002" / SHARD
+    assert manifest["files"][SHARD] == {
+        "sha256": hashlib.sha256(shard.read_bytes()).hexdigest(),
+        "bytes": shard.stat().st_size,
+    }
 
 
 def test_a_sealed_checkpoint_verifies_and_the_newest_wins(root):
@@ -68,7 +100,7 @@ def test_only_the_last_k_are_kept_and_a_staging_folder_is_ignored(root):
         "step-00000008",
     ]
     ck.start(root, 10)  # a crash mid-write leaves this behind
-    (ck.staging_dir(root, 10) / ck.TRAINER_FILE).write_bytes(b"half")
+    write_trainer_part(ck.staging_dir(root, 10), b"half")
     info, rejected = ck.latest_valid(root)
     assert info.step == 8 and rejected == []
 
@@ -81,11 +113,16 @@ def _zero(f):
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda d: (d / ck.TRAINER_FILE).write_bytes(b"weights" * 50), "truncated"),
+        (lambda d: (d / SHARD).write_bytes(b"weights" * 50), "trainer/__0_0.distcp: 350 bytes"),
+        (lambda d: _zero(d / SHARD), "trainer/__0_0.distcp: checksum mismatch"),
         (lambda d: _zero(d / ck.COORDINATOR_FILE), "checksum mismatch"),
         (lambda d: (d / ck.MANIFEST).unlink(), "no manifest.json"),
         (lambda d: (d / ck.MANIFEST).write_text("{"), "unreadable"),
-        (lambda d: (d / ck.TRAINER_FILE).unlink(), "missing"),
+        (lambda d: (d / SHARD).unlink(), "trainer/__0_0.distcp: missing"),
+        (lambda d: shutil.rmtree(d / ck.TRAINER_DIR), "missing"),
+        (lambda d: (d / ck.TRAINER_DIR / "__2_0.distcp").write_bytes(b"x"), "added after sealing"),
+        (lambda d: (d / "notes.txt").write_text("x"), "notes.txt: not in manifest.json"),
+        (lambda d: (d / ck.TRAINER_DIR / "x").symlink_to("/etc/passwd"), "not a plain file"),
     ],
 )
 def test_a_damaged_checkpoint_is_rejected_and_the_previous_one_used(root, damage, message):
@@ -103,7 +140,7 @@ def test_a_damaged_checkpoint_is_rejected_and_the_previous_one_used(root, damage
 def test_a_flipped_byte_is_caught(root):
     write(root, 2)
     write(root, 4)
-    f = root / "step-00000004" / ck.TRAINER_FILE
+    f = root / "step-00000004" / SHARD
     data = bytearray(f.read_bytes())
     data[100] ^= 0x01
     f.write_bytes(bytes(data))
@@ -116,10 +153,78 @@ def test_names_from_the_control_file_cannot_escape_the_folder(root):
         ck.find(root, "../../etc")
 
 
+def test_a_truncated_shard_fails_its_check(root):
+    write(root, 2)
+    write(root, 4)
+    f = root / "step-00000004" / SHARD
+    with f.open("r+b") as fh:  # as a crash or a full disk leaves it
+        fh.truncate(f.stat().st_size // 2)
+    info, rejected = ck.latest_valid(root)
+    assert info.step == 2 and "step-00000004/trainer/__0_0.distcp" in rejected[0]
+    assert "truncated" in rejected[0]
+
+
 def test_sealing_without_the_trainer_part_fails(root):
-    ck.start(root, 3)
-    with pytest.raises(ck.CheckpointError, match=r"trainer\.pt is missing"):
+    staging = ck.start(root, 3)
+    with pytest.raises(ck.CheckpointError, match=r"trainer/\.metadata is missing"):
         ck.coordinator_writer(root, 3)(3, 3, {})
+    ck.trainer_dir(staging).mkdir()
+    (ck.trainer_dir(staging) / ck.DCP_METADATA).write_bytes(b"index")
+    with pytest.raises(ck.CheckpointError, match=r"trainer/extra\.pt is missing"):
+        ck.coordinator_writer(root, 3)(3, 3, {})
+
+
+def seal_by_hand(root: Path, step: int, files: dict) -> Path:
+    """A folder whose manifest the run's key really signs, listing ``files`` as given: what
+    verify must still refuse when the sealer itself was fooled or is old."""
+    folder = root / folder_name(step)
+    manifest = {"step": step, "policy_version": step, "created_at": 0.0, "files": files}
+    manifest["hmac"] = ck._mac(ck.run_key(root), manifest)
+    (folder / ck.MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def entry(f: Path) -> dict:
+    return {"sha256": hashlib.sha256(f.read_bytes()).hexdigest(), "bytes": f.stat().st_size}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../keys/secret",
+        "/etc/passwd",
+        "trainer/../coordinator.msgpack",
+        "./coordinator.msgpack",
+        "trainer//extra.pt",
+        "trainer\\extra.pt",
+        "manifest.json",
+        "",
+    ],
+)
+def test_a_manifest_naming_a_path_outside_the_folder_is_refused(root, name):
+    write(root, 2)
+    folder = root / "step-00000002"
+    files = json.loads((folder / ck.MANIFEST).read_text())["files"]
+    files[name] = entry(folder / ck.COORDINATOR_FILE)
+    seal_by_hand(root, 2, files)
+    with pytest.raises(ck.CheckpointError, match="not a file of the folder"):
+        ck.find(root, "step-00000002")
+
+
+def test_a_folder_of_the_format_before_sharded_checkpoints_is_refused(root):
+    """One trainer.pt by the trainer leader, sealed by the run (as older ReFlow wrote it)."""
+    folder = root / folder_name(6)
+    folder.mkdir(parents=True)
+    (folder / ck.LEGACY_TRAINER_FILE).write_bytes(b"weights" * 100)
+    (folder / ck.COORDINATOR_FILE).write_bytes(msgpack.packb({"format": 1}))
+    seal_by_hand(root, 6, {n: entry(folder / n) for n in ("trainer.pt", ck.COORDINATOR_FILE)})
+    info, rejected = ck.latest_valid(root)
+    assert info is None and len(rejected) == 1
+    message = rejected[0]
+    assert "\n" not in message and message.startswith("step-00000006: from an older ReFlow")
+    assert "before sharded checkpoints" in message
+    with pytest.raises(ck.CheckpointError, match="from an older ReFlow"):
+        ck.find(root, "step-00000006")
 
 
 # --- who sealed it: the run's key --------------------------------------------------------
@@ -142,7 +247,7 @@ def test_a_folder_re_sealed_without_the_run_key_is_refused(root, keep_mac):
     write(root, 2)
     write(root, 4)
     newest = root / "step-00000004"
-    (newest / ck.TRAINER_FILE).write_bytes(b"replaced" * 100)
+    (newest / SHARD).write_bytes(b"replaced" * 100)
     reseal(newest, keep_mac)
     info, rejected = ck.latest_valid(root)
     assert info is not None and info.step == 2
@@ -181,7 +286,7 @@ def test_without_the_run_keys_nothing_is_sealed_or_trusted(root):
         ck.coordinator_writer(root, 3)
 
 
-# --- what it holds: trainer.pt is tensors and plain values, never code --------------------
+# --- what it holds: extra.pt is tensors and plain values, never code ---------------------
 
 
 class RunsCode:
@@ -194,14 +299,20 @@ class RunsCode:
         return (os.mkdir, (str(self.marker),))
 
 
+def tiny() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
 def sealed_with_code(root: Path, step: int, marker: Path) -> Path:
-    """A checkpoint sealed by the run itself (so the MAC is right) whose trainer.pt holds a
-    pickle that runs code: the MAC alone must not be what keeps code from running."""
+    """A checkpoint sealed by the run itself (so the MAC is right) whose trainer/extra.pt
+    holds a pickle that runs code: the MAC alone must not be what keeps code from running."""
     staging = ck.start(root, step)
-    torch.save(
-        {"step": step, "version": step, "model": RunsCode(marker), "optimizer": {}},
-        staging / ck.TRAINER_FILE,
-    )
+    model, opt = tiny()
+    save_sharded(ck.trainer_dir(staging), model, opt, {"step": step})  # one process: no group
+    extra = ck.trainer_dir(staging) / ck.EXTRA_FILE
+    torch.save({"step": step, "version": step, "x": RunsCode(marker)}, extra)
     ck.coordinator_writer(root, keep=3)(step, step, {"format": 1})
     info = ck.find(root, folder_name(step))  # the folder itself verifies
     return info.path
@@ -218,45 +329,53 @@ def refused_without_running(load, marker: Path) -> str:
     return str(error)
 
 
-def test_a_synthetic_trainer_refuses_a_trainer_pt_that_runs_code(root, tmp_path):
+def test_loading_a_sharded_trainer_state_that_runs_code_is_refused(root, tmp_path):
     marker = tmp_path / "ran"
     folder = sealed_with_code(root, 4, marker)
-    side = SyntheticTrainer(CFG, 0)
-    message = refused_without_running(lambda: side.restore(folder), marker)
-    assert "\n" not in message and "step-00000004/trainer.pt" in message
+    model, opt = tiny()
+    message = refused_without_running(
+        lambda: load_sharded(ck.trainer_dir(folder), model, opt), marker
+    )
+    assert "\n" not in message and "step-00000004/trainer/extra.pt: refused" in message
     assert "posix.mkdir" in message  # says what it refused
+    message = refused_without_running(
+        lambda: ck.load_trainer_state(ck.trainer_dir(folder) / ck.EXTRA_FILE), marker
+    )
+    assert "step-00000004/trainer/extra.pt: refused" in message
 
 
-def test_the_torch_trainer_refuses_a_trainer_pt_that_runs_code(root, tmp_path, model_dir):
+def test_the_torch_trainer_refuses_a_trainer_state_that_runs_code(root, tmp_path, model_dir):
     marker = tmp_path / "ran"
     folder = sealed_with_code(root, 4, marker)
     trainer = TorchTrainer(build_config({"model": {"path": "x"}}), str(model_dir))
-    message = refused_without_running(lambda: trainer.load_state(folder / ck.TRAINER_FILE), marker)
-    assert "\n" not in message and "step-00000004/trainer.pt" in message
+    extra = ck.trainer_dir(folder) / ck.EXTRA_FILE
+    message = refused_without_running(lambda: trainer.load_state(extra), marker)
+    assert "\n" not in message and "step-00000004/trainer/extra.pt" in message
 
 
-def test_a_synthetic_trainer_state_round_trips_through_a_sealed_checkpoint(root):
-    """Model, AdamW moments and step, torch RNG, step and version all load with
-    weights_only=True and come back exactly."""
+def test_a_trainer_state_round_trips_through_a_sealed_sharded_checkpoint(root):
+    """The synthetic trainer's model, AdamW moments and step, torch and Python RNG, step
+    and version: saved with DCP in one process, sealed, verified, loaded back exactly."""
     a = SyntheticTrainer(CFG, 0)
     loss = a._model(torch.tensor([1, 2, 3])).square().mean()
     loss.backward()
     a._opt.step()  # AdamW state now holds tensors (exp_avg, exp_avg_sq, step)
-    a.step_no, a.version = 4, 3
     torch.manual_seed(11)
-    expected_rng = torch.get_rng_state()
+    random.seed(12)
+    extra = {"step": 4, "version": 3, "torch_rng": torch.get_rng_state()}
+    extra["python_rng"] = random.getstate()
     staging = ck.start(root, 4)
-    a.save_checkpoint(staging / ck.TRAINER_FILE, 4)
+    save_sharded(ck.trainer_dir(staging), a._model, a._opt, extra)
     ck.coordinator_writer(root, keep=3)(4, 3, {"format": 1})
     b = SyntheticTrainer(CFG, 0)
-    torch.manual_seed(0)
-    b.restore(ck.find(root, "step-00000004").path)
-    assert (b.step_no, b.version) == (4, 3)
-    assert torch.equal(torch.get_rng_state(), expected_rng)
-    fresh = SyntheticTrainer(CFG, 0)._model.state_dict()
+    got = load_sharded(ck.trainer_dir(ck.find(root, "step-00000004").path), b._model, b._opt)
+    assert (got["step"], got["version"]) == (4, 3)
+    assert torch.equal(got["torch_rng"], extra["torch_rng"])
+    assert got["python_rng"] == extra["python_rng"]
+    fresh = SyntheticTrainer(CFG, 0)
     restored = b._model.state_dict()
     for k, v in a._model.state_dict().items():
-        assert torch.equal(restored[k], v) and not torch.equal(fresh[k], v), k
+        assert torch.equal(restored[k], v) and not torch.equal(fresh._model.state_dict()[k], v), k
     moments = b._opt.state_dict()["state"]
     for i, s in a._opt.state_dict()["state"].items():
         assert all(torch.equal(moments[i][name], t) for name, t in s.items())
@@ -409,8 +528,11 @@ def test_checkpoints_are_taken_every_n_steps_and_hold_batches_meanwhile(clock):
     register_all(c)
     assert not [m for _, m in one_step(c, clock) if isinstance(m, p.Checkpoint)]
     out = one_step(c, clock)
-    ((to, ask),) = [(i, m) for i, m in out if isinstance(m, p.Checkpoint)]
-    assert to == ident(0) and ask.step == 2
+    asks = [(i, m) for i, m in out if isinstance(m, p.Checkpoint)]
+    # every trainer rank writes its own shards: all of them are asked
+    trainers = c.layout.ranks(Role.TRAINER)
+    assert [i for i, _ in asks] == [ident(r) for r in trainers] and len(trainers) > 1
+    assert all(ask.step == 2 for _, ask in asks)
     ((_, wait),) = c.handle(ident(0), p.BatchRequest(rank=0))
     assert isinstance(wait, p.BatchWait) and "checkpoint" in wait.reason
     assert c.handle(ident(1), p.CheckpointSaved(rank=1, step=2, ok=True, error="")) == []
@@ -469,7 +591,8 @@ def test_a_stop_waits_for_the_batch_in_training_then_checkpoints_then_stops(cloc
         ident(0),
         p.StepDone(rank=0, step=2, policy_version=1, batch_id=batch.batch_id, metrics={}),
     )
-    assert [m.step for _, m in out if isinstance(m, p.Checkpoint)] == [2]
+    trainers = c.layout.ranks(Role.TRAINER)
+    assert [m.step for _, m in out if isinstance(m, p.Checkpoint)] == [2] * len(trainers)
     assert not any(isinstance(m, p.Stop) for _, m in out)
     out = c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
     assert c.state == "STOPPING" and len([m for _, m in out if isinstance(m, p.Stop)]) == 4
