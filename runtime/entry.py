@@ -314,4 +314,5 @@ def join_collective(
         backend="cpu:gloo,cuda:nccl" if cfg.resources.device == "cuda" else "gloo",
         bucket_bytes=int(cfg.engine.weight_bucket_mb * 2**20),
         timeout_s=cfg.control.collective_timeout_s,
+        trainer_group_size=cfg.resources.trainer_gpus_per_replica,
     )

@@ -277,6 +277,20 @@ def check_feasible(cfg: Config) -> None:
             f"{train.checkpoint_every} is not a multiple of sync_every={train.sync_every} "
             "(checkpoints are taken at sync points)",
         )
+    alg = cfg.algorithm
+    for name in ("tis_cap", "mismatch_mask"):
+        if getattr(alg, name) is not None and not alg.recompute_old_logprobs:
+            raise _FieldError(
+                f"algorithm.{name}",
+                "needs algorithm.recompute_old_logprobs: true (without the trainer's own "
+                "log-probs there is no rollout mismatch to correct)",
+            )
+    if train.strategy is None:
+        from runtime.embedded.resolve import is_tiny_embedded
+
+        train.strategy = "replicate" if is_tiny_embedded(cfg.model.path) else "fsdp2"
+    if train.param_dtype is None:
+        train.param_dtype = "bfloat16" if res.device == "cuda" else "float32"
     if cfg.workload.max_response_tokens >= cfg.model.max_seq_len:
         raise _FieldError(
             "workload.max_response_tokens",

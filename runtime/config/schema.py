@@ -90,10 +90,29 @@ class AlgorithmConfig:
     temperature: float = opt(1.0, "sampling temperature", gt=0)
     clip_low: float = opt(0.2, "PPO clip epsilon below 1", ge=0, lt=1)
     clip_high: float = opt(0.28, "PPO clip epsilon above 1", ge=0)
-    tis_cap: float | None = opt(
-        None, "cap on the ratio for negative advantages (dual clip); none = off", gt=1
+    dual_clip_cap: float | None = opt(
+        None,
+        "dual clip: for negative advantages the token loss is at most this x |A| "
+        "(verl's clip_ratio_c); none = off",
+        gt=1,
     )
-    kl_coef: float = opt(0.0, "KL penalty coefficient (validated, not used yet)", ge=0)
+    recompute_old_logprobs: bool = opt(
+        False,
+        "the trainer's own log-probs of the batch before the step's updates are the PPO "
+        "ratio's denominator (the rollout engine's are then only the behaviour policy)",
+    )
+    tis_cap: float | None = opt(
+        None,
+        "truncated importance sampling: each token's loss is weighted by "
+        "min(exp(old - rollout log-prob), this); needs recompute_old_logprobs; none = off",
+        gt=0,
+    )
+    mismatch_mask: float | None = opt(
+        None,
+        "mask a sample whose geometric-mean ratio exp(mean(old - rollout log-prob)) is "
+        "outside [1/this, this]; needs recompute_old_logprobs; none = off",
+        gt=1,
+    )
     loss_agg: str = opt(
         "token_mean",
         "loss aggregation: every token counts the same, or every sample "
@@ -120,6 +139,34 @@ class TrainConfig:
         ge=1,
     )
     lr: float = opt(1e-6, "learning rate", gt=0, lt=1)
+    strategy: str | None = opt(
+        None,
+        "data parallelism of the trainer: fsdp2 shards parameters, gradients and AdamW "
+        "state within a replica group and replicates across groups (HSDP); replicate keeps a "
+        "whole copy per rank; none = replicate for the tiny embedded models, else fsdp2",
+        choices=("fsdp2", "replicate"),
+    )
+    param_dtype: str | None = opt(
+        None,
+        "dtype of the forward and backward (fp32 master weights and gradient reduction); "
+        "none = bfloat16 on CUDA, float32 on CPU",
+        choices=("float32", "bfloat16"),
+    )
+    activation_checkpointing: bool = opt(
+        False, "recompute each decoder block's activations in the backward pass"
+    )
+    micro_batch_tokens: int | None = opt(
+        None,
+        "padded tokens per forward/backward pass; a rank's share of an update is packed "
+        "into micro-batches under it and their gradients accumulate; none = one pass",
+        ge=1,
+    )
+    logprob_chunk_tokens: int = opt(
+        1024,
+        "positions whose vocabulary log-softmax is computed at once (bounds the logits "
+        "held in memory: chunk x vocabulary)",
+        ge=1,
+    )
     sync_every: int = opt(
         1,
         "steps between weight syncs to rollout; the policy version (what delta and sample "

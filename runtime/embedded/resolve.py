@@ -7,12 +7,19 @@ from runtime.config.schema import Config
 
 EMBEDDED = "embedded:tiny-qwen3"
 EMBEDDED_CHAT = "embedded:tiny-qwen3-chat"
+EMBEDDED_SMALL = "embedded:small-qwen3"  # 25M parameters, random: trainer tests, benchmarks
 
 # name -> "module:function" returning the built (cached) folder
 BUILDERS = {
     EMBEDDED: "runtime.embedded.warm_start:embedded_model_path",
     EMBEDDED_CHAT: "runtime.embedded.tiny_chat:embedded_chat_model_path",
+    EMBEDDED_SMALL: "runtime.embedded.warm_start:small_model_path",
 }
+
+
+def is_tiny_embedded(path: str) -> bool:
+    """The sub-million-parameter embedded models: one rank holds them whole."""
+    return path in (EMBEDDED, EMBEDDED_CHAT)
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -37,7 +44,7 @@ def vocab_size(cfg: Config) -> int | None:
         return VOCAB
     if cfg.engine.rollout == "placeholder":
         return None
-    if cfg.model.path == EMBEDDED:
+    if cfg.model.path in (EMBEDDED, EMBEDDED_SMALL):
         from runtime.embedded.tiny_qwen3 import VOCAB as CHARS
 
         return len(CHARS)

@@ -38,6 +38,9 @@ def build_model(
     vocab_size: int = len(VOCAB),
     specials: tuple[int, int, int] = (BOS, EOS, PAD),
     max_positions: int = 512,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 32,  # the CPU attention kernels of vLLM support 32, not 24
 ):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -48,9 +51,9 @@ def build_model(
         hidden_size=hidden,
         intermediate_size=hidden * 3,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,  # the CPU attention kernels of vLLM support 32, not 24
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         rope_theta=10000.0,
@@ -61,6 +64,12 @@ def build_model(
     )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)
+
+
+# The mid-size embedded model (``embedded:small-qwen3``, 25M parameters): big enough that
+# sharding, micro-batching and sharded checkpoints move real amounts of data, small enough
+# that one training step on 2 CPU cores takes seconds. Randomly initialised, not trained.
+SMALL = {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 4, "head_dim": 64, "seed": 0}
 
 
 def save_pretrained(model, tokenizer, path: Path) -> Path:

@@ -39,6 +39,17 @@ def embedded_model_path(settings: dict | None = None) -> Path:
     return cached_build("tiny-qwen3-arith", settings, build)
 
 
+def small_model_path() -> Path:
+    """The mid-size embedded Qwen3 (tiny_qwen3.SMALL), randomly initialised, built once."""
+    from runtime.embedded.tiny_qwen3 import SMALL, build_model, build_tokenizer, save_pretrained
+
+    def build(folder: Path) -> None:
+        shape = {k: v for k, v in SMALL.items() if k != "seed"}
+        save_pretrained(build_model(seed=SMALL["seed"], **shape), build_tokenizer(), folder)
+
+    return cached_build("small-qwen3", SMALL, build)
+
+
 def cached_build(prefix: str, settings: dict, build) -> Path:
     """``build(folder)`` once per ``settings`` into the cache; later calls find it there."""
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]

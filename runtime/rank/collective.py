@@ -78,8 +78,17 @@ class Collective:
     """A rank's membership of the run's process group and of the current layout's
     subgroups. Methods are collective: every member of the group named must call them."""
 
-    def __init__(self, rank: int, world_size: int, *, bucket_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        bucket_bytes: int,
+        timeout_s: float,
+        trainer_group_size: int = 1,
+    ) -> None:
         self.rank = rank
+        self.trainer_group_size = trainer_group_size
         self.world_size = world_size
         self.bucket_bytes = bucket_bytes
         self.timeout = timedelta(seconds=timeout_s)
@@ -87,6 +96,11 @@ class Collective:
         self.roles: tuple[str, ...] = ()
         self.trainer_group: Any = None
         self.sync_group: Any = None
+        # FSDP2's mesh dimensions: this rank's replica group (shard) and the ranks holding
+        # the same shard in the other replica groups (replicate); None off the trainer
+        self.shard_group: Any = None
+        self.replicate_group: Any = None
+        self._mesh_groups: list[Any] = []
 
     # --- set-up ------------------------------------------------------------------------
 
@@ -103,6 +117,7 @@ class Collective:
         bucket_bytes: int,
         timeout_s: float,
         endpoint: tuple[str, int] | None = None,
+        trainer_group_size: int = 1,
     ) -> Collective:
         timeout = timedelta(seconds=timeout_s)
         if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
@@ -124,23 +139,65 @@ class Collective:
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         log.info("joined the %s process group as rank %d of %d", backend, rank, world_size)
-        return cls(rank, world_size, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        return cls(
+            rank,
+            world_size,
+            bucket_bytes=bucket_bytes,
+            timeout_s=timeout_s,
+            trainer_group_size=trainer_group_size,
+        )
 
     def regroup(self, epoch: int, roles: Sequence[str]) -> None:
         """Build this epoch's trainer and sync groups. Every rank calls it, in epoch order."""
         if epoch <= self.epoch:
             return
-        for group in (self.trainer_group, self.sync_group):
+        old = {self.trainer_group, self.sync_group, *self._mesh_groups}
+        for group in old:
             if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(group)
         trainers = ranks_with(roles, "trainer")
         if LEADER not in trainers:
             raise CollectiveError(f"layout {list(roles)}: rank {LEADER} must be a trainer")
+        size = self.trainer_group_size
+        if len(trainers) % size:
+            raise CollectiveError(
+                f"layout {list(roles)}: {len(trainers)} trainer ranks are not whole replica "
+                f"groups of {size}"
+            )
         sync = [LEADER, *ranks_with(roles, "rollout")]
         # new_group is collective over the world group: all ranks, same order.
         self.trainer_group = dist.new_group(trainers, timeout=self.timeout)
         self.sync_group = dist.new_group(sync, timeout=self.timeout)
+        grid = trainer_grid(trainers, size)
+        self._mesh_groups = []
+        self.shard_group = self.replicate_group = None
+        for row in grid:  # replica groups: FSDP2 shards within each
+            g = dist.new_group(row, timeout=self.timeout)
+            self._mesh_groups.append(g)
+            if self.rank in row:
+                self.shard_group = g
+        for col in zip(*grid, strict=True):  # the same shard across the replica groups
+            g = dist.new_group(list(col), timeout=self.timeout)
+            self._mesh_groups.append(g)
+            if self.rank in col:
+                self.replicate_group = g
         self.epoch, self.roles = epoch, tuple(roles)
+
+    def trainer_mesh(self, device_type: str) -> Any:
+        """This epoch's 2-D device mesh of the trainer ranks, ``("replicate", "shard")``:
+        a row per replica group. Built from the groups every rank made in
+        :meth:`regroup`, so no rank outside the trainer takes part."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if self.shard_group is None or self.replicate_group is None:
+            raise CollectiveError(f"rank {self.rank} is not a trainer rank in this layout")
+        grid = trainer_grid(self.trainer_ranks, self.trainer_group_size)
+        return DeviceMesh.from_group(
+            [self.replicate_group, self.shard_group],
+            device_type,
+            mesh=torch.tensor(grid, dtype=torch.int),
+            mesh_dim_names=("replicate", "shard"),
+        )
 
     @property
     def trainer_ranks(self) -> list[int]:
@@ -175,6 +232,13 @@ class Collective:
         t = torch.tensor(list(values), dtype=torch.float64)
         if len(self.trainer_ranks) > 1:
             dist.all_reduce(t, group=self.trainer_group)
+        return t.tolist()
+
+    def all_reduce_max(self, values: Sequence[float]) -> list[float]:
+        """The maximum of a few floats over the trainer group (min is max of negatives)."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        if len(self.trainer_ranks) > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.trainer_group)
         return t.tolist()
 
     def replica_spread(self, checksum: float) -> float:
@@ -260,6 +324,13 @@ class Collective:
 
 
 _WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+def trainer_grid(trainers: Sequence[int], group_size: int) -> list[list[int]]:
+    """The trainer ranks as rows of replica groups (consecutive ranks, as layouts place
+    whole groups)."""
+    ranks = list(trainers)
+    return [ranks[i : i + group_size] for i in range(0, len(ranks), group_size)]
 
 
 def store_listen_address(bind_host: str, connect_host: str) -> str:

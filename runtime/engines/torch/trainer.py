@@ -23,20 +23,29 @@ model and optimizer state over the trainer group (never from disk).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import random
 import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import Sample
-from runtime.engines.torch.loss import batch_loss
+from runtime.engines.torch import logprobs, micro_batches
+from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
+from runtime.engines.torch.parallelize import (
+    apply_fsdp,
+    compute_precision,
+    enable_activation_checkpointing,
+    full_norm,
+    trainer_device,
+)
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer
 from runtime.store.run_dir import RunPaths, write_json_atomic
@@ -51,17 +60,43 @@ PAD = 0
 class TorchTrainer:
     """Model, optimiser and step counter; no I/O except weight publishing and state files."""
 
-    def __init__(self, cfg: Config, model_path: str) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: str,
+        rank: int = 0,
+        collective: Collective | None = None,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(cfg.train.seed)
         self.cfg = cfg
-        dtype = getattr(torch, cfg.model.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-        self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+        self.model_path = model_path
         self.step = 0
         self.version = 0
+        self.collective = collective
+        self.sharded = cfg.train.strategy == "fsdp2" and collective is not None
+        if self.sharded and rank not in collective.trainer_ranks:
+            # not a trainer rank now: a sharded model is built when it becomes one
+            self.model: Any = None
+            self.opt: Any = None
+            return
+        self.device = trainer_device(cfg, rank)
+        self.param_dtype = getattr(torch, cfg.train.param_dtype or "float32")
+        # master weights in float32 whatever the checkpoint's dtype: AdamW on bf16 weights
+        # loses updates smaller than their precision
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.head = logprobs.install(model, cfg.train.logprob_chunk_tokens)
+        if cfg.train.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        if self.sharded:
+            assert collective is not None
+            apply_fsdp(model, collective.trainer_mesh(self.device.type), self.param_dtype)
+        else:
+            model.to(self.device)
+        self.model = model
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
 
     def train_step(
         self,
@@ -75,82 +110,217 @@ class TorchTrainer:
         k = self.cfg.train.mini_batches
         # Strided, not contiguous: the batch comes fresh samples first, replayed last, and
         # every update should see both, as a shuffled split would.
+        minis = [list(samples[j::k]) for j in range(k)]
+        plans = [self._plan(m, shard_index, shard_count) for m in minis]
+        # The old policy is the weights before this step's first update (verl computes
+        # old_log_prob once per step, then runs its PPO mini-batches against it).
+        olds: list[dict[int, torch.Tensor] | None] = [None] * k
+        keeps: list[torch.Tensor | None] = [None] * k
+        if self.cfg.algorithm.recompute_old_logprobs:
+            olds = [self._old_logprobs(m, mine) for m, mine in zip(minis, plans, strict=True)]
+            if self.cfg.algorithm.mismatch_mask is not None:
+                keeps = [
+                    self._kept(m, old, collective)
+                    for m, old in zip(minis, olds, strict=True)
+                    if old is not None
+                ]
         updates = [
-            self._update(samples[j::k], collective, shard_index, shard_count) for j in range(k)
+            self._update(m, mine, old, keep, collective, shard_count)
+            for m, mine, old, keep in zip(minis, plans, olds, keeps, strict=True)
         ]
         self.step += 1
         self.version = self.cfg.train.version_at(self.step)
         out = {key: sum(u[key] for u in updates) / k for key in updates[0]}
+        for key, pick in LossStats.EXTREMES.items():  # extremes of the step, not means
+            if key in out:
+                out[key] = pick(u[key] for u in updates)
         out["optimizer_updates"] = float(k)
+        out["micro_steps"] = float(sum(len(mine) for mine in plans))
         out["step_time_s"] = time.perf_counter() - start
         return out
+
+    def _plan(self, samples: Sequence[Sample], index: int, count: int) -> list[list[int]]:
+        """This rank's micro-batches of one update (runtime/engines/torch/micro_batches.py)."""
+        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+        return micro_batches.plan(lengths, count, self.cfg.train.micro_batch_tokens)[index]
+
+    def _forward(self, rows: Sequence[Sample]) -> torch.Tensor:
+        """Log-probs ``[len(rows), longest response]`` of each row's response tokens under
+        the current weights (0 past a row's end). No rows: one padding token, whose
+        log-prob the caller multiplies by 0, so this rank still takes part in FSDP2's
+        gathers and reductions."""
+        temperature = self.cfg.algorithm.temperature
+        seqs = [[*s.prompt_token_ids, *s.token_ids] for s in rows] or [[PAD, PAD]]
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
+        attn = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+        # Response token t of a row is predicted at position n_prompt - 1 + t.
+        n_prompt = torch.tensor([len(s.prompt_token_ids) for s in rows] or [1])
+        n_resp = torch.tensor([len(s.token_ids) for s in rows] or [1])
+        resp_len = int(n_resp.max())
+        pos = (n_prompt[:, None] - 1 + torch.arange(resp_len)[None, :]).clamp(max=width - 1)
+        valid = torch.arange(resp_len)[None, :] < n_resp[:, None]
+        want = torch.zeros(len(seqs), width, dtype=torch.bool)
+        want.scatter_(1, pos, valid)
+        ids, attn, want, pos = (t.to(self.device) for t in (ids, attn, want, pos))
+        next_ids = torch.roll(ids, -1, dims=1)
+        with (
+            self.head.targets(next_ids, want, temperature),
+            compute_precision(self.device, self.param_dtype, self.sharded),
+        ):
+            per_position = self.model(input_ids=ids, attention_mask=attn).logits
+        return per_position.gather(1, pos) * valid.to(self.device)
+
+    @torch.no_grad()
+    def _old_logprobs(
+        self, samples: Sequence[Sample], mine: list[list[int]]
+    ) -> dict[int, torch.Tensor]:
+        """The trainer's own log-probs of this rank's rows before the update, by index."""
+        out: dict[int, torch.Tensor] = {}
+        for batch in mine:
+            logp = self._forward([samples[i] for i in batch])
+            for row, i in enumerate(batch):
+                out[i] = logp[row, : len(samples[i].token_ids)].float().cpu()
+        return out
+
+    def _kept(
+        self, samples: Sequence[Sample], old: dict[int, torch.Tensor], c: Collective | None
+    ) -> torch.Tensor:
+        """``algorithm.mismatch_mask``'s verdict on every sample of a mini-batch: each rank
+        judges its own rows (it alone has their old log-probs), the verdicts are summed."""
+        flags = [0.0] * len(samples)
+        for i, old_i in old.items():
+            rows = [samples[i]]
+            rollout, mask = self._behaviour(rows, len(old_i))
+            flags[i] = float(
+                mismatch_keep(old_i[None, :], rollout, mask, self.cfg.algorithm.mismatch_mask)[0]
+            )
+        if c is not None:
+            flags = c.all_reduce_sum(flags)
+        return torch.tensor(flags) > 0.5
+
+    def _behaviour(self, rows: Sequence[Sample], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' rollout log-probs and loss masks ``[len(rows), width]`` (multi-turn:
+        environment tokens are 0 in the mask), on CPU."""
+        rollout = rollout_logprobs_of(rows, width)
+        mask = torch.zeros(len(rows), width)
+        for i, s in enumerate(rows):
+            if s.loss_mask is not None:
+                mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=mask.dtype)
+            else:
+                mask[i, : s.n_valid] = 1
+        return rollout, mask
 
     def _update(
         self,
         samples: Sequence[Sample],
+        mine: list[list[int]],
+        old: dict[int, torch.Tensor] | None,
+        keep: torch.Tensor | None,
         collective: Collective | None,
-        shard_index: int,
         shard_count: int,
     ) -> dict[str, float]:
-        """One optimizer update on ``samples`` (a mini-batch), sharded over the replicas."""
-        temperature = self.cfg.algorithm.temperature
-        # 1. This replica's rows of the batch.
-        shard = list(range(shard_index, len(samples), shard_count))
-        mine = [samples[i] for i in shard]
+        """One optimizer update on ``samples`` (a mini-batch): this rank's micro-batches
+        ``mine`` (indices into ``samples``), gradients accumulated, then reduced."""
         self.opt.zero_grad()
-        stats = [0.0, 0.0, 0.0]
-        if mine:
-            # 2. Pack prompt + response, right-padded.
-            seqs = [[*s.prompt_token_ids, *s.token_ids] for s in mine]
-            width = max(map(len, seqs))
-            ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
-            attn = torch.zeros(len(seqs), width, dtype=torch.long)
-            for i, seq in enumerate(seqs):
-                ids[i, : len(seq)] = torch.tensor(seq)
-                attn[i, : len(seq)] = 1
-            # 3. Response positions: token t is predicted at position t-1.
-            resp_len = max(len(s.token_ids) for s in mine)
-            behavior = torch.zeros(len(mine), resp_len)
-            mask = torch.zeros(len(mine), resp_len)
-            logits = self.model(input_ids=ids, attention_mask=attn).logits / temperature
-            logprobs_all = torch.log_softmax(logits.float(), dim=-1)
-            rows = []
-            for i, s in enumerate(mine):
-                n_prompt, n_resp = len(s.prompt_token_ids), len(s.token_ids)
-                pos = torch.arange(n_prompt - 1, n_prompt - 1 + n_resp)
-                tok = torch.tensor(s.token_ids)
-                rows.append((n_resp, logprobs_all[i, pos, tok]))
-                behavior[i, :n_resp] = torch.tensor(s.logprobs)
-                if s.loss_mask is not None:  # multi-turn: environment tokens are 0
-                    mask[i, :n_resp] = torch.tensor(s.loss_mask, dtype=mask.dtype)
-                else:
-                    mask[i, : s.n_valid] = 1
-            logp = torch.stack([torch.nn.functional.pad(r, (0, resp_len - n)) for n, r in rows])
-            # 4. Replay weights and the clipped surrogate (runtime/engines/torch/loss.py),
-            # normalised by the whole mini-batch so the shards' losses add up to its loss.
-            loss, st = batch_loss(logp, behavior, mask, samples, self.cfg, shard=shard)
-            loss.backward()
-            stats = [st.loss, st.clip_fraction, st.mean_ratio]
-        # 5. Sum gradients over the replicas (a replica with no rows adds zeros), update.
-        for param in self.model.parameters():
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        if collective is not None:
-            collective.all_reduce_grads(self.model.parameters())
-            stats = collective.all_reduce_sum(stats)
+        # FSDP2 averages gradients over the data-parallel ranks; every rank's loss is
+        # already its share of the mini-batch's (normalised by the whole mini-batch), so
+        # the sum is wanted: scale by the rank count. The replicated path all-reduces sums.
+        scale = float(shard_count) if self.sharded else 1.0
+        parts: list[LossStats] = []
+        for j, batch in enumerate(mine):
+            if self.sharded:  # reduce gradients once, after the last micro-batch
+                self.model.set_requires_gradient_sync(j == len(mine) - 1)
+            rows = [samples[i] for i in batch]
+            # 1. Teacher-force prompt + response: log-probs of the response tokens.
+            logp = self._forward(rows)
+            if not rows:
+                (logp.sum() * 0.0).backward()
+                continue
+            # 2. Behaviour (rollout) log-probs, the loss mask, and the old policy's
+            # log-probs where the trainer recomputed them.
+            width = logp.shape[1]
+            rollout, mask = (t.to(self.device) for t in self._behaviour(rows, width))
+            old_logp = None
+            if old is not None:
+                old_logp = torch.zeros(len(rows), width)
+                for r, i in enumerate(batch):
+                    old_logp[r, : len(old[i])] = old[i]
+                old_logp = old_logp.to(self.device)
+            # 3. Replay weights, off-policy correction and the clipped surrogate
+            # (runtime/engines/torch/loss.py), normalised by the whole mini-batch.
+            loss, st = batch_loss(
+                logp, old_logp, rollout, mask, samples, self.cfg, shard=batch, keep=keep
+            )
+            (loss * scale).backward()
+            parts.append(st)
+        # 4. Gradients summed over the replicas (FSDP2 did it in the backward), clipped.
+        if not self.sharded:
+            for param in self.model.parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+            if collective is not None:
+                collective.all_reduce_grads(self.model.parameters())
+        metrics = self._reduce_stats(LossStats.combine(parts), collective)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
+        metrics["grad_norm"] = full_norm(grad_norm)
+        return metrics
+
+    @staticmethod
+    def _reduce_stats(st: LossStats, c: Collective | None) -> dict[str, float]:
+        """The update's statistics over the trainer ranks (LossStats' rule: sums, and the
+        extremes by min/max)."""
+        additive = [f.name for f in dataclasses.fields(st) if f.name not in LossStats.EXTREMES]
+        if c is not None:
+            sums = c.all_reduce_sum([getattr(st, k) for k in additive])
+            hi, neg_lo = c.all_reduce_max([st.is_ratio_max, -st.is_ratio_min])
+            st = LossStats(**dict(zip(additive, sums, strict=True)))
+            st.is_ratio_min, st.is_ratio_max = -neg_lo, hi
+        return st.as_metrics()
+
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights, checkpoint-format, on the leader (collective under FSDP2:
+        every trainer rank calls it; the others get ``{}``)."""
+        if not self.sharded:
+            return self.export_weights()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        return self._checkpoint_format(full)
+
+    def _checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """In the dtype rollout runs (``model.dtype``); a tied ``lm_head`` left out as HF
+        does."""
+        dtype = getattr(torch, self.cfg.model.dtype)
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
         return {
-            "loss": stats[0],
-            "clip_fraction": stats[1],
-            "mean_ratio": stats[2],
-            "grad_norm": float(grad_norm),
+            # a copy: the state dict (and a gathered one, where a rank holds a whole
+            # tensor) shares storage with the live parameters the next step updates
+            k: v.detach().to("cpu", dtype, copy=True).contiguous()
+            for k, v in state.items()
+            if not (tied and k == "lm_head.weight")
         }
 
     def checksum(self) -> float:
-        """A cheap fingerprint of the weights, to check that replicas agree."""
+        """A cheap fingerprint of the weights, to check that replicas agree: under FSDP2
+        the sum of this replica group's shards (collective over the group)."""
         with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.model.parameters()))
+            if not self.sharded:
+                return float(sum(p.double().sum() for p in self.model.parameters()))
+            local = sum(p.to_local().double().sum() for p in self.model.parameters())
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            assert self.collective is not None
+            torch.distributed.all_reduce(total, group=self.collective.shard_group)
+            return float(total)
 
     def training_state(self) -> list[torch.Tensor]:
         """Model and AdamW tensors in a fixed order, for a new replica to receive in place.
@@ -171,25 +341,27 @@ class TorchTrainer:
     # --- weights and state -------------------------------------------------------------
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """Checkpoint-format tensors; a tied ``lm_head`` is left out as HF does."""
-        state = self.model.state_dict()
-        tied = getattr(self.model.config, "tie_word_embeddings", False)
-        return {
-            k: v.detach().contiguous().clone()
-            for k, v in state.items()
-            if not (tied and k == "lm_head.weight")
-        }
+        """Checkpoint-format tensors of a replicated model (FSDP2: :meth:`gather_weights`)."""
+        if self.sharded:
+            raise RuntimeError("a sharded model's weights are gathered with gather_weights")
+        return self._checkpoint_format(self.model.state_dict())
 
-    def publish(self, weights_dir: Path, keep: int = 2) -> Path:
-        """Write this version as ``<weights_dir>/v<N>/model.safetensors`` (atomic)."""
+    def publish(
+        self, weights_dir: Path, weights: dict[str, torch.Tensor] | None = None, keep: int = 2
+    ) -> Path:
+        """Write this version as ``<weights_dir>/v<N>/model.safetensors`` (atomic): the
+        given full weights (a sharded trainer's, gathered), else this replica's."""
         from safetensors.torch import save_file
+
+        if weights is None:
+            weights = self.export_weights()
 
         weights_dir.mkdir(exist_ok=True)
         final = weights_dir / f"v{self.version}"
         tmp = weights_dir / f".v{self.version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(self.export_weights(), str(tmp / "model.safetensors"))
+        save_file(weights, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_json_atomic(weights_dir / "latest.json", {"version": self.version, "dir": final.name})
@@ -200,30 +372,28 @@ class TorchTrainer:
             shutil.rmtree(weights_dir / f"v{v}", ignore_errors=True)
         return final
 
-    def save_state(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        torch.save(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.opt.state_dict(),
-                "step": self.step,
-                "version": self.version,
-                "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate(),
-            },
-            tmp,
-        )
-        os.replace(tmp, path)
+    def save_state(self, folder: Path, group: object | None = None) -> None:
+        """Model and AdamW with torch.distributed.checkpoint (collective over the trainer
+        ``group``: each rank writes its own shards), step, version and RNG alongside."""
+        from runtime.engines.torch.sharded_state import save_sharded
 
-    def load_state(self, path: Path) -> None:
-        from runtime.store.checkpoint import load_trainer_state
+        extra = {
+            "step": self.step,
+            "version": self.version,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+        }
+        save_sharded(folder, self.model, self.opt, extra, process_group=group)
 
-        state = load_trainer_state(path)  # weights_only: a file that runs code is refused
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.step, self.version = state["step"], state["version"]
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+    def load_state(self, folder: Path, group: object | None = None) -> None:
+        """The state :meth:`save_state` wrote, resharded onto this trainer's ranks (their
+        number may differ from the saving run's)."""
+        from runtime.engines.torch.sharded_state import load_sharded
+
+        extra = load_sharded(folder, self.model, self.opt, process_group=group)
+        self.step, self.version = int(extra["step"]), int(extra["version"])
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
 
 
 class TorchTrainerSide(BatchConsumer):
@@ -239,20 +409,39 @@ class TorchTrainerSide(BatchConsumer):
         self.cfg: Config = cfg
         self.paths = paths
         self.collective = collective
-        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg))
+        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, collective)
         self._eval_start: float | None = None
         self._last_sync_s: float | None = None
+        # under FSDP2 the full weights of the last sync point, gathered on the leader by
+        # every trainer rank together (a weight sync is the leader's alone)
+        self._gathered: dict[str, torch.Tensor] | None = None
 
-    def save_checkpoint(self, path: Path, step: int) -> None:
-        """Rank 0 asked for checkpoint ``step``: model, AdamW, RNG, step and version."""
+    def save_checkpoint(self, checkpoints: Path, step: int) -> None:
+        """Rank 0 asked every trainer rank for checkpoint ``step``: the leader makes the
+        staging folder, then all write their shards of model and AdamW, and the leader
+        step, version and RNG."""
+        from runtime.store import checkpoint
+
         if self.trainer.step != step:
             raise RuntimeError(f"asked for step {step}, the trainer is at {self.trainer.step}")
-        self.trainer.save_state(path)
+        c = self.collective
+        if self.leader:
+            checkpoint.start(checkpoints, step)  # a fresh, empty staging folder
+        group = c.trainer_group if c is not None else None
+        if c is not None and len(c.trainer_ranks) > 1:
+            torch.distributed.barrier(group=group)  # nobody writes before it is made
+        staging = checkpoint.staging_dir(checkpoints, step)
+        self.trainer.save_state(checkpoint.trainer_dir(staging), group)
 
     def restore(self, folder: Path) -> None:
-        from runtime.store.checkpoint import TRAINER_FILE
+        """Load a checkpoint's trainer state (the trainer ranks together; a rank that is
+        not a trainer now gets the state when it becomes one)."""
+        from runtime.store.checkpoint import trainer_dir
 
-        self.trainer.load_state(folder / TRAINER_FILE)
+        c = self.collective
+        if c is not None and self.rank not in c.trainer_ranks:
+            return
+        self.trainer.load_state(trainer_dir(folder), c.trainer_group if c is not None else None)
         log.info("trainer state restored: step %d, v%d", self.trainer.step, self.trainer.version)
 
     def observe(self, step: int, policy_version: int) -> None:
@@ -265,13 +454,22 @@ class TorchTrainerSide(BatchConsumer):
             log.info("eval reward at start: %.3f", self._eval_start)
 
     def evaluate(self) -> float:
+        """Held-out reward of the current policy (the leader alone). A sharded model
+        cannot generate on one rank: a plain copy is built from the gathered weights, or
+        from the model folder before the first sync."""
+        from transformers import AutoModelForCausalLM
+
         from runtime.embedded.warm_start import greedy_accuracy
 
-        self.trainer.model.eval()
+        model = self.trainer.model
+        if self.trainer.sharded:
+            model = AutoModelForCausalLM.from_pretrained(self.trainer.model_path)
+            if self._gathered is not None:
+                model.load_state_dict(self._gathered, strict=False)
+                model.tie_weights()
+        model.eval()
         try:
-            return greedy_accuracy(
-                self.trainer.model, max_new=self.cfg.workload.max_response_tokens
-            )
+            return greedy_accuracy(model, max_new=self.cfg.workload.max_response_tokens)
         finally:
             self.trainer.model.train()
 
@@ -290,6 +488,9 @@ class TorchTrainerSide(BatchConsumer):
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
         metrics = self.trainer.train_step(wire.batch(msg).samples, c, index, count)
         t = self.trainer
+        final = t.step >= self.cfg.train.steps
+        if t.sharded and (t.step % self.cfg.train.sync_every == 0 or final):
+            self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
         if c is not None:
             metrics["replica_spread"] = c.replica_spread(t.checksum())
@@ -299,8 +500,8 @@ class TorchTrainerSide(BatchConsumer):
             metrics["weight_sync_s"] = self._last_sync_s
         if t.step == 1 and self._eval_start is not None:
             metrics["eval_reward_start"] = self._eval_start
-        if t.step >= self.cfg.train.steps:
-            t.publish(self.paths.root / "weights")  # the run's final policy
+        if final:
+            t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
             if workload_kind(self.cfg.workload.kind).trainer_eval:
                 metrics["eval_reward_end"] = self.evaluate()
         self._send(
@@ -328,15 +529,74 @@ class TorchTrainerSide(BatchConsumer):
 
     def _broadcast_weights(self) -> None:
         assert self.collective is not None
-        self._last_sync_s = self.collective.send_weights(
-            self.trainer.version, self.trainer.export_weights()
+        self._last_sync_s = self.collective.send_weights(self.trainer.version, self._weights())
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """The leader's full weights of the current version."""
+        if not self.trainer.sharded:
+            return self.trainer.export_weights()
+        if self._gathered is None:
+            raise RuntimeError("no weights gathered yet: a sync point comes after a step")
+        return self._gathered
+
+    def _reshards(self, change: LayoutChange) -> bool:
+        """A sharded trainer whose ranks change: its state moves by a DCP handoff."""
+        return self.trainer.sharded and change.ranks("trainer") != change.ranks(
+            "trainer", after=False
         )
+
+    def _handoff_dir(self, epoch: int) -> Path:
+        return self.paths.root / "handoff" / f"epoch-{epoch}"
+
+    def before_layout(self, change: LayoutChange) -> None:
+        """Before the process groups change: under FSDP2 the old trainer ranks write their
+        shards of model and AdamW to ``<run>/handoff/epoch-N`` over the old groups (a
+        sharded state cannot be broadcast from one rank, and the old mesh is gone after
+        the regroup). Moving shards rank to rank without the disk is not done here."""
+        c = self.collective
+        if c is None or not self._reshards(change):
+            return
+        if self.rank not in change.ranks("trainer", after=False):
+            return
+        folder = self._handoff_dir(change.epoch)
+        if self.leader:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+        if len(c.trainer_ranks) > 1:
+            torch.distributed.barrier(group=c.trainer_group)  # nobody writes before that
+        self.trainer.save_state(folder, c.trainer_group)
 
     def on_layout(self, change: LayoutChange) -> None:
         """After a role switch: new trainer replicas get the leader's training state, and
         new rollout ranks the leader's current weights (both by broadcast)."""
         c = self.collective
         if c is None:
+            return
+        if self._reshards(change):
+            # The old trainer ranks wrote their shards in before_layout; the new ones
+            # build the model over the new mesh and load them, resharded.
+            old = self.trainer
+            # a rank that leaves the trainer drops its shards; one that stays or joins
+            # builds the model over the new mesh
+            self.trainer = TorchTrainer(self.cfg, old.model_path, self.rank, c)
+            self.trainer.step, self.trainer.version = old.step, old.version
+            del old
+            if self.rank in change.ranks("trainer"):
+                start = time.perf_counter()
+                folder = self._handoff_dir(change.epoch)
+                self.trainer.load_state(folder, c.trainer_group)
+                if len(c.trainer_ranks) > 1:
+                    torch.distributed.barrier(group=c.trainer_group)  # all have read it
+                if self.leader:
+                    shutil.rmtree(folder, ignore_errors=True)
+                log.info(
+                    "trainer state v%d resharded over %d ranks in %.3f s",
+                    self.trainer.version,
+                    len(c.trainer_ranks),
+                    time.perf_counter() - start,
+                )
+            if self.leader and change.joined("rollout"):
+                self._broadcast_weights()
             return
         if self.rank in change.ranks("trainer") and change.joined("trainer"):
             start = time.perf_counter()

@@ -1,0 +1,80 @@
+"""Which samples each trainer rank trains on, and in which micro-batches (pure logic).
+
+An optimizer update's samples are spread over the ``ranks`` data-parallel trainer ranks
+and, on each rank, packed into micro-batches whose *padded* size (samples x the longest
+one, since rows are right-padded) stays under ``train.micro_batch_tokens``:
+
+1. **Ranks**, longest sample first, each to the rank with the fewest tokens so far (LPT
+   scheduling): every rank gets about the same token load, so no rank waits on another
+   that drew the long samples.
+2. **Micro-batches** on each rank, longest first: a sample joins the open micro-batch if
+   the padded size stays under the budget, else it opens the next one. Sorting first
+   keeps samples of similar length together, so little of a micro-batch is padding. A
+   sample longer than the budget gets a micro-batch of its own.
+3. **Equal counts**: under FSDP2 every micro-step is collective (each forward gathers
+   the parameters of the shard group, each backward reduces gradients), so every rank
+   must take the same number. A rank with fewer splits its largest micro-batch in two
+   until it has as many; a rank with fewer samples than that gets empty micro-batches
+   (it runs a forward and backward that contributes nothing, and the others do not wait).
+
+The plan depends only on the samples' lengths, so every rank (and rank 0) computes the
+same one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+# rank -> its micro-batches -> indices into the update's samples
+Plan = list[list[list[int]]]
+
+
+def padded_tokens(lengths: Sequence[int], batch: Sequence[int]) -> int:
+    """Tokens of one right-padded micro-batch: its rows times its longest row."""
+    return len(batch) * max((lengths[i] for i in batch), default=0)
+
+
+def assign_ranks(lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Indices per rank, balanced by token load (longest first to the lightest rank)."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, not {ranks}")
+    heap = [(0, r) for r in range(ranks)]
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        load, r = heapq.heappop(heap)
+        out[r].append(i)
+        heapq.heappush(heap, (load + lengths[i], r))
+    return out
+
+
+def pack(lengths: Sequence[int], indices: Sequence[int], budget: int | None) -> list[list[int]]:
+    """``indices`` in micro-batches of at most ``budget`` padded tokens (one if None)."""
+    order = sorted(indices, key=lambda i: (-lengths[i], i))
+    if budget is None:
+        return [order] if order else []
+    out: list[list[int]] = []
+    for i in order:
+        # sorted longest first: the open micro-batch's first row is its longest
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def plan(lengths: Sequence[int], ranks: int, budget: int | None) -> Plan:
+    """Every rank's micro-batches for one update; all ranks get the same number."""
+    per_rank = [pack(lengths, mine, budget) for mine in assign_ranks(lengths, ranks)]
+    steps = max((len(m) for m in per_rank), default=0)
+    steps = max(steps, 1)  # an update with no samples still steps every rank together
+    for batches in per_rank:
+        while len(batches) < steps:
+            largest = max(range(len(batches)), key=lambda j: len(batches[j]), default=None)
+            if largest is None or len(batches[largest]) < 2:
+                batches.append([])  # nothing left to split: an empty micro-step
+                continue
+            big = batches.pop(largest)
+            half = len(big) // 2
+            batches[largest:largest] = [big[:half], big[half:]]
+    return per_rank

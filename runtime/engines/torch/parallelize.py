@@ -1,0 +1,85 @@
+"""Where the trainer runs and how its model is split: device, FSDP2, precision, recompute.
+
+``train.strategy: fsdp2`` applies ``fully_shard`` to every decoder block, then to the root
+(torchtitan's order: a block's parameters are gathered just before it runs and freed
+after, the root keeps the embeddings, final norm and the tied head), over the 2-D mesh
+``("replicate", "shard")`` of :meth:`runtime.rank.collective.Collective.trainer_mesh`:
+parameters, gradients and AdamW state are sharded within a replica group
+(``resources.trainer_gpus_per_replica`` ranks) and replicated across groups (HSDP). The
+same code runs over gloo on CPU and NCCL on CUDA; only the device type differs.
+
+Precision: master weights and AdamW state stay float32; ``train.param_dtype`` is the
+dtype of the forward and backward (FSDP2 ``MixedPrecisionPolicy``: parameters cast when
+gathered, gradients reduced in float32). ``replicate`` gets the same with ``autocast``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from runtime.config.schema import Config
+
+
+def trainer_device(cfg: Config, rank: int) -> torch.device:
+    """The rank's device: its node-local GPU under ``device: cuda`` (or ``auto`` where CUDA
+    is present), else the CPU. The local rank comes from the launcher (``LOCAL_RANK``,
+    ``SLURM_LOCALID``), else the global rank modulo the node's GPUs."""
+    wanted = cfg.resources.device
+    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("resources.device: cuda, but torch sees no CUDA device on this rank")
+    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
+    index = int(local) if local is not None else rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face causal LM (``model.model.layers``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no model.layers to shard block by block")
+    return list(layers)
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: Any, param_dtype: torch.dtype) -> torch.nn.Module:
+    """``fully_shard`` per decoder block, then the root, in place."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    blocks = decoder_blocks(model)
+    for i, block in enumerate(blocks):
+        # the last block's parameters would be gathered again at once for the backward
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder block in the backward pass (transformers' own hook: the
+    blocks are checkpointed, not the head, whose chunks checkpoint themselves)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@contextlib.contextmanager
+def compute_precision(device: torch.device, dtype: torch.dtype, sharded: bool) -> Iterator[None]:
+    """``autocast`` to ``dtype`` for a replicated model; FSDP2 casts by itself."""
+    if sharded or dtype == torch.float32:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def full_norm(norm: torch.Tensor) -> float:
+    """A gradient norm as a float; under FSDP2 it is a DTensor to reduce first."""
+    from torch.distributed.tensor import DTensor
+
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
