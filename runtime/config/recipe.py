@@ -289,7 +289,8 @@ def check_feasible(cfg: Config) -> None:
         from runtime.embedded.resolve import is_tiny_embedded
 
         train.strategy = "replicate" if is_tiny_embedded(cfg.model.path) else "fsdp2"
-    if train.param_dtype is None:
+    if train.param_dtype is None and res.device != "auto":
+        # with device auto each trainer rank decides by the device it gets
         train.param_dtype = "bfloat16" if res.device == "cuda" else "float32"
     if cfg.workload.max_response_tokens >= cfg.model.max_seq_len:
         raise _FieldError(

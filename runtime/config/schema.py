@@ -389,5 +389,11 @@ class Config:
 WEIGHT_TRANSPORT: frozenset[tuple[str, str]] = frozenset({("vllm", "torch")})
 
 
+# Trainer engines whose ranks each train their own share of a batch (data parallel): rank
+# 0 sends each trainer rank only the samples its micro-batch plan gives it. The others
+# train the whole batch on the leader and get it whole.
+DATA_PARALLEL_TRAINERS = frozenset({"torch"})
+
+
 def needs_collective(cfg: Config) -> bool:
     return (cfg.engine.rollout, cfg.engine.trainer) in WEIGHT_TRANSPORT

@@ -9,10 +9,12 @@ sync and a pending layout at sync points, a checkpoint every ``train.checkpoint_
 from __future__ import annotations
 
 from runtime.config.layout import Role
+from runtime.config.schema import DATA_PARALLEL_TRAINERS
 from runtime.control import lifecycle, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
+from runtime.data.micro_batches import shares
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import RunState
@@ -150,12 +152,34 @@ def starved_by(c: Run) -> str:
     return "replay_short" if short == "replay" else "sampler_short"
 
 
+def batch_messages(c: Run, batch: Batch) -> dict[int, p.Batch]:
+    """The batch message of each trainer rank: a data-parallel trainer's ranks get only
+    the samples they train (runtime/data/micro_batches.py, the plan the trainer follows),
+    with the layout of the rest; other trainers get the whole batch."""
+    trainers = c.layout.ranks(Role.TRAINER)
+    if c.cfg.engine.trainer not in DATA_PARALLEL_TRAINERS:
+        whole = wire.batch_message(batch)
+        return dict.fromkeys(trainers, whole)
+    t = c.cfg.train
+    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples]
+    per_rank = shares(lengths, t.mini_batches, len(trainers), t.micro_batch_tokens)
+    return {
+        rank: wire.batch_message(batch, positions)
+        for rank, positions in zip(trainers, per_rank, strict=True)
+    }
+
+
 def send_batch(c: Run, identity: bytes, batch: Batch) -> list[Outgoing]:
-    # Every trainer rank gets the batch and trains on its shard (data parallelism);
-    # the leader, which asked, reports the step.
-    out = wire.batch_message(batch)
-    others = c.members.send(out, c.layout.ranks(Role.TRAINER))
-    return [(identity, out)] + [(i, m) for i, m in others if i != identity]
+    # Every trainer rank gets its share of the batch (data parallelism); the leader,
+    # which asked, reports the step.
+    messages = batch_messages(c, batch)
+    out: list[Outgoing] = []
+    for rank, msg in messages.items():
+        w = c.workers[rank]
+        if not w.gone:
+            out.append((w.identity, msg))
+    # the asker first (the leader)
+    return sorted(out, key=lambda x: x[0] != identity)
 
 
 def retry_batches(c: Run) -> list[Outgoing]:
@@ -169,5 +193,5 @@ def retry_batches(c: Run) -> list[Outgoing]:
         if c.workers[rank].gone:
             continue
         c.batch_resent += 1
-        out.append((identity, wire.batch_message(batch)))
+        out.append((identity, batch_messages(c, batch)[rank]))
     return out

@@ -175,7 +175,8 @@ class SimCluster:
         if rank != 0:
             return
         self.trainer_waiting = False
-        blocks = sum(s["n_valid"] for s in msg.samples)
+        # the whole batch's tokens: a data-parallel trainer's leader carries only its share
+        blocks = sum(msg.whole["n_valid"] if msg.whole else (s["n_valid"] for s in msg.samples))
         gpus = self.coord.layout.n_trainer_ranks
         seconds = blocks * self.block / (self.model.train_tok_s * gpus)
         start = max(self.now, self.trainer_busy_until)

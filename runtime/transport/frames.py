@@ -111,10 +111,13 @@ def sample(msg: p.SampleDone) -> Sample:
 # --- rank 0 -> the trainer ranks -----------------------------------------------------------
 
 
-def batch_message(b: Batch) -> p.Batch:
+def batch_message(b: Batch, positions: Sequence[int] | None = None) -> p.Batch:
+    """The batch as rank 0 sends it: whole, or only the samples at ``positions`` (a
+    trainer rank's share) with the layout of the whole batch."""
     samples: list[p.BatchSample] = []
     blobs: list[bytes] = []
-    for s in b.samples:
+    carried = b.samples if positions is None else [b.samples[i] for i in positions]
+    for s in carried:
         samples.append(
             {
                 "sample_id": s.sample_id,
@@ -131,12 +134,50 @@ def batch_message(b: Batch) -> p.Batch:
             }
         )
         blobs += [pack(s.token_ids, "i"), pack(s.logprobs, "f")]
+    whole: p.BatchLayout | None = None
+    if positions is not None:
+        whole = {
+            "lengths": [len(s.prompt_token_ids) + len(s.token_ids) for s in b.samples],
+            "n_valid": [s.n_valid for s in b.samples],
+            "replayed": [s.replay_count > 0 for s in b.samples],
+            "positions": list(positions),
+        }
     return p.Batch(
         batch_id=b.batch_id,
         policy_version=b.policy_version,
         samples=samples,
+        whole=whole,
         blobs=tuple(blobs),
     )
+
+
+def whole_batch(msg: p.Batch) -> tuple[list[Sample], list[int]]:
+    """A trainer rank's view of the whole batch and every sample's length: the samples it
+    was sent at their positions, stand-ins elsewhere that carry what the loss normalisers
+    read of another rank's samples (valid tokens, replay flag) and nothing to train on."""
+    carried = batch(msg).samples
+    w = msg.whole
+    if w is None:
+        return carried, [len(s.prompt_token_ids) + len(s.token_ids) for s in carried]
+    out = [
+        Sample(
+            sample_id=-1,
+            group_id=-1,
+            prompt_id=-1,
+            versions=[],
+            prompt_token_ids=[],
+            token_ids=[],
+            logprobs=[],
+            n_valid=n_valid,
+            reward=0.0,
+            advantage=0.0,
+            replay_count=int(replayed),
+        )
+        for n_valid, replayed in zip(w["n_valid"], w["replayed"], strict=True)
+    ]
+    for s, at in zip(carried, w["positions"], strict=True):
+        out[at] = s
+    return out, list(w["lengths"])
 
 
 def batch(msg: p.Batch) -> Batch:

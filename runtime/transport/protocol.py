@@ -44,6 +44,9 @@ from runtime.transport.states import RunState, WorkerState
 RUN_STATES = tuple(s.value for s in RunState)
 WORKER_STATES = tuple(s.value for s in WorkerState)
 ROLES = tuple(r.value for r in Role)
+# samples a batch layout may describe: far above the largest batches recipes use (DAPO's
+# 512 prompts x 16 = 8,192), a bound so a layout cannot ask for unbounded work
+MAX_BATCH_SAMPLES = 1 << 17
 
 
 # --- worker -> coordinator -------------------------------------------------------------
@@ -376,17 +379,31 @@ class BatchSample(TypedDict):
     info: dict[str, Any]
 
 
+class BatchLayout(TypedDict):
+    """The whole batch as a trainer rank sent only its own samples needs it: per sample,
+    in batch order, its tokens (prompt + response: the micro-batch plan), valid tokens and
+    replay flag (the loss normalisers), and where the carried samples sit among them."""
+
+    lengths: list[int]
+    n_valid: list[int]
+    replayed: list[bool]
+    positions: list[int]
+
+
 @message
 @dataclass(frozen=True)
 class Batch(Message):
     """A training batch (runtime.data.sample.Batch): fresh samples first, then replayed
     ones. Blobs: two frames per sample (token ids int32, behaviour log-probs float32), in
-    order."""
+    order. With ``whole``, ``samples`` are this trainer rank's share only (the ones its
+    micro-batch plan gives it, runtime/data/micro_batches.py) and ``whole`` describes the
+    batch they belong to."""
 
     TYPE: ClassVar[str] = "batch"
     batch_id: int
     policy_version: int
     samples: list[BatchSample]
+    whole: BatchLayout | None = None
 
     def check(self) -> None:
         _require(len(self.blobs) == 2 * len(self.samples), "frames do not match samples")
@@ -396,6 +413,30 @@ class Batch(Message):
             tokens, logprobs = self.blobs[2 * i], self.blobs[2 * i + 1]
             _check_sample(tokens, logprobs, ids, s["versions"], s["n_valid"], s["loss_mask"])
             _require(s["replay_count"] >= 0, "negative replay count")
+        if self.whole is not None:
+            self._check_whole(self.whole)
+
+    def _check_whole(self, w: BatchLayout) -> None:
+        n = len(w["lengths"])
+        _require(n <= MAX_BATCH_SAMPLES, f"layout of {n} samples")
+        _require(len(w["n_valid"]) == n and len(w["replayed"]) == n, "layout lists differ")
+        _require(len(w["positions"]) == len(self.samples), "positions do not match samples")
+        _require(len(set(w["positions"])) == len(self.samples), "a position repeats")
+        _require(all(0 <= i < n for i in w["positions"]), "a position is outside the batch")
+        _require(all(x >= 1 for x in w["lengths"]), "a sample without tokens")
+        _require(
+            all(0 <= v <= x for v, x in zip(w["n_valid"], w["lengths"], strict=True)),
+            "valid tokens outside 0..length",
+        )
+        for i, (s, at) in enumerate(zip(self.samples, w["positions"], strict=True)):
+            # the carried samples must be what the layout says of them
+            n_tokens = len(self.blobs[2 * i]) // 4
+            _require(
+                w["lengths"][at] == len(s["prompt_token_ids"]) + n_tokens
+                and w["n_valid"][at] == s["n_valid"]
+                and w["replayed"][at] == (s["replay_count"] > 0),
+                f"sample {s['sample_id']} does not match the layout at {at}",
+            )
 
 
 @message

@@ -17,9 +17,13 @@ import torch
 import torch.multiprocessing as mp
 
 from runtime.config.recipe import build_config
+from runtime.data.micro_batches import shares
+from runtime.data.sample import Batch
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
+from runtime.transport import frames as wire
+from runtime.transport import protocol as p
 from tests.integration.test_collective import make_batch
 
 pytestmark = pytest.mark.integration
@@ -45,6 +49,7 @@ def batch():
     # a multi-turn sample: environment tokens in the middle are not trained on
     s = samples[4]
     s.loss_mask = [1] * 3 + [0] * (len(s.token_ids) - 5) + [1] * 2
+    s.n_valid = sum(s.loss_mask)
     return samples
 
 
@@ -66,7 +71,17 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **train)
     trainer = TorchTrainer(cfg, model_dir, rank, c)
     assert trainer.sharded
-    metrics = trainer.train_step(batch(), c, rank, world)
+    # Through the wire as rank 0 sends it: this rank's samples only, the layout of the rest.
+    whole = batch()
+    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in whole]
+    mine = shares(lengths, cfg.train.mini_batches, world, cfg.train.micro_batch_tokens)[rank]
+    n_replay = sum(s.replay_count > 0 for s in whole)
+    b = Batch(0, 0, whole, len(whole) - n_replay, n_replay)
+    msg = p.decode(p.encode(wire.batch_message(b, mine)))
+    assert len(msg.samples) == len(mine) < len(whole)
+    samples, got_lengths = wire.whole_batch(msg)
+    assert got_lengths == lengths
+    metrics = trainer.train_step(samples, c, rank, world, lengths=got_lengths)
     weights = trainer.gather_weights()
     # the last update's (clipped) gradient, still on the parameters
     grads = {n: p.grad.full_tensor() for n, p in trainer.model.named_parameters()}

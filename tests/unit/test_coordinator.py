@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from runtime.config.recipe import build_config
+from runtime.config.schema import DATA_PARALLEL_TRAINERS
 from runtime.control.coordinator import Coordinator
 from runtime.transport import protocol as p
 from tests.unit.test_data_plane import traj
@@ -248,7 +249,12 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
         c.data.deliver(t)
     out = c.handle(ident(0), p.BatchRequest(rank=0))
     assert [to for to, _ in out] == [ident(0), ident(1), ident(2)], out
-    assert all(isinstance(m, p.Batch) and m == out[0][1] for _, m in out)
+    # a data-parallel trainer: each rank gets only its samples, the three shares the batch
+    assert c.cfg.engine.trainer in DATA_PARALLEL_TRAINERS
+    assert all(isinstance(m, p.Batch) and m.whole is not None for _, m in out)
+    shares = [m.whole["positions"] for _, m in out]
+    assert sorted(i for s in shares for i in s) == list(range(4))
+    assert all(m.batch_id == out[0][1].batch_id for _, m in out)
     batch_id = out[0][1].batch_id
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
     assert c.metrics_log[-1]["reward_failures"] == 1
@@ -443,7 +449,8 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_m
             t = traj(reqs[req["sample_id"]], generated_at, worker=2)
             c.handle(ident(2), wire.sample_done(t, 2))
         ((_, batch), *_) = c.handle(ident(0), p.BatchRequest(rank=0))
-        assert isinstance(batch, p.Batch) and len(batch.samples) == 4, batch
+        assert isinstance(batch, p.Batch) and batch.whole is not None, batch
+        assert len(batch.whole["lengths"]) == 4  # the leader carries its share of them
         clock.t += 1.0
         done = p.StepDone(rank=0, step=n, policy_version=n, batch_id=batch.batch_id, metrics={})
         c.handle(ident(0), done)

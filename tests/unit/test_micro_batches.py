@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from runtime.engines.torch.micro_batches import assign_ranks, pack, padded_tokens, plan
+from runtime.data.micro_batches import assign_ranks, pack, padded_tokens, plan
 
 pytestmark = pytest.mark.unit
 

@@ -270,7 +270,7 @@ def batch(sample_over=None, **over):
         "info": {},
     }
     sample.update(sample_over or {})
-    fields = dict(v=p.PROTOCOL_VERSION, type="batch", batch_id=0, policy_version=0)
+    fields = dict(v=p.PROTOCOL_VERSION, type="batch", batch_id=0, policy_version=0, whole=None)
     fields.update(samples=[sample], **over)
     return header(**fields)
 
@@ -302,6 +302,7 @@ def test_a_batch_sample_is_exactly_its_record(sample_over, reason):
                     batch_id=0,
                     policy_version=0,
                     samples=[missing],
+                    whole=None,
                 ),
                 b"\0" * 8,
                 b"\0" * 8,
@@ -377,3 +378,47 @@ def test_a_sample_and_a_batch_travel_with_every_field():
     assert first.token_ids == [3, 4, 5] and first.prompt_token_ids == [7, 8]
     assert first.loss_mask == [1, 0, 1] and first.advantage == 0.5 and first.info == s.info
     assert second.loss_mask is None and second.replay_count == 1 and second.n_valid == 3
+
+
+def test_a_trainer_rank_gets_its_samples_and_a_layout_it_cannot_be_fooled_by():
+    import dataclasses
+
+    from runtime.data.sample import Batch, Sample
+    from runtime.transport import frames as wire
+
+    def sample(i: int, n: int, replay: int = 0) -> Sample:
+        return Sample(
+            sample_id=i,
+            group_id=0,
+            prompt_id=0,
+            versions=[(0, 0, n)],
+            prompt_token_ids=[7, 8],
+            token_ids=[3] * n,
+            logprobs=[-0.5] * n,
+            n_valid=n,
+            reward=0.0,
+            replay_count=replay,
+        )
+
+    whole = [sample(0, 3), sample(1, 5), sample(2, 4, replay=1)]
+    msg = p.decode(p.encode(wire.batch_message(Batch(1, 0, whole, 2, 1), [2, 0])))
+    assert [s["sample_id"] for s in msg.samples] == [2, 0] and len(msg.blobs) == 4
+    samples, lengths = wire.whole_batch(msg)
+    assert lengths == [5, 7, 6] and [s.sample_id for s in samples] == [0, -1, 2]
+    stand_in = samples[1]  # another rank's: what the normalisers read, nothing to train
+    assert (stand_in.n_valid, stand_in.replay_count, list(stand_in.token_ids)) == (5, 0, [])
+    good = msg.whole
+    assert good is not None
+    for bad, reason in [
+        ({**good, "positions": [2, 2]}, "a position repeats"),
+        ({**good, "positions": [2, 9]}, "outside the batch"),
+        ({**good, "positions": [2]}, "positions do not match"),
+        ({**good, "lengths": [5, 7, 9]}, "does not match the layout"),  # sample 2 has 6
+        ({**good, "replayed": [False, False, False]}, "does not match the layout"),
+        ({**good, "n_valid": [3, 9, 4]}, "valid tokens outside"),
+        ({**good, "lengths": [5, 0, 6]}, "without tokens"),
+        ({**good, "n_valid": [3, 5]}, "layout lists differ"),
+    ]:
+        forged = dataclasses.replace(msg, whole=bad)
+        with pytest.raises(p.ProtocolError, match=reason):
+            p.decode(p.encode(forged))

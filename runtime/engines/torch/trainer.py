@@ -36,8 +36,9 @@ import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.data import micro_batches
 from runtime.data.sample import Sample
-from runtime.engines.torch import logprobs, micro_batches
+from runtime.engines.torch import logprobs
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
@@ -82,7 +83,8 @@ class TorchTrainer:
             self.opt: Any = None
             return
         self.device = trainer_device(cfg, rank)
-        self.param_dtype = getattr(torch, cfg.train.param_dtype or "float32")
+        default = "bfloat16" if self.device.type == "cuda" else "float32"  # device: auto
+        self.param_dtype = getattr(torch, cfg.train.param_dtype or default)
         # master weights in float32 whatever the checkpoint's dtype: AdamW on bf16 weights
         # loses updates smaller than their precision
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -104,14 +106,24 @@ class TorchTrainer:
         collective: Collective | None = None,
         shard_index: int = 0,
         shard_count: int = 1,
+        lengths: Sequence[int] | None = None,
     ) -> dict[str, float]:
-        """One batch in ``train.mini_batches`` optimizer updates; the metrics are their means."""
+        """One batch in ``train.mini_batches`` optimizer updates; the metrics are their means.
+
+        ``samples`` is the whole batch, of which this rank trains the share its plan gives
+        it; the others' may be stand-ins (``runtime.transport.frames.whole_batch``), so the
+        plan is made from ``lengths`` (every sample's tokens) where given."""
         start = time.perf_counter()
         k = self.cfg.train.mini_batches
+        if lengths is None:
+            lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
         # Strided, not contiguous: the batch comes fresh samples first, replayed last, and
         # every update should see both, as a shuffled split would.
         minis = [list(samples[j::k]) for j in range(k)]
-        plans = [self._plan(m, shard_index, shard_count) for m in minis]
+        plans = [self._plan(list(lengths[j::k]), shard_index, shard_count) for j in range(k)]
+        for mini, mine in zip(minis, plans, strict=True):
+            if any(mini[i].sample_id < 0 for batch in mine for i in batch):  # a stand-in
+                raise ValueError("a sample this rank's plan gives it was not sent to it")
         # The old policy is the weights before this step's first update (verl computes
         # old_log_prob once per step, then runs its PPO mini-batches against it).
         olds: list[dict[int, torch.Tensor] | None] = [None] * k
@@ -139,9 +151,9 @@ class TorchTrainer:
         out["step_time_s"] = time.perf_counter() - start
         return out
 
-    def _plan(self, samples: Sequence[Sample], index: int, count: int) -> list[list[int]]:
-        """This rank's micro-batches of one update (runtime/engines/torch/micro_batches.py)."""
-        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+    def _plan(self, lengths: list[int], index: int, count: int) -> list[list[int]]:
+        """This rank's micro-batches of one update (runtime/data/micro_batches.py): the
+        plan rank 0 made when it chose which samples to send this rank."""
         return micro_batches.plan(lengths, count, self.cfg.train.micro_batch_tokens)[index]
 
     def _forward(self, rows: Sequence[Sample]) -> torch.Tensor:
@@ -486,7 +498,9 @@ class TorchTrainerSide(BatchConsumer):
         index, count = 0, 1
         if c is not None and self.rank in c.trainer_ranks:
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
-        metrics = self.trainer.train_step(wire.batch(msg).samples, c, index, count)
+        # this rank's samples at their places in the batch, stand-ins for the others'
+        samples, lengths = wire.whole_batch(msg)
+        metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
         t = self.trainer
         final = t.step >= self.cfg.train.steps
         if t.sharded and (t.step % self.cfg.train.sync_every == 0 or final):

@@ -78,3 +78,18 @@ def plan(lengths: Sequence[int], ranks: int, budget: int | None) -> Plan:
             half = len(big) // 2
             batches[largest:largest] = [big[:half], big[half:]]
     return per_rank
+
+
+def shares(
+    lengths: Sequence[int], mini_batches: int, ranks: int, budget: int | None
+) -> list[list[int]]:
+    """Per rank, the positions in the whole batch of the samples it trains: the union of
+    its plans for the ``mini_batches`` strided mini-batches (``batch[j::k]``), as the
+    trainer splits a step. Rank 0 sends each rank these only."""
+    out: list[set[int]] = [set() for _ in range(ranks)]
+    for j in range(mini_batches):
+        mini = list(range(j, len(lengths), mini_batches))
+        per_rank = plan([lengths[i] for i in mini], ranks, budget)
+        for r, batches in enumerate(per_rank):
+            out[r].update(mini[m] for b in batches for m in b)
+    return [sorted(x) for x in out]
