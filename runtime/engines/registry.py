@@ -23,7 +23,7 @@ ROLLOUT_ENGINES: dict[str, str] = {
 TRAINER_ENGINES: dict[str, str] = {
     "placeholder": "runtime.rank.sides:placeholder_trainer",
     "synthetic": "runtime.engines.synthetic:synthetic_trainer",
-    "torch": "runtime.engines.torch.trainer:TorchTrainerSide",
+    "torch": "runtime.engines.torch.trainer_side:TorchTrainerSide",
 }
 
 

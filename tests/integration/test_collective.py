@@ -71,7 +71,7 @@ def snapshot(trainer: TorchTrainer) -> dict:
 
 
 def rank_script(rank: int, world: int, model_dir: str, out_dir: str) -> None:
-    from runtime.engines.torch.trainer import TorchTrainerSide
+    from runtime.engines.torch.trainer_side import TorchTrainerSide
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)

@@ -112,12 +112,11 @@ def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
 @pytest.mark.parametrize(
     ("world", "group", "train"),
     [
-        (2, 2, {}),
         (2, 2, {"micro_batch_tokens": 40}),
         (3, 3, {"micro_batch_tokens": 64, "mini_batches": 2}),
         (4, 2, {"micro_batch_tokens": 64}),  # HSDP: 2 replica groups of 2
     ],
-    ids=["2-ranks", "2-ranks-micro", "3-ranks-micro-2-updates", "hsdp-2x2-micro"],
+    ids=["2-ranks-micro", "3-ranks-micro-2-updates", "hsdp-2x2-micro"],
 )
 def test_a_sharded_step_equals_one_process_on_the_whole_batch(
     world, group, train, model_dir, tmp_path
@@ -148,7 +147,7 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     """Epoch 0: ranks 0 and 1 train sharded (rank 2 is rollout); epoch 1: all three are
     trainers. The sharded state moves by the DCP handoff, then all three train a step."""
     from runtime.config.layout import LayoutChange
-    from runtime.engines.torch.trainer import TorchTrainerSide
+    from runtime.engines.torch.trainer_side import TorchTrainerSide
     from runtime.store.run_dir import RunPaths
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -206,3 +205,53 @@ def test_a_layout_change_reshards_the_trainer_state_through_a_handoff(model_dir,
     assert r[2]["opt_steps"] and set(r[2]["opt_steps"]) == {1.0}  # AdamW state arrived
     assert r[0]["spread"] == 0.0  # three replicas in agreement after a step
     assert not r[0]["handoff_left"]
+
+
+def small_model_script(rank: int, world: int, out: str) -> None:
+    """The 25M-parameter embedded model, sharded over 2 ranks in micro-batches, through a
+    sharded checkpoint and back into a fresh trainer."""
+    from runtime.embedded.warm_start import small_model_path
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    c = Collective.join(
+        rank=rank,
+        world_size=world,
+        rendezvous=Path(out) / "dist.json",
+        bind_host="127.0.0.1",
+        advertise_host="127.0.0.1",
+        backend="gloo",
+        bucket_bytes=1 << 22,
+        timeout_s=300,
+        trainer_group_size=world,
+    )
+    c.regroup(0, ("trainer",) * world)
+    model = str(small_model_path())
+    cfg = cfg_for(model, world, world, strategy="fsdp2", micro_batch_tokens=64)
+    trainer = TorchTrainer(cfg, model, rank, c)
+    local = sum(p.to_local().numel() for p in trainer.model.parameters())
+    metrics = trainer.train_step(batch(), c, rank, world)
+    trained = trainer.gather_weights()
+    trainer.save_state(Path(out) / "ckpt", c.trainer_group)
+    fresh = TorchTrainer(cfg, model, rank, c)
+    fresh.load_state(Path(out) / "ckpt", c.trainer_group)
+    loaded = fresh.gather_weights()
+    if rank == 0:
+        result = {"metrics": metrics, "local": local, "trained": trained, "loaded": loaded}
+        torch.save(result, f"{out}/rank0.pt")
+    c.close()
+
+
+def test_the_mid_size_model_shards_micro_batches_and_checkpoints(tmp_path):
+    from runtime.embedded.tiny_qwen3 import SMALL
+
+    mp.start_processes(
+        small_model_script, args=(2, str(tmp_path)), nprocs=2, join=True, start_method="spawn"
+    )
+    r = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    total = sum(v.numel() for v in r["trained"].values())
+    assert total > 20e6 and SMALL["layers"] == 8
+    assert r["local"] <= total / 2 + 1  # each rank holds half the parameters
+    assert r["metrics"]["micro_steps"] > 1 and torch.isfinite(torch.tensor(r["metrics"]["loss"]))
+    for k, v in r["trained"].items():
+        assert torch.equal(v, r["loaded"][k]), k
