@@ -238,21 +238,3 @@ def test_heap_routing_picks_what_a_full_scan_would():
             best_cost = min(feasible)[0]
             assert any(i == got and math.isclose(c, best_cost) for c, i in feasible)
             live.append(req)
-
-
-def test_a_placement_measured_slower_is_not_taken_again_and_a_faster_one_is():
-    # Before: at the APPS agent on 64 GPUs the throttled-rollout rule sent 56:8 to 60:4
-    # (the trainer waited) and 60:4 back to 56:8 (it did not), every cooldown, though
-    # 56:8 trained faster. Now the measured rate of a placement overrules the rule.
-    a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0)
-    starved = WindowStats(5, 10.0, 400, 90, 40.0, 40.0, rollout_throttled=0.8, trainer_starved=0.5)
-    d = a.decide(10, Placement(8, 8), starved)  # 9 samples/s; the rule: one group to rollout
-    assert d.applied and d.best == "12:4"
-    fed = WindowStats(5, 10.0, 400, 60, 40.0, 40.0, rollout_throttled=0.8)
-    d = a.decide(20, Placement(12, 4), fed)  # 6/s here, 9/s measured at 8:8: back there
-    assert d.applied and d.best == "8:8" and d.reason.startswith("measured 9.0 samples/s")
-    d = a.decide(30, Placement(8, 8), starved)  # the rule says 12:4 again: measured slower
-    assert not d.applied and d.best == "8:8" and d.trained_rate == 9.0
-    # a memory older than memory_steps (ten cooldowns, at least 10 steps) is probed again
-    d = a.decide(30 + a.memory_steps + 1, Placement(8, 8), starved)
-    assert d.applied and d.best == "12:4"

@@ -42,16 +42,6 @@ a generation takes bounds production, and more rollout ranks shorten each genera
 These rules were written while looking at four simulated cells (Qwen3-8B math at 32 and
 128 GPUs, the APPS agent at 16 and 64): they are in-sample there. Without them the
 allocator swung Qwen3-8B math at 128 GPUs from 96:32 to 36:92 and back in simulation.
-Extrapolation can still be wrong where those rules decide by the sign of a measure and
-not its size: at the APPS agent on 64 GPUs the trainer waited at 56:8 (one group back to
-rollout) and did not at 60:4 (one group to the trainer), and the allocator swung between
-the two every cooldown, paying a role switch each time. So what was measured beats what
-is extrapolated: the allocator remembers the rate each placement trained at (samples per
-second over its last window) for ``memory_steps`` steps, and it goes back to a placement
-it remembers only if that one was measured more than ``margin`` faster than the current
-one (a swing between two placements within the margin of each other pays role switches
-for nothing). A memory lasts ten cooldowns by default (a round
-number, not tuned), so a placement is probed again when the run has changed.
 Windows start after the warm-up, the steps that can still train what rollout generated
 before the first batch (admission lets it run ``(delta + 1) x sync_every`` steps ahead,
 ``B_max`` in flight), which say nothing of the rates.
@@ -100,7 +90,6 @@ class Decision:
     rollout_rate: float | None = None
     trainer_rate: float | None = None
     target_coverage: float | None = None  # 1 - sigma / 2
-    trained_rate: float | None = None  # samples trained per second over the window
     replay_target: float | None = None  # max(target, 1/(1+L)): guards moves to the trainer
     predicted: dict[str, float] | None = None
     window: dict[str, float] | None = None
@@ -125,7 +114,6 @@ class ProducerConsumerAllocator:
         cooldown_steps: int = 5,
         margin: float = 0.1,
         min_window_steps: int = 3,
-        memory_steps: int | None = None,
     ) -> None:
         self.world, self.s_r, self.s_t = world, rollout_group, trainer_group
         self.target = max(1.0 - sigma / 2, 1e-3)  # the middle of [1 - sigma, 1]
@@ -133,17 +121,6 @@ class ProducerConsumerAllocator:
         self.min_window_steps = min_window_steps
         self.last_change_step: int | None = None
         self.decisions: list[Decision] = []
-        self.memory_steps = 10 * max(cooldown_steps, 1) if memory_steps is None else memory_steps
-        # placement -> (step, samples trained per second) of its last measured window
-        self.measured: dict[Placement, tuple[int, float]] = {}
-
-    def remembered(self, step: int, current: Placement) -> dict[Placement, float]:
-        """Rates measured at other placements within ``memory_steps`` of ``step``."""
-        return {
-            p: rate
-            for p, (at, rate) in self.measured.items()
-            if p != current and step - at <= self.memory_steps
-        }
 
     def placements(self) -> list[Placement]:
         out = []
@@ -186,10 +163,6 @@ class ProducerConsumerAllocator:
         else:
             r, t = w.produced / w.rollout_busy_s, w.consumed / w.trainer_busy_s
             d.rollout_rate, d.trainer_rate = r, t
-            here = w.consumed / w.seconds if w.seconds > 0 else 0.0
-            d.trained_rate = here
-            known = self.remembered(step, current)
-            self.measured[current] = (step, here)
 
             def target(p: Placement) -> float:
                 # Taking rollout ranks away must leave what replay cannot fill covered;
@@ -211,18 +184,12 @@ class ProducerConsumerAllocator:
             nearest = min(side, key=lambda p: abs(p.rollout - current.rollout), default=None)
 
             def allowed(p: Placement) -> bool:
-                if p in known:
-                    return False  # measured: only a rate ``margin`` faster takes it (below)
                 if p.trainer > current.trainer and starved:
                     return False  # more trainer ranks would wait for data too
                 return p == nearest if throttled else True
 
             candidates = [p for p in self.placements() if p == current or allowed(p)]
-            faster = {p: v for p, v in known.items() if v > here * (1 + self.margin)}
-            if faster:  # measured faster than here: go back there, whatever the rates say
-                back = max(faster, key=lambda p: faster[p])
-                gains = {current: 0.0, back: self.margin + math.log(faster[back] / here)}
-            elif throttled:  # the rates say nothing of rollout's capacity: no extrapolation
+            if throttled:  # the rates say nothing of rollout's capacity: no extrapolation
                 gains = {p: (self.margin if p != current else 0.0) for p in candidates}
             else:
                 gains = {
@@ -240,10 +207,8 @@ class ProducerConsumerAllocator:
             else:
                 d.applied = True
                 d.reason = (
-                    f"measured {faster[best]:.1f} samples/s there, {here:.1f} here"
-                    if best in faster
-                    else f"coverage {d.predicted[current.ratio]:.2f} -> "
-                    f"{d.predicted[best.ratio]:.2f} (target {target(best):.2f})"
+                    f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
+                    f" (target {target(best):.2f})"
                 )
                 self.last_change_step = step
         self.decisions.append(d)
