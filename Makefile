@@ -48,7 +48,12 @@ bench: install
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --set reflow.delta=2 --out reports/sim-delta2
 
 test: install
-	$(BIN)/pytest -m "not gpu" --durations=15
+	$(BIN)/pytest -m "not gpu and not slow" --durations=15
+
+# The runs CI cannot afford within its 45 minutes: the demo with a sharded trainer, the
+# mid-size model (docs/trainer.md); run them by hand before a trainer change lands.
+test-slow: install
+	$(BIN)/pytest -m slow --durations=15
 
 test-unit: install
 	$(BIN)/pytest -m unit

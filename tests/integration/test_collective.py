@@ -54,7 +54,12 @@ def make_batch(seed: int, n: int = 7) -> list[Sample]:
 
 def cfg_for(model_dir: str):
     return build_config(
-        {"model": {"path": model_dir}, "train": {"lr": 1e-3, "steps": 10}, "reflow": {"tau": 0.5}}
+        {
+            "model": {"path": model_dir},
+            # the replicated strategy: a whole copy per rank, state broadcast to joiners
+            "train": {"lr": 1e-3, "steps": 10, "strategy": "replicate"},
+            "reflow": {"tau": 0.5},
+        }
     )
 
 

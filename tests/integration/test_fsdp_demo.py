@@ -7,10 +7,13 @@ measurement (docs/results.md), not something a test this short can show."""
 
 import json
 
+import pytest
+
 from tests.helpers import REPO, reflow
 from tests.helpers import wait_for_status as wait_for
 
 
+@pytest.mark.slow  # about 4 minutes: `make test-slow`
 def test_the_demo_trains_with_one_sharded_replica_group(runs_dir, tmp_path):
     args = [
         "launch",

@@ -112,11 +112,11 @@ def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
 @pytest.mark.parametrize(
     ("world", "group", "train"),
     [
-        (2, 2, {"micro_batch_tokens": 40}),
         (3, 3, {"micro_batch_tokens": 64, "mini_batches": 2}),
         (4, 2, {"micro_batch_tokens": 64}),  # HSDP: 2 replica groups of 2
     ],
-    ids=["2-ranks-micro", "3-ranks-micro-2-updates", "hsdp-2x2-micro"],
+    # 2 ranks: the shard groups of HSDP, and the handoff's first layout
+    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro"],
 )
 def test_a_sharded_step_equals_one_process_on_the_whole_batch(
     world, group, train, model_dir, tmp_path
@@ -242,6 +242,7 @@ def small_model_script(rank: int, world: int, out: str) -> None:
     c.close()
 
 
+@pytest.mark.slow  # a minute or more of 25M-parameter steps: `make test-slow`
 def test_the_mid_size_model_shards_micro_batches_and_checkpoints(tmp_path):
     from runtime.embedded.tiny_qwen3 import SMALL
 
