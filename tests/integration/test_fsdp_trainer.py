@@ -53,10 +53,11 @@ def batch():
     return samples
 
 
-def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, train: dict):
+def join(rank: int, world: int, out: str, group: int, timeout_s: float = 120) -> Collective:
+    """This process as rank ``rank`` of a gloo group on loopback (one torch thread)."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    c = Collective.join(
+    return Collective.join(
         rank=rank,
         world_size=world,
         rendezvous=Path(out) / "dist.json",
@@ -64,9 +65,13 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
         advertise_host="127.0.0.1",
         backend="gloo",
         bucket_bytes=1 << 20,
-        timeout_s=120,
+        timeout_s=timeout_s,
         trainer_group_size=group,
     )
+
+
+def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, train: dict):
+    c = join(rank, world, out, group)
     c.regroup(0, ("trainer",) * world)
     cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **train)
     trainer = TorchTrainer(cfg, model_dir, rank, c)
@@ -150,19 +155,7 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     from runtime.engines.torch.trainer_side import TorchTrainerSide
     from runtime.store.run_dir import RunPaths
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    c = Collective.join(
-        rank=rank,
-        world_size=world,
-        rendezvous=Path(out) / "dist.json",
-        bind_host="127.0.0.1",
-        advertise_host="127.0.0.1",
-        backend="gloo",
-        bucket_bytes=1 << 20,
-        timeout_s=120,
-        trainer_group_size=1,
-    )
+    c = join(rank, world, out, 1)
     before, after = ("trainer", "trainer", "rollout"), ("trainer",) * 3
     c.regroup(0, before)
     cfg = cfg_for(model_dir, world, 1, strategy="fsdp2")
@@ -212,19 +205,7 @@ def small_model_script(rank: int, world: int, out: str) -> None:
     sharded checkpoint and back into a fresh trainer."""
     from runtime.embedded.warm_start import small_model_path
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    c = Collective.join(
-        rank=rank,
-        world_size=world,
-        rendezvous=Path(out) / "dist.json",
-        bind_host="127.0.0.1",
-        advertise_host="127.0.0.1",
-        backend="gloo",
-        bucket_bytes=1 << 22,
-        timeout_s=300,
-        trainer_group_size=world,
-    )
+    c = join(rank, world, out, world, timeout_s=300)
     c.regroup(0, ("trainer",) * world)
     model = str(small_model_path())
     cfg = cfg_for(model, world, world, strategy="fsdp2", micro_batch_tokens=64)
