@@ -315,4 +315,5 @@ def join_collective(
         bucket_bytes=int(cfg.engine.weight_bucket_mb * 2**20),
         timeout_s=cfg.control.collective_timeout_s,
         trainer_group_size=cfg.resources.trainer_gpus_per_replica,
+        rollout_group_size=cfg.resources.rollout_gpus_per_replica,
     )

@@ -181,6 +181,19 @@ def ranks_with(roles: Sequence[str], role: str) -> list[int]:
     return [r for r, x in enumerate(roles) if x == role]
 
 
+def is_rollout_driver(rank: int, rollout_group_size: int) -> bool:
+    """Whether ``rank`` drives its rollout replica's engine when it plays rollout: the
+    first rank of the group. Every pool boundary is a multiple of the group size, so a
+    rank's place in its rollout group never changes (the others are the engine's
+    tensor-parallel workers and talk to nobody)."""
+    return rank % rollout_group_size == 0
+
+
+def rollout_drivers(roles: Sequence[str], rollout_group_size: int) -> list[int]:
+    """The rollout ranks that drive an engine: one per rollout replica."""
+    return [r for r in ranks_with(roles, "rollout") if is_rollout_driver(r, rollout_group_size)]
+
+
 @dataclass(frozen=True)
 class LayoutChange:
     """A role switch as every rank sees it: the roles before and after, in rank order."""

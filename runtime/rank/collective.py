@@ -6,7 +6,8 @@ At each layout epoch all ranks build, in the same order, two subgroups:
 - the **trainer group**: the trainer ranks, for data-parallel gradient all-reduce and for
   initialising a new trainer replica from the leader's model and optimizer state;
 - the **sync group**: the trainer leader (global rank 0, where the trainer pool starts)
-  plus every rollout rank, for the weight broadcast of each sync point.
+  plus the rollout rank driving each rollout replica's engine, for the weight broadcast
+  of each sync point.
 
 Tensors travel in fixed-size buckets (one flat tensor per bucket, per dtype). Metadata
 (names, shapes, dtypes, versions) travels as a JSON header in a ``uint8`` tensor, never
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.config.layout import ranks_with
+from runtime.config.layout import ranks_with, rollout_drivers
 from runtime.store.run_dir import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,11 @@ class Collective:
         bucket_bytes: int,
         timeout_s: float,
         trainer_group_size: int = 1,
+        rollout_group_size: int = 1,
     ) -> None:
         self.rank = rank
         self.trainer_group_size = trainer_group_size
+        self.rollout_group_size = rollout_group_size
         self.world_size = world_size
         self.bucket_bytes = bucket_bytes
         self.timeout = timedelta(seconds=timeout_s)
@@ -118,6 +121,7 @@ class Collective:
         timeout_s: float,
         endpoint: tuple[str, int] | None = None,
         trainer_group_size: int = 1,
+        rollout_group_size: int = 1,
     ) -> Collective:
         timeout = timedelta(seconds=timeout_s)
         if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
@@ -145,6 +149,7 @@ class Collective:
             bucket_bytes=bucket_bytes,
             timeout_s=timeout_s,
             trainer_group_size=trainer_group_size,
+            rollout_group_size=rollout_group_size,
         )
 
     def regroup(self, epoch: int, roles: Sequence[str]) -> None:
@@ -164,7 +169,8 @@ class Collective:
                 f"layout {list(roles)}: {len(trainers)} trainer ranks are not whole replica "
                 f"groups of {size}"
             )
-        sync = [LEADER, *ranks_with(roles, "rollout")]
+        # a tensor-parallel rollout replica receives through its driver's engine
+        sync = [LEADER, *rollout_drivers(roles, self.rollout_group_size)]
         # new_group is collective over the world group: all ranks, same order.
         self.trainer_group = dist.new_group(trainers, timeout=self.timeout)
         self.sync_group = dist.new_group(sync, timeout=self.timeout)
