@@ -28,6 +28,8 @@ class SwitchRecord:
     done_at: float | None = None
     waiting_for: set[int] = field(default_factory=set)
     durations: dict[int, float] = field(default_factory=dict)
+    # rank -> seconds per phase of its switch (protocol.SWITCH_PHASES)
+    phases: dict[int, dict[str, float]] = field(default_factory=dict)
     source: str = "manual"  # manual (reflow rebalance) or auto (the allocator)
     reported: bool = False  # its duration went into metrics.jsonl
 
@@ -42,8 +44,17 @@ class SwitchRecord:
                 else None
             ),
             "max_rank_switch_s": max(self.durations.values(), default=None),
+            "phases_max_s": self.phases_max(),
             "source": self.source,
         }
+
+    def phases_max(self) -> dict[str, float]:
+        """Each phase's longest time over the ranks: the switch waits for the slowest."""
+        out: dict[str, float] = {}
+        for phases in self.phases.values():
+            for name, seconds in phases.items():
+                out[name] = round(max(out.get(name, 0.0), seconds), 4)
+        return out
 
 
 @dataclass
@@ -134,12 +145,20 @@ class Rebalancer:
         record.waiting_for = set(alive)
         return True
 
-    def switched(self, rank: int, epoch: int, duration_s: float | None) -> None:
+    def switched(
+        self,
+        rank: int,
+        epoch: int,
+        duration_s: float | None,
+        phases: dict[str, float] | None = None,
+    ) -> None:
         current = self.switches[-1] if self.switches else None
         if current is not None and current.epoch == epoch:
             current.waiting_for.discard(rank)
             if duration_s is not None:
                 current.durations[rank] = duration_s
+            if phases:
+                current.phases[rank] = dict(phases)
             if not current.waiting_for and current.done_at is None:
                 current.done_at = self.clock()
 
@@ -154,6 +173,7 @@ class Rebalancer:
                         "ratio": record.ratio,
                         "source": record.source,
                         "duration_s": round(record.done_at - record.applied_at, 4),
+                        "phases_max_s": record.phases_max(),
                     }
                 )
         return out

@@ -86,13 +86,20 @@ def on_switch_done(c: Run, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgo
     w = c.known(identity, msg.rank)
     if w is None:
         return []
-    switched(c, w, msg.role, msg.layout_epoch, msg.duration_s)
+    switched(c, w, msg.role, msg.layout_epoch, msg.duration_s, msg.phases)
     return []
 
 
-def switched(c: Run, w: WorkerInfo, role: str, epoch: int, duration_s: float | None) -> None:
+def switched(
+    c: Run,
+    w: WorkerInfo,
+    role: str,
+    epoch: int,
+    duration_s: float | None,
+    phases: dict[str, float] | None = None,
+) -> None:
     w.role, w.layout_epoch, w.state = role, epoch, WorkerState.IDLE
-    c.rebalance.switched(w.rank, epoch, duration_s)
+    c.rebalance.switched(w.rank, epoch, duration_s, phases)
 
 
 def on_bye(c: Run, identity: bytes, msg: p.Bye) -> list[Outgoing]:

@@ -306,17 +306,50 @@ class HybridWorker:
         if getattr(side, "leader", True):
             self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
 
-    def _enter(self, role: str) -> None:
+    def _enter(self, role: str, phases: dict[str, float] | None = None) -> None:
+        """Play ``role``: the side left is offloaded, the side taken woken (timed into
+        ``phases`` when given)."""
         if self.role == role:
             return
+        start = time.perf_counter()
         if self.role is not None:
             self.sides[self.role].deactivate()
         else:  # first role: the other side starts asleep (vLLM sleep mode on CUDA)
             for name, side in self.sides.items():
                 if name != role:
                     side.deactivate()
+        woken = time.perf_counter()
         self.sides[role].activate()
+        if phases is not None:
+            phases["offload"] = woken - start
+            phases["wake"] = time.perf_counter() - woken
         self.role = role
+
+    def _switch(self, change: LayoutChange) -> dict[str, float]:
+        """Take up a new layout; returns the seconds of each phase (protocol.SWITCH_PHASES).
+
+        Every rank regroups (collectively), then the sides move state: new trainer replicas
+        get theirs from the current ones, new rollout ranks the leader's weights. A side may
+        prepare before the old groups go (``before_layout``): counted as state transfer."""
+        phases: dict[str, float] = {}
+        self._enter(change.after[self.rank], phases)
+        t = time.perf_counter()
+        for name in ("trainer", "rollout"):
+            before = getattr(self.sides[name], "before_layout", None)
+            if before is not None:
+                before(change)
+        prepared = time.perf_counter()
+        if self.collective is not None:
+            self.collective.regroup(change.epoch, change.after)
+        regrouped = time.perf_counter()
+        self.sides["trainer"].on_layout(change)
+        moved = time.perf_counter()
+        self.sides["rollout"].on_layout(change)
+        loaded = time.perf_counter()
+        phases["regroup"] = regrouped - prepared
+        phases["state_transfer"] = (prepared - t) + (moved - regrouped)
+        phases["weight_load"] = loaded - moved
+        return phases
 
     def _serve(self) -> None:
         assert self.role is not None
@@ -380,28 +413,27 @@ class HybridWorker:
                 log.warning("ignoring role switch %s", msg)
                 return
             start = time.perf_counter()
-            new_role = msg.roles[self.rank]
             old_role = self.role
             change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
-            self._enter(new_role)
-            # Every rank regroups (collectively), then the sides move state: new trainer
-            # replicas get the leader's, new rollout ranks its weights. A sharded trainer
-            # writes its shards first, while the old groups still exist.
-            for name in ("trainer", "rollout"):
-                before = getattr(self.sides[name], "before_layout", None)
-                if before is not None:
-                    before(change)
-            if self.collective is not None:
-                self.collective.regroup(msg.layout_epoch, msg.roles)
-            for name in ("trainer", "rollout"):
-                self.sides[name].on_layout(change)
+            phases = self._switch(change)
             self.layout_epoch, self.roles = msg.layout_epoch, change.after
             took = time.perf_counter() - start
-            log.info("epoch %d: %s -> %s in %.3f s", msg.layout_epoch, old_role, new_role, took)
+            log.info(
+                "epoch %d: %s -> %s in %.3f s (%s)",
+                msg.layout_epoch,
+                old_role,
+                self.role,
+                took,
+                ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()),
+            )
             assert self.role is not None
             self._send(
                 p.RoleSwitchDone(
-                    rank=self.rank, role=self.role, layout_epoch=self.layout_epoch, duration_s=took
+                    rank=self.rank,
+                    role=self.role,
+                    layout_epoch=self.layout_epoch,
+                    duration_s=took,
+                    phases=phases,
                 )
             )
         elif isinstance(msg, p.Checkpoint):

@@ -47,6 +47,10 @@ ROLES = tuple(r.value for r in Role)
 # samples a batch layout may describe: far above the largest batches recipes use (DAPO's
 # 512 prompts x 16 = 8,192), a bound so a layout cannot ask for unbounded work
 MAX_BATCH_SAMPLES = 1 << 17
+# The parts of a role switch a rank times (runtime/rank/worker.py): the side it leaves
+# offloaded (trainer state to host, vLLM asleep), the side it takes woken, the process
+# groups rebuilt, trainer state moved to new replicas, rollout weights received and loaded.
+SWITCH_PHASES = ("offload", "wake", "regroup", "state_transfer", "weight_load")
 
 
 # --- worker -> coordinator -------------------------------------------------------------
@@ -125,15 +129,35 @@ class Heartbeat(Message):
 @message
 @dataclass(frozen=True)
 class RoleSwitchDone(Message):
+    """The rank took up layout ``layout_epoch`` in ``duration_s``, of which ``phases``
+    (:data:`SWITCH_PHASES`, seconds; a phase the rank had no part in is left out)."""
+
     TYPE: ClassVar[str] = "role_switch_done"
     rank: int
     role: str
     layout_epoch: int
     duration_s: float
+    phases: dict[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
-        _require(self.duration_s >= 0, "negative duration")
+        _require(
+            isinstance(self.duration_s, (int, float))
+            and math.isfinite(self.duration_s)
+            and self.duration_s >= 0,
+            "duration must be a finite non-negative number",
+        )
+        _require(set(self.phases) <= set(SWITCH_PHASES), "unknown switch phase")
+        _require(
+            all(
+                isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
+                for t in self.phases.values()
+            ),
+            "switch phases must be finite non-negative seconds",
+        )
+        # phases are disjoint parts of the switch (a float's rounding aside)
+        slack = 1e-3 + 1e-6 * self.duration_s
+        _require(sum(self.phases.values()) <= self.duration_s + slack, "phases exceed the switch")
 
 
 @message

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.transport.protocol import SWITCH_PHASES
 from tests.helpers import reflow, status_json
 from tests.helpers import wait_for_status as wait_for
 
@@ -78,6 +79,8 @@ def test_launch_rebalance_stop(tmp_path, runs_dir):
         "switching": False,
     }
     assert [x["ratio"] for x in s["switches"]] == ["3:1", "1:3"]
+    # every rank timed the parts of its switch; the record keeps the slowest of each
+    assert all(set(x["phases_max_s"]) == set(SWITCH_PHASES) for x in s["switches"])
 
     bad = reflow("rebalance", "--ratio", "4:0", run)
     assert bad.returncode == 2

@@ -208,11 +208,22 @@ def test_rebalance_is_validated_applied_and_acknowledged(clock):
     clock.t += 0.5
     for r in range(4):
         role = "trainer" if r == 0 else "rollout"
-        c.handle(ident(r), p.RoleSwitchDone(rank=r, role=role, layout_epoch=1, duration_s=0.1))
+        # each rank times its phases; the record keeps the slowest rank's of each
+        phases = {"offload": 0.01 * r, "wake": 0.02, "regroup": 0.03, "weight_load": 0.01}
+        done = p.RoleSwitchDone(rank=r, role=role, layout_epoch=1, duration_s=0.1, phases=phases)
+        c.handle(ident(r), done)
     s = c.status()
     assert not s["layout"]["switching"]
     assert [w["role"] for w in s["workers"]] == ["trainer", "rollout", "rollout", "rollout"]
     assert s["switches"][-1]["duration_s"] == 0.5
+    assert s["switches"][-1]["phases_max_s"] == {
+        "offload": 0.03,
+        "wake": 0.02,
+        "regroup": 0.03,
+        "weight_load": 0.01,
+    }
+    ((line),) = [t for t in c.rebalance.new_transitions()]
+    assert line["phases_max_s"]["offload"] == 0.03
 
 
 def test_rebalance_waits_for_a_sync_point_once_training(clock):

@@ -21,7 +21,9 @@ EXAMPLES = [
         rollout_paused_s=0.25,
     ),
     p.HeartbeatAck(step=4, policy_version=4),
-    p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5),
+    p.RoleSwitchDone(
+        rank=0, role="rollout", layout_epoch=1, duration_s=0.5, phases={"wake": 0.1, "regroup": 0.2}
+    ),
     p.StepDone(
         rank=0, step=3, policy_version=3, batch_id=-1, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)
     ),
@@ -185,6 +187,7 @@ def header(**fields):
                     role="rollout",
                     layout_epoch=0,
                     duration_s=float("nan"),
+                    phases={},
                 )
             ],
             "wrong type",
@@ -422,3 +425,20 @@ def test_a_trainer_rank_gets_its_samples_and_a_layout_it_cannot_be_fooled_by():
         forged = dataclasses.replace(msg, whole=bad)
         with pytest.raises(p.ProtocolError, match=reason):
             p.decode(p.encode(forged))
+
+
+@pytest.mark.parametrize(
+    "phases, reason",
+    [
+        ({"nap": 0.1}, "unknown switch phase"),
+        ({"wake": -0.1}, "finite non-negative"),
+        ({"wake": float("inf")}, "wrong type"),  # the envelope takes finite floats only
+        ({"wake": 0.3, "regroup": 0.3}, "phases exceed the switch"),
+    ],
+)
+def test_a_switch_report_with_impossible_phases_is_refused(phases, reason):
+    msg = p.RoleSwitchDone(rank=0, role="rollout", layout_epoch=1, duration_s=0.5)
+    header = msgpack.unpackb(p.encode(msg)[0])
+    header["phases"] = phases
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([msgpack.packb(header)])
