@@ -23,6 +23,7 @@ from jobs.control import ControlClient
 from jobs.errors import UserError
 from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
+from reflow_cli import plan as memory
 from reflow_cli.reward import reward_app
 from reflow_cli.view import plan_view, status_view
 from runtime.config.layout import LayoutError, initial_layout, parse_ratio
@@ -74,6 +75,14 @@ def launch(
     account: Annotated[Optional[str], typer.Option(help="override slurm.account")] = None,  # noqa: UP045
     qos: Annotated[Optional[str], typer.Option(help="override slurm.qos")] = None,  # noqa: UP045
     constraint: Annotated[Optional[str], typer.Option(help="override slurm.constraint")] = None,  # noqa: UP045
+    gpu_memory_gib: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(help="GPU memory for the memory plan (default: this machine's, or 80)"),
+    ] = None,
+    no_memory_check: Annotated[
+        bool,
+        typer.Option("--no-memory-check", help="launch even if the memory plan does not fit"),
+    ] = False,
 ) -> None:
     """Start a run of RECIPE: on Slurm when a controller answers, else locally."""
     overrides = list(set_ or [])
@@ -108,6 +117,8 @@ def launch(
         )
         out.print(plan_view(plan_ranks(cfg)))
         out.print("r = rollout, t = trainer, number = replica group")
+        typer.echo()
+        _print_memory_plan(cfg, backend, gpu_memory_gib)
         out.print("\n[bold]sbatch parameters[/] (submitit, used on Slurm):")
         for key, value in slurm_parameters(cfg, cfg.name).items():
             out.print(f"  {key} = {value}")
@@ -116,6 +127,8 @@ def launch(
         # Plain stdout, never wrapped: this is a script to read or copy exactly.
         typer.echo(render_sbatch(cfg, cfg.name, folder, sys.executable))
         return
+    if not no_memory_check:  # a recipe that cannot fit its GPUs fails here, not at step 1
+        memory.check_fits(cfg, str(recipe), backend, gpu_memory_gib)
     try:  # a missing file, column or sandbox should fail here, not after the engines started
         check_dataset(cfg)
         check_sandbox(cfg)
@@ -125,6 +138,46 @@ def launch(
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")
     out.print(f"  folder: {sub.paths.root}")
     _follow(sub, cfg, wait)
+
+
+def _print_memory_plan(cfg, backend: str, gpu_memory_gib: float | None) -> None:
+    """The dry run's memory plan; a model whose shape is unknown gets a line saying so."""
+    gpu = memory.runs_on_gpus(cfg, backend)
+    gpu_bytes, source = memory.gpu_memory(gpu_memory_gib) if gpu else (None, None)
+    try:
+        plan = memory.make_plan(cfg, gpu_bytes)
+    except UserError as exc:
+        typer.echo(f"memory plan: none ({exc})")
+        return
+    for line in memory.plan_lines(cfg, plan, source):
+        typer.echo(line)
+
+
+@app.command()
+def plan(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
+    nodes: Annotated[Optional[int], typer.Option(help="override resources.nodes")] = None,  # noqa: UP045
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="override a field, e.g. --set train.micro_batch_tokens=32768"),
+    ] = None,
+    gpu_memory_gib: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(help="memory of one GPU (default: this machine's first GPU, or 80)"),
+    ] = None,
+) -> None:
+    """Per-GPU memory of RECIPE's trainer and rollout roles: weights, gradients and AdamW
+    per shard, activations, vLLM weights and KV cache, and whether they fit
+    (docs/memory-plan.md). Exits 1 when a launch would be refused."""
+    overrides = list(set_ or []) + ([f"resources.nodes={nodes}"] if nodes is not None else [])
+    cfg = load_recipe(recipe, overrides)
+    gpu = memory.runs_on_gpus(cfg, None)
+    gpu_bytes, source = memory.gpu_memory(gpu_memory_gib) if gpu else (None, None)
+    result = memory.make_plan(cfg, gpu_bytes)
+    for line in memory.plan_lines(cfg, result, source):
+        typer.echo(line)
+    if result.refusal() is not None:
+        raise typer.Exit(1)
 
 
 def _resume(run: str, overrides: list[str], backend: str, wait: bool) -> None:
@@ -385,7 +438,11 @@ def main() -> None:
         app()
         return
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns the code of a typer.Exit instead of
+        # exiting with it (`launch --wait` of a failed run raises Exit(1)).
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except USER_ERRORS as exc:
         err.print(f"reflow: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)

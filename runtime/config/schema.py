@@ -250,6 +250,9 @@ class EngineConfig:
     rollout: str = opt("vllm", "rollout engine (registry name)")
     trainer: str = opt("torch", "trainer engine (registry name)")
     kv_cache_memory_bytes: int | None = opt(None, "KV-cache size; none = engine default", ge=1)
+    gpu_memory_utilization: float | None = opt(
+        None, "vLLM's share of a GPU's memory; none = vLLM's default (0.92)", gt=0, le=1
+    )
     max_num_seqs: int = opt(256, "engine's max running sequences", ge=1)
     enforce_eager: bool = opt(True, "disable graph capture / compilation")
     weight_bucket_mb: float = opt(

@@ -1,0 +1,202 @@
+"""The shape of a recipe's model, read without loading it: from ``model.path``'s
+``config.json`` when that folder is on this machine, else from a built-in table of known
+architectures (a login node rarely has ``/models`` mounted; the shapes of the public
+checkpoints are public).
+
+A :class:`ModelShape` counts its parameters exactly from the shapes, one tensor at a time,
+as Hugging Face's dense decoders (Qwen3, Qwen2, Llama, Mistral) lay them out; the memory
+plan (:mod:`runtime.config.memory_plan`) turns those counts into bytes per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ArchitectureError(ValueError):
+    """The model's shape cannot be known; ``str()`` is one line naming ``model.path``."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool  # tie_word_embeddings: lm_head is the embedding matrix
+    qk_norm: bool = True  # Qwen3: RMSNorm over head_dim on q and k, per layer
+    attention_bias: bool = False  # Qwen2: biases on q, k, v
+    source: str = ""  # where the shape came from (a config.json, or the table's citation)
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def block_params(self) -> int:
+        """One decoder block: attention (q, k, v, o; q_norm and k_norm; biases), the gated
+        MLP (gate, up, down) and its two RMSNorms (input, post-attention)."""
+        h, q, kv = self.hidden, self.q_width, self.kv_width
+        attention = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            attention += q + 2 * kv
+        if self.qk_norm:
+            attention += 2 * self.head_dim
+        mlp = 3 * h * self.intermediate
+        return attention + mlp + 2 * h
+
+    @property
+    def root_params(self) -> int:
+        """What is not in a decoder block: the embedding, the final RMSNorm and, unless
+        tied, lm_head (FSDP2's root unit in this trainer: runtime/engines/torch/parallelize.py)."""
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.embedding_params + self.hidden + head
+
+    @property
+    def total_params(self) -> int:
+        return self.root_params + self.layers * self.block_params
+
+
+# The public config.json of each checkpoint (_QWEN3); the same shapes as
+# THUDM/slime scripts/models/qwen3-*.sh, and ../shared/notes/cluster-profile.md section 2
+# derives the same parameter counts. Every Qwen3 dense model has head_dim 128, 8 KV heads,
+# q_norm/k_norm and no attention biases; the three smallest tie the embedding.
+_QWEN3 = "huggingface.co/Qwen/{}/blob/main/config.json"
+
+
+def _qwen3(name: str, hidden: int, layers: int, heads: int, mlp: int, tied: bool) -> ModelShape:
+    return ModelShape(
+        name, hidden, layers, heads, 8, 128, mlp, 151936, tied, source=_QWEN3.format(name)
+    )
+
+
+KNOWN: dict[str, ModelShape] = {
+    shape.name.lower(): shape
+    for shape in (
+        _qwen3("Qwen3-0.6B", 1024, 28, 16, 3072, tied=True),
+        _qwen3("Qwen3-1.7B", 2048, 28, 16, 6144, tied=True),
+        _qwen3("Qwen3-4B", 2560, 36, 32, 9728, tied=True),
+        _qwen3("Qwen3-8B", 4096, 36, 32, 12288, tied=False),
+        _qwen3("Qwen3-14B", 5120, 40, 40, 17408, tied=False),
+        _qwen3("Qwen3-32B", 5120, 64, 64, 25600, tied=False),
+    )
+}
+
+
+def _embedded() -> dict[str, ModelShape]:
+    """The embedded models' shapes, as runtime/embedded builds them (build_model's
+    defaults: hidden 128, 2 layers, 4 heads of 32, 2 KV heads, MLP 3 x hidden, tied; the
+    mid-size one takes tiny_qwen3.SMALL). tests/unit/test_memory_plan.py checks these
+    against the models transformers builds from the same code."""
+    from runtime.embedded.resolve import EMBEDDED, EMBEDDED_CHAT, EMBEDDED_SMALL
+    from runtime.embedded.tiny_chat import VOCAB_SIZE
+    from runtime.embedded.tiny_qwen3 import SMALL, VOCAB
+
+    source = "runtime/embedded/tiny_qwen3.py build_model"
+    small = SMALL
+    return {
+        EMBEDDED: ModelShape(EMBEDDED, 128, 2, 4, 2, 32, 384, len(VOCAB), True, source=source),
+        EMBEDDED_CHAT: ModelShape(
+            EMBEDDED_CHAT, 128, 2, 4, 2, 32, 384, VOCAB_SIZE, True, source=source
+        ),
+        EMBEDDED_SMALL: ModelShape(
+            EMBEDDED_SMALL,
+            small["hidden"],
+            small["layers"],
+            small["heads"],
+            small["kv_heads"],
+            small["head_dim"],
+            3 * small["hidden"],
+            len(VOCAB),
+            True,
+            source=source,
+        ),
+    }
+
+
+# Dense decoders whose config.json this module reads: the model types whose tensors the
+# parameter count above lays out (Qwen2 adds q/k/v biases, Qwen3 adds q/k norms).
+DENSE_TYPES = {
+    "qwen3": {"qk_norm": True, "attention_bias": False},
+    "qwen2": {"qk_norm": False, "attention_bias": True},
+    "llama": {"qk_norm": False, "attention_bias": False},
+    "mistral": {"qk_norm": False, "attention_bias": False},
+}
+
+
+def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (a dense decoder)."""
+    text = config.get("text_config")
+    if isinstance(text, dict) and "hidden_size" not in config:
+        config = text
+    kind = config.get("model_type")
+    if kind not in DENSE_TYPES:
+        known = ", ".join(sorted(DENSE_TYPES))
+        raise ArchitectureError(
+            f"model.path: {source} has model_type {kind!r}; the memory plan knows the dense "
+            f"decoders {known}"
+        )
+    try:
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        shape = ModelShape(
+            name=name,
+            hidden=hidden,
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=DENSE_TYPES[kind]["qk_norm"],
+            attention_bias=bool(config.get("attention_bias", DENSE_TYPES[kind]["attention_bias"])),
+            source=source,
+        )
+    except KeyError as exc:
+        raise ArchitectureError(f"model.path: {source} has no {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ArchitectureError(f"model.path: {source}: {exc}") from None
+    return shape
+
+
+def model_shape(path: str) -> ModelShape:
+    """The shape of ``model.path``: an embedded model, a local folder's ``config.json``,
+    else the table entry its last path component names (``/models/Qwen3-8B``,
+    ``Qwen/Qwen3-8B``; a ``-Base`` suffix has the same shape)."""
+    embedded = _embedded()
+    if path in embedded:
+        return embedded[path]
+    config_file = Path(path) / "config.json"
+    name = Path(path.rstrip("/")).name or path
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ArchitectureError(f"model.path: cannot read {config_file} ({exc})") from None
+        if not isinstance(config, dict):
+            raise ArchitectureError(f"model.path: {config_file} is not a JSON object")
+        return shape_from_config(config, name, str(config_file))
+    key = name.lower().removesuffix("-base")
+    if key in KNOWN:
+        return KNOWN[key]
+    known = ", ".join(s.name for s in KNOWN.values())
+    raise ArchitectureError(
+        f"model.path: {path} has no config.json on this machine and {name!r} is not a known "
+        f"architecture ({known})"
+    )
