@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.config.layout import is_rollout_driver
 from runtime.config.recipe import load_recipe
 from runtime.config.schema import Config, needs_collective
 from runtime.control.coordinator import Coordinator
@@ -99,6 +100,21 @@ def _setup_logging(paths: RunPaths, rank: int, level: str) -> None:
     root.setLevel(level)
 
 
+def cpu_threads_bind(rank: int, rollout_group_size: int, cores: list[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``rank`` on CPU: one core per rank, round robin.
+
+    A tensor-parallel engine (``rollout_gpus_per_replica > 1``) runs one worker process per
+    shard and wants one core list per worker, ``|``-separated; its driver (the first rank
+    of the group) gives them the cores of its group's ranks, whose member sides run no
+    engine (runtime/rank/tp_member.py). The CPU build cannot bind two workers itself when
+    the machine has a single NUMA node ("Not enough allowed NUMA nodes")."""
+    if not cores:
+        raise ValueError("this process may run on no CPU core (sched_getaffinity is empty)")
+    if not is_rollout_driver(rank, rollout_group_size):
+        return str(cores[rank % len(cores)])  # builds no engine; its trainer side may
+    return "|".join(str(cores[(rank + i) % len(cores)]) for i in range(rollout_group_size))
+
+
 # the watcher of this rank's process group, kept referenced (runtime/rank/orphans.py)
 _GUARD: list[subprocess.Popen | None] = []
 
@@ -120,8 +136,12 @@ def rank_main(run_root: str) -> str:
     if cfg.resources.device != "cuda":
         # Several engines share few cores: pin each rank's vLLM threads to its own core and
         # keep torch to the recipe's thread count, or they all slow to a crawl.
-        cores = sorted(os.sched_getaffinity(0))
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[info.rank % len(cores)]))
+        os.environ.setdefault(
+            "VLLM_CPU_OMP_THREADS_BIND",
+            cpu_threads_bind(
+                info.rank, cfg.resources.rollout_gpus_per_replica, sorted(os.sched_getaffinity(0))
+            ),
+        )
         os.environ.setdefault("OMP_NUM_THREADS", str(cfg.resources.torch_threads))
     if info.world_size != cfg.world_size:
         raise RunFailed(f"allocation has {info.world_size} ranks, the recipe {cfg.world_size}")

@@ -204,14 +204,18 @@ class Coordinator(Run):
                     self.generation.finished(r["sample_id"], None)
 
     def _survivable(self, w: WorkerInfo) -> bool:
-        """A dead rank the run can go on without: a rollout rank, other rollout ranks still
-        alive, and no process group binding it (a torch.distributed group cannot shrink:
-        its next collective would wait for the dead member)."""
+        """A dead rank the run can go on without: a rollout rank, the driver of another
+        rollout replica still alive (the other ranks of a replica generate nothing
+        themselves), and no process group binding it (a torch.distributed group cannot
+        shrink: its next collective would wait for the dead member)."""
         if self.state != RunState.RUNNING or self.layout.role_of(w.rank) != Role.ROLLOUT:
             return False
         if needs_collective(self.cfg):
             return False
-        return any(self.layout.role_of(x.rank) == Role.ROLLOUT for x in self.members.alive())
+        return any(
+            self.layout.role_of(x.rank) == Role.ROLLOUT and self.members.drives(x.rank)
+            for x in self.members.alive()
+        )
 
     # --- the end -----------------------------------------------------------------------
 

@@ -22,6 +22,11 @@ Pure bookkeeping with the caller's times; the coordinator tells it what it alrea
   states lasted longer than the idle time; what is left is ``between_turns`` when the rank
   held requests (tool calls, rewards, a hand-off in progress) and ``between_requests``
   when it held none and was refused nothing.
+- **Tensor-parallel replicas.** With ``rollout_gpus_per_replica > 1`` a replica is one
+  engine on several ranks: its driver (first rank) asks for work and heartbeats the
+  engine's time, which counts for every rank of the group (rank-seconds, the allocator's
+  unit); the other ranks' beats and refusals are not counted (they run no engine and
+  would read as idle all along: runtime/rank/tp_member.py).
 - **Throttled busy time.** A rank refused work for ``THROTTLES`` but still generating
   something is not running at capacity: those seconds, weighted by the share of its slots
   the refusal left empty, are kept apart, and the allocator does not count them as busy
@@ -33,6 +38,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from runtime.config.layout import is_rollout_driver
 
 TRAINER_CAUSES = (
     "fresh_short",
@@ -77,7 +84,11 @@ class _Rank:
 
 
 class IdleBook:
-    def __init__(self) -> None:
+    def __init__(self, rollout_group_size: int = 1) -> None:
+        if rollout_group_size < 1:
+            raise ValueError(f"rollout_group_size must be at least 1, not {rollout_group_size}")
+        # a driver's seconds count for its whole replica; the other ranks are left out
+        self.rollout_group_size = rollout_group_size
         self.trainer: Counter[str] = Counter()
         self.rollout: Counter[str] = Counter()
         self.rollout_active_s = 0.0
@@ -120,11 +131,17 @@ class IdleBook:
         (a rank refused one slot of 256 is nearly at capacity)."""
         if state is not None and state not in ROLLOUT_CAUSES:
             raise ValueError(f"unknown rollout idle cause {state!r}")
+        if not self.counts(rank):
+            return
         r = self._ranks.setdefault(rank, _Rank(since=now))
         if r.state is not None and now > r.since:
             r.spent[r.state] += now - r.since
             r.spent_unused[r.state] += (now - r.since) * r.unused
         r.state, r.since, r.unused = state, max(r.since, now), min(max(unused, 0.0), 1.0)
+
+    def counts(self, rank: int) -> bool:
+        """Whether ``rank``'s rollout time is counted: it drives its replica's engine."""
+        return is_rollout_driver(rank, self.rollout_group_size)
 
     def forget(self, rank: int) -> None:
         """The rank left the rollout pool: its next beat starts a fresh interval."""
@@ -140,7 +157,10 @@ class IdleBook:
         holding: bool,
     ) -> None:
         """A heartbeat's cumulative rollout seconds; ``holding``: the rank has requests
-        out. The interval since its previous beat is attributed (module doc)."""
+        out. The interval since its previous beat is attributed (module doc); a driver's
+        seconds count once per rank of its replica, a member's not at all."""
+        if not self.counts(rank):
+            return
         r = self._ranks.setdefault(rank, _Rank(since=now))
         self.rank_is(rank, r.state, now, r.unused)  # close the open state at the beat
         prev, r.last = r.last, (active_s, busy_s, paused_s)
@@ -154,21 +174,23 @@ class IdleBook:
         d_busy = min(d_busy, d_active)
         paused = min(d_paused, d_busy)
         idle = d_active - d_busy
-        self.rollout_active_s += d_active
+        ranks = self.rollout_group_size  # the replica's ranks share its engine's seconds
+        self.rollout_active_s += d_active * ranks
         if paused > 0:
-            self.rollout["weight_sync"] += paused
+            self.rollout["weight_sync"] += paused * ranks
         explained = sum(spent.values())
         if explained > idle:
             scale = idle / explained
             for state, s in spent.items():
-                self.rollout[state] += s * scale
+                self.rollout[state] += s * scale * ranks
                 if state in THROTTLES:  # generating, at the share of slots it had filled
-                    self.throttled_busy_s += spent_unused[state] * (1 - scale)
+                    self.throttled_busy_s += spent_unused[state] * (1 - scale) * ranks
         else:
-            self.rollout.update(spent)
+            for state, s in spent.items():
+                self.rollout[state] += s * ranks
             rest = idle - explained
             if rest > 0:
-                self.rollout["between_turns" if holding else "between_requests"] += rest
+                self.rollout["between_turns" if holding else "between_requests"] += rest * ranks
 
     def rollout_idle_s(self) -> float:
         return sum(self.rollout.values())

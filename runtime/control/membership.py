@@ -3,6 +3,11 @@
 Pure bookkeeping with the coordinator's clock. What a registration or a death *means* for
 the run (fail it, requeue a dead rank's work) is the coordinator's call; this module only
 says who is there, who is the sender of a message, and who went silent.
+
+Rollout time is counted per replica: with ``rollout_gpus_per_replica > 1`` a replica's
+driver (its first rank) speaks for the whole group, its seconds weighted by the group's
+size (rank-seconds, what the allocator divides by), and the other ranks' rollout times are
+left out: they run no engine and report none of its work (runtime/rank/tp_member.py).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config.layout import Role
+from runtime.config.layout import Role, is_rollout_driver
 from runtime.transport import protocol as p
 from runtime.transport.states import GONE, WorkerState
 
@@ -41,9 +46,12 @@ class WorkerInfo:
 class Membership:
     """The registered ranks by rank and by socket identity."""
 
-    def __init__(self, world_size: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, world_size: int, clock: Callable[[], float], rollout_group_size: int = 1
+    ) -> None:
         self.world_size = world_size
         self.clock = clock
+        self.rollout_group_size = rollout_group_size
         self.workers: dict[int, WorkerInfo] = {}
         self._rank_of: dict[bytes, int] = {}  # socket identity -> registered rank
 
@@ -133,24 +141,55 @@ class Membership:
 
     # --- rollout time, from heartbeats ---------------------------------------------------
 
+    def drives(self, rank: int) -> bool:
+        """Whether ``rank`` drives its rollout replica's engine (when it plays rollout)."""
+        return is_rollout_driver(rank, self.rollout_group_size)
+
+    def driver_of(self, rank: int) -> int:
+        """The driver of ``rank``'s rollout group (the rank itself for a driver)."""
+        return rank - rank % self.rollout_group_size
+
+    def _drivers(self) -> Iterator[WorkerInfo]:
+        return (w for w in self.workers.values() if self.drives(w.rank))
+
     def rollout_busy_s(self, now: float, cap_s: float) -> float:
-        """Rollout rank-seconds busy up to ``now``. The ranks report theirs with each
-        heartbeat; a rank busy at its last one is counted busy since (up to ``cap_s``),
-        so that windows of a few seconds are not off by a heartbeat interval per rank."""
+        """Rollout rank-seconds busy up to ``now``. The drivers report theirs with each
+        heartbeat, each second of a replica counting for its ``rollout_group_size``
+        ranks; a driver busy at its last one is counted busy since (up to ``cap_s``), so
+        that windows of a few seconds are not off by a heartbeat interval per replica."""
         total = 0.0
-        for w in self.workers.values():
-            total += w.rollout_time[1]
+        size = self.rollout_group_size
+        for w in self._drivers():
+            total += w.rollout_time[1] * size
             if w.state == WorkerState.BUSY and w.role == Role.ROLLOUT.value:
-                total += min(max(now - w.beat_at, 0.0), cap_s)
+                total += min(max(now - w.beat_at, 0.0), cap_s) * size
         return total
 
     def rollout_idle_ratio(self) -> float:
-        """Share of rollout-role time with nothing generating (from heartbeats)."""
-        active = sum(w.rollout_time[0] for w in self.workers.values())
-        busy = sum(w.rollout_time[1] for w in self.workers.values())
+        """Share of rollout-replica time with nothing generating (from the drivers'
+        heartbeats; a replica's ranks are idle or busy together)."""
+        active = sum(w.rollout_time[0] for w in self._drivers())
+        busy = sum(w.rollout_time[1] for w in self._drivers())
         return 1.0 - busy / active if active > 0 else 0.0
 
+    def rollout_replicas(self, groups: Iterable[tuple[int, ...]]) -> list[dict[str, Any]]:
+        """The rollout replicas of a layout as ``reflow status`` shows them: the ranks of
+        each, and its driver's state (the state of the replica's engine)."""
+        out = []
+        for group in groups:
+            driver = self.workers.get(group[0])
+            out.append(
+                {
+                    "driver": group[0],
+                    "ranks": list(group),
+                    "state": driver.state if driver is not None else WorkerState.STARTING,
+                }
+            )
+        return out
+
     def status(self, now: float) -> list[dict[str, Any]]:
+        """One entry per rank; ``rollout_driver``: while it plays rollout, the rank whose
+        engine its replica runs on (itself for a driver), else None."""
         return [
             {
                 "rank": w.rank,
@@ -160,6 +199,9 @@ class Membership:
                 "state": w.state,
                 "layout_epoch": w.layout_epoch,
                 "heartbeat_age_s": round(now - w.last_seen, 3),
+                "rollout_driver": (
+                    self.driver_of(w.rank) if w.role == Role.ROLLOUT.value else None
+                ),
             }
             for w in (self.workers[r] for r in sorted(self.workers))
         ]

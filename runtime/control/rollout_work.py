@@ -4,6 +4,12 @@ A rank asks for ``slots`` (``WorkRequest``); the generation scheduler grants wha
 concurrency cap and token admission allow and the data plane hands out requests. A
 finished sample (``SampleDone``) is checked against the request it answers before it enters
 the buffer; a failed one (``SampleFailed``) is requeued.
+
+Work goes to the drivers of the rollout replicas only (one engine per replica: with
+``rollout_gpus_per_replica > 1`` the other ranks of a group are its tensor-parallel
+workers, runtime/rank/tp_member.py): a work request from one of them is refused, counted
+(``work_from_tp_member``) and answered with nothing, and caps, token admission and idle
+accounting are per driver, that is per replica.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if w is None:
         return []
     requests: list[Request] = []
+    if not c.members.drives(msg.rank):
+        c.reject("work_from_tp_member")
+        return [(identity, wire.work_message(requests, c.policy_version))]
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         gen = c.generation
         running = c.data.dispatcher.running_at(msg.rank)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.config.layout import Layout, Role, initial_layout
+from runtime.config.layout import Layout, Role, initial_layout, rollout_drivers
 from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
 from runtime.control.data_plane import DataPlane
@@ -83,7 +83,8 @@ class Run:
         self.failed_while_training = False
         self.resumed: dict[str, Any] | None = None
 
-        self.members = Membership(cfg.world_size, clock)
+        rollout_group = cfg.resources.rollout_gpus_per_replica
+        self.members = Membership(cfg.world_size, clock, rollout_group)
         self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
         sigma = cfg.reflow.sigma if self.data.replay_enabled else 0.0
         self.rebalance = Rebalancer(cfg, layout, clock, sigma)
@@ -101,7 +102,8 @@ class Run:
         )
         self.engine_profile = EngineRateProfile()
         self.counters = StepCounters()
-        self.idle = IdleBook()  # idle seconds by cause, trainer and rollout
+        # idle seconds by cause, trainer and rollout (a rollout replica's by its driver)
+        self.idle = IdleBook(rollout_group)
         # (time, trainer idle by cause) at the first step: the trainer's idle window
         self.trainer_window: tuple[float, Counter[str]] | None = None
 
@@ -187,10 +189,22 @@ class Run:
         """The allocator's view of the last steps (tests and benchmarks read it)."""
         return self.rebalance.window()
 
+    def weight_sync_ranks(self) -> list[int]:
+        """Who takes part in a weight sync: every rank of the first trainer replica group
+        (rank 0 streams the weights; a sharded trainer's other ranks gather the full
+        tensors with it, bucket by bucket) and the driver of every rollout replica (its
+        engine reloads all its tensor-parallel shards; the other ranks of the replica run
+        no engine: runtime/rank/tp_member.py)."""
+        first_trainer = self.layout.groups(Role.TRAINER)[0]
+        drivers = rollout_drivers(
+            [r.value for r in self.layout.roles()], self.cfg.resources.rollout_gpus_per_replica
+        )
+        return [*first_trainer, *drivers]
+
     def weight_sync(self) -> list[Outgoing]:
-        """Tell the trainer leader and every rollout rank to run the weight broadcast."""
+        """Tell the ranks of :meth:`weight_sync_ranks` to run the weight broadcast."""
         msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
-        return self.members.send(msg, {0, *self.layout.ranks(Role.ROLLOUT)})
+        return self.members.send(msg, self.weight_sync_ranks())
 
     def apply_pending_layout(self) -> list[Outgoing]:
         """Apply a pending layout at a synchronization point.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.config.layout import Role
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
 from runtime.data.sample import Sample
@@ -134,6 +135,8 @@ def status(c: Run) -> dict[str, Any]:
         "uptime_s": round(now - c.started_at, 3),
         "layout": c.rebalance.status(),
         "workers": c.members.status(now),
+        # one engine each: with rollout_gpus_per_replica > 1 a replica spans several ranks
+        "rollout_replicas": c.members.rollout_replicas(c.layout.groups(Role.ROLLOUT)),
         "buffer": {**c.data.stats(), "ledger": c.data.ledger()},
         "metrics": dict(c.last_metrics),
         "switches": [s.as_dict() for s in c.rebalance.switches[-10:]],

@@ -5,14 +5,22 @@ Values are ``module:attribute`` strings imported on first use, so validating a r
 ``factory(cfg, rank, paths, collective)`` and returns a :class:`runtime.rank.sides.RoleSide`;
 ``collective`` is the rank's process group (:mod:`runtime.rank.collective`) for the engines
 that move tensors between ranks (:data:`runtime.config.schema.WEIGHT_TRANSPORT`), else None.
+
+With ``resources.rollout_gpus_per_replica > 1`` only the first rank of each rollout group
+(its driver: :func:`runtime.config.layout.is_rollout_driver`) builds the rollout engine,
+with that many tensor-parallel shards; the other ranks get a
+:class:`runtime.rank.tp_member.TensorParallelMember` instead, whatever the engine (a second
+engine on them would be a second replica, and on CUDA would take the driver's GPUs).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from runtime.config.layout import is_rollout_driver
 from runtime.config.schema import Config
 from runtime.rank.sides import RoleSide
+from runtime.rank.tp_member import tensor_parallel_member
 from runtime.store.run_dir import RunPaths
 
 ROLLOUT_ENGINES: dict[str, str] = {
@@ -43,7 +51,13 @@ def build_sides(
     cfg: Config, rank: int, paths: RunPaths, collective: object = None
 ) -> dict[str, RoleSide]:
     e = cfg.engine
-    rollout = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])(cfg, rank, paths, collective)
+    size = cfg.resources.rollout_gpus_per_replica
+    rollout: RoleSide
+    if is_rollout_driver(rank, size):
+        factory = _load("rollout", e.rollout, ROLLOUT_ENGINES[e.rollout])
+        rollout = factory(cfg, rank, paths, collective)
+    else:
+        rollout = tensor_parallel_member(rank, size)
     try:
         trainer = _load("trainer", e.trainer, TRAINER_ENGINES[e.trainer])(
             cfg, rank, paths, collective

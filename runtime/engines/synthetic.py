@@ -6,7 +6,12 @@ token ids and log-probs, and a 0/1 reward from a per-prompt success rate, with t
 lengths of runtime/data/lengths.py (the simulator's model too). It talks to rank 0 through
 the rollout pull loop every rollout engine shares (runtime/rank/rollout_loop.py), and
 tracks policy versions like a real engine does across a weight sync: a generation that
-spans a version change records a span per version (partial rollout).
+spans a version change records a span per version (partial rollout). Like a real engine,
+one runs per rollout replica, on its driver: with ``rollout_gpus_per_replica > 1`` the
+other ranks of a group get a :class:`runtime.rank.tp_member.TensorParallelMember`
+(runtime/engines/registry.py), and building one on them is an error. A ``WeightSync``
+means nothing to it: rank 0's policy version, in every ``Work`` and ``HeartbeatAck``, is
+the version it generates with.
 
 ``SyntheticTrainer`` asks rank 0's buffer for batches and takes a real optimiser step of a
 tiny torch policy with the ReFlow loss (replay weights from the batch), then reports the
@@ -24,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.config.layout import is_rollout_driver
 from runtime.config.schema import Config
 from runtime.data.lengths import synthetic_lengths
 from runtime.data.sample import Request, Sample
@@ -234,6 +240,12 @@ class SyntheticTrainer(BatchConsumer):
 def synthetic_rollout(
     cfg: Config, rank: int, paths: object, collective: object = None
 ) -> SyntheticRollout:
+    size = cfg.resources.rollout_gpus_per_replica
+    if not is_rollout_driver(rank, size):
+        raise ValueError(
+            f"rank {rank} does not drive its rollout replica (resources."
+            f"rollout_gpus_per_replica {size}): rank {rank - rank % size} runs its engine"
+        )
     return SyntheticRollout(cfg, rank)
 
 
