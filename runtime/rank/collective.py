@@ -33,15 +33,18 @@ between the nodes is trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import itertools
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,26 +56,158 @@ log = logging.getLogger(__name__)
 
 LEADER = 0  # global rank of the trainer leader: the trainer pool starts at rank 0
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
+TRANSPORTS = ("gloo", "nccl")
 
 
 class CollectiveError(RuntimeError):
     """The process group could not be formed or a transfer was malformed."""
 
 
-def _buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Indices of ``tensors`` grouped into buckets of one dtype and at most ``bucket_bytes``
-    (a tensor larger than a bucket gets one of its own)."""
+def _bucket_indices(items: Sequence[tuple[torch.dtype, int]], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``(dtype, nbytes)`` items grouped into consecutive buckets of one dtype and
+    at most ``bucket_bytes`` (an item larger than a bucket gets one of its own)."""
     out: list[list[int]] = []
     size = 0
-    for i, t in enumerate(tensors):
-        nbytes = t.numel() * t.element_size()
-        if out and tensors[out[-1][0]].dtype == t.dtype and size + nbytes <= bucket_bytes:
+    for i, (dtype, nbytes) in enumerate(items):
+        if out and items[out[-1][0]][0] == dtype and size + nbytes <= bucket_bytes:
             out[-1].append(i)
             size += nbytes
         else:
             out.append([i])
             size = nbytes
     return out
+
+
+def _buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    return _bucket_indices([(t.dtype, t.numel() * t.element_size()) for t in tensors], bucket_bytes)
+
+
+class TensorSpec(NamedTuple):
+    """One tensor of a weight transfer as the header announces it."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def plan_buckets(spec: Sequence[TensorSpec], bucket_bytes: int) -> list[int]:
+    """How many consecutive tensors of ``spec`` each bucket of a weight transfer holds."""
+    return [len(b) for b in _bucket_indices([(t.dtype, t.nbytes) for t in spec], bucket_bytes)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsHeader:
+    """What a weight transfer announces before its first bucket: the policy version, every
+    tensor (checkpoint name, dtype, shape), how many consecutive tensors each bucket holds,
+    and the transport of the buckets: ``gloo`` (over the sync group) or ``nccl`` (straight
+    into the vLLM engines' workers, runtime/engines/vllm/weight_transfer.py; ``nccl`` then
+    holds a new group's rendezvous, or None while the current one stands)."""
+
+    version: int
+    tensors: tuple[TensorSpec, ...]
+    buckets: tuple[int, ...]
+    transport: str = "gloo"
+    nccl: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise CollectiveError(f"weights header: unknown transport {self.transport!r}")
+        if self.version < 0 or any(n < 1 for n in self.buckets):
+            raise CollectiveError("weights header: negative version or an empty bucket")
+        if sum(self.buckets) != len(self.tensors):
+            raise CollectiveError(f"weights header: buckets of {sum(self.buckets)} tensors")
+        if len({t.name for t in self.tensors}) != len(self.tensors):
+            raise CollectiveError("weights header: a tensor name appears twice")
+        for r in self.ranges():
+            if len({self.tensors[i].dtype for i in r}) != 1:
+                raise CollectiveError(f"weights header: bucket at tensor {r.start} mixes dtypes")
+
+    def ranges(self) -> list[range]:
+        """The tensor indices of each bucket."""
+        ends = itertools.accumulate(self.buckets)
+        return [range(end - n, end) for n, end in zip(self.buckets, ends, strict=True)]
+
+    def bucket_specs(self, index: int) -> list[TensorSpec]:
+        return [self.tensors[i] for i in self.ranges()[index]]
+
+    def bucket_nbytes(self, index: int) -> int:
+        return sum(t.nbytes for t in self.bucket_specs(index))
+
+    def check_bucket(self, index: int, flat: torch.Tensor) -> None:
+        """A bucket about to be sent is the one the header announced."""
+        specs = self.bucket_specs(index)
+        numel = sum(t.numel for t in specs)
+        if flat.dim() != 1 or flat.dtype != specs[0].dtype or flat.numel() != numel:
+            raise CollectiveError(
+                f"bucket {index}: {flat.dtype} x {flat.numel()}, the header announced "
+                f"{specs[0].dtype} x {numel}"
+            )
+
+    def split(self, index: int, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """A received bucket (one flat tensor of its dtype) as named views."""
+        self.check_bucket(index, flat)
+        out, offset = [], 0
+        for t in self.bucket_specs(index):
+            out.append((t.name, flat[offset : offset + t.numel].view(t.shape)))
+            offset += t.numel
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "tensors": [[t.name, str(t.dtype), list(t.shape)] for t in self.tensors],
+            "buckets": list(self.buckets),
+            "transport": self.transport,
+            "nccl": self.nccl,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> WeightsHeader:
+        try:
+            tensors = []
+            for name, dtype, shape in obj["tensors"]:
+                dims = tuple(int(x) for x in shape)
+                if not isinstance(name, str) or any(d < 0 for d in dims):
+                    raise ValueError(f"tensor {name!r}: bad name or shape {shape}")
+                tensors.append(TensorSpec(name, _DTYPES[dtype], dims))
+            nccl = obj.get("nccl")
+            if nccl is not None and not isinstance(nccl, dict):
+                raise ValueError("nccl is not an object")
+            return cls(
+                version=int(obj["version"]),
+                tensors=tuple(tensors),
+                buckets=tuple(int(n) for n in obj["buckets"]),
+                transport=str(obj.get("transport", "gloo")),
+                nccl=nccl,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CollectiveError(f"malformed weights header: {exc!r}") from None
+
+
+class BucketTransport(Protocol):
+    """Where buckets go when not over the gloo sync group (the header always does):
+    ``rendezvous`` gives a new group's header fields (None: the current one stands),
+    ``open`` joins it once the header is out, ``flush`` returns once all sent has left.
+    runtime/engines/vllm/weight_transfer.py's NCCL sender is one."""
+
+    name: str
+    device: torch.device  # where the buckets it sends are made
+
+    def rendezvous(self) -> dict[str, Any] | None: ...
+
+    def open(self) -> None: ...
+
+    def send(self, flat: torch.Tensor) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class Collective:
@@ -294,30 +429,78 @@ class Collective:
         return out
 
     def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> float:
-        """Leader: broadcast a policy version to the sync group. Returns seconds taken."""
+        """Leader: broadcast whole weights held here to the sync group (the wire format of
+        :meth:`send_weights_stream`). Returns seconds taken."""
         start = time.perf_counter()
         names = list(weights)
-        header = {
-            "version": version,
-            "tensors": [[n, str(weights[n].dtype), list(weights[n].shape)] for n in names],
-        }
-        self.broadcast_header(header, group=self.sync_group)
-        self.broadcast_tensors([weights[n] for n in names], group=self.sync_group)
+        spec = [TensorSpec(n, weights[n].dtype, tuple(weights[n].shape)) for n in names]
+        header = WeightsHeader(version, tuple(spec), tuple(plan_buckets(spec, self.bucket_bytes)))
+        flats = (
+            torch.cat([weights[names[i]].detach().reshape(-1) for i in r]) for r in header.ranges()
+        )
+        self.send_weights_stream(header, flats)
         return time.perf_counter() - start
 
+    def send_weights_stream(
+        self,
+        header: WeightsHeader,
+        buckets: Iterable[torch.Tensor],
+        transport: BucketTransport | None = None,
+    ) -> int:
+        """Leader: the header over the sync group, then each bucket (one flat tensor, made
+        by ``buckets`` as it is asked for) over the gloo sync group or ``transport``.
+        Returns the bytes sent. The receivers validate every size against the header."""
+        if transport is not None:
+            header = dataclasses.replace(
+                header, transport=transport.name, nccl=transport.rendezvous()
+            )
+        self.broadcast_header(header.to_json(), group=self.sync_group)
+        if transport is not None:
+            transport.open()
+        sent = count = 0
+        for flat in buckets:
+            if count >= len(header.buckets):
+                raise CollectiveError(f"more than the {len(header.buckets)} buckets announced")
+            header.check_bucket(count, flat)
+            if transport is not None:
+                transport.send(flat)
+            else:  # raw bytes: gloo needs no support for the dtype
+                dist.broadcast(flat.view(torch.uint8), src=LEADER, group=self.sync_group)
+            sent += flat.numel() * flat.element_size()
+            count += 1
+            del flat  # before the next bucket is made: one bucket at a time
+        if count != len(header.buckets):
+            raise CollectiveError(f"{count} buckets sent, {len(header.buckets)} announced")
+        if transport is not None:
+            transport.flush()
+        return sent
+
+    def receive_weights_header(self) -> WeightsHeader:
+        """Rollout driver: the header of the leader's next weight transfer."""
+        return WeightsHeader.from_json(self.broadcast_header(None, group=self.sync_group))
+
+    def receive_bucket(self, header: WeightsHeader, index: int) -> torch.Tensor:
+        """Rollout driver: bucket ``index`` of a gloo transfer, as one flat tensor."""
+        if header.transport != "gloo":
+            raise CollectiveError(f"a {header.transport} transfer goes to the engine itself")
+        raw = torch.empty(header.bucket_nbytes(index), dtype=torch.uint8)
+        dist.broadcast(raw, src=LEADER, group=self.sync_group)
+        return raw.view(header.tensors[header.ranges()[index].start].dtype)
+
+    def receive_weights_from(self, header: WeightsHeader) -> dict[str, torch.Tensor]:
+        """Rollout driver: every bucket of a gloo transfer, as named tensors (each its own
+        storage, as a safetensors file wants them; one bucket more held meanwhile)."""
+        out: dict[str, torch.Tensor] = {}
+        for i in range(len(header.buckets)):
+            flat = self.receive_bucket(header, i)
+            out.update((name, view.clone()) for name, view in header.split(i, flat))
+            del flat
+        return out
+
     def receive_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """Rollout rank: the leader's next policy version, as named tensors."""
-        header = self.broadcast_header(None, group=self.sync_group)
-        try:
-            version = int(header["version"])
-            spec = [
-                (str(n), _DTYPES[d], [int(x) for x in shape]) for n, d, shape in header["tensors"]
-            ]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CollectiveError(f"malformed weights header: {exc!r}") from None
-        tensors = [torch.empty(shape, dtype=dtype) for _, dtype, shape in spec]
-        self.broadcast_tensors(tensors, group=self.sync_group)
-        return version, {name: t for (name, _, _), t in zip(spec, tensors, strict=True)}
+        """Rollout driver: the leader's next policy version, as named tensors (gloo)."""
+        header = self.receive_weights_header()
+        return header.version, self.receive_weights_from(header)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, targets: Sequence[torch.Tensor]) -> None:

@@ -150,7 +150,8 @@ def test_a_sharded_step_equals_one_process_on_the_whole_batch(
 
 def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     """Epoch 0: ranks 0 and 1 train sharded (rank 2 is rollout); epoch 1: all three are
-    trainers. The sharded state moves by the DCP handoff, then all three train a step."""
+    trainers. Rank 2 receives its shards from one of the two (replica groups of one rank),
+    then all three train a step."""
     from runtime.config.layout import LayoutChange
     from runtime.engines.torch.trainer_side import TorchTrainerSide
     from runtime.store.run_dir import RunPaths
@@ -165,7 +166,9 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
         side.trainer.train_step(batch(), c, rank, 2)
     result["weights_before"] = side.trainer.gather_weights() if rank < 2 else {}
     change = LayoutChange(1, before, after)
-    side.before_layout(change)  # as the worker does: before the groups change
+    before_layout = getattr(side, "before_layout", None)  # as the worker calls it
+    if before_layout is not None:
+        before_layout(change)
     c.regroup(1, after)
     side.on_layout(change)
     result["step"], result["version"] = side.trainer.step, side.trainer.version
@@ -175,12 +178,13 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     )
     side.trainer.train_step(batch(), c, rank, 3)
     result["spread"] = c.replica_spread(side.trainer.checksum())
-    result["handoff_left"] = (Path(out) / "handoff" / "epoch-1").exists()
+    result["handoff_left"] = (Path(out) / "handoff").exists()  # nothing through the disk
+    result["switch"] = side.last_switch
     torch.save(result, f"{out}/rank{rank}.pt")
     c.close()
 
 
-def test_a_layout_change_reshards_the_trainer_state_through_a_handoff(model_dir, tmp_path):
+def test_a_joining_replica_receives_the_sharded_state_rank_to_rank(model_dir, tmp_path):
     mp.start_processes(
         handoff_script,
         args=(3, model_dir, str(tmp_path)),
@@ -198,6 +202,10 @@ def test_a_layout_change_reshards_the_trainer_state_through_a_handoff(model_dir,
     assert r[2]["opt_steps"] and set(r[2]["opt_steps"]) == {1.0}  # AdamW state arrived
     assert r[0]["spread"] == 0.0  # three replicas in agreement after a step
     assert not r[0]["handoff_left"]
+    # rank 2 received from one of the two (the joiner's only source), which sent it all
+    received = r[2]["switch"]["received_bytes"]
+    assert received > 0 and r[2]["switch"]["sent_bytes"] == 0
+    assert sorted(x["switch"]["sent_bytes"] for x in r[:2]) == [0, received]
 
 
 def small_model_script(rank: int, world: int, out: str) -> None:

@@ -107,3 +107,20 @@ def test_abort_ends_a_request(engine):
     run(eng.abort(["ab"]))
     tokens, _, _, finish = fut.result(60)
     assert finish == "abort" and len(tokens) < 380
+
+
+def test_sleep_levels_on_cpu_are_a_state_and_the_engine_generates_after_waking(engine):
+    """The CPU build has no sleep mode: the role-switch state machine still runs (level,
+    weights kept), the device work is skipped."""
+    eng, run, _ = engine
+    assert not eng.can_sleep and eng.sleep_level == 0
+    run(eng.sleep(2))
+    assert eng.sleep_level == 2 and eng.weights_valid  # nothing dropped on CPU
+    run(eng.sleep(1))
+    assert eng.sleep_level == 2  # asleep already: the first level stands
+    with pytest.raises(ValueError, match="level 3"):
+        run(eng.sleep(3))
+    run(eng.wake_up())
+    assert eng.sleep_level == 0
+    tokens, _, spans, _ = run(eng.generate("woken", PROMPT, 8, ignore_eos=True))
+    assert len(tokens) == 8 and spans[0][0] == eng.version

@@ -395,3 +395,76 @@ def test_param_dtype_defaults_by_device():
     assert dtype("cuda") == "bfloat16"  # config only: nothing runs on CUDA here
     assert dtype("cuda", param_dtype="float32") == "float32"
     assert dtype("cpu", param_dtype="bfloat16") == "bfloat16"
+
+
+# --- 5. offload on a role switch ----------------------------------------------------------
+
+
+def training_snapshot(t: TorchTrainer) -> list[torch.Tensor]:
+    from runtime.engines.torch.shard_handoff import training_tensors
+
+    return [x.detach().clone() for x in training_tensors(t.model, t.opt)]
+
+
+def test_the_trainer_side_offloads_on_deactivate_and_restores_on_activate(model_dir, tmp_path):
+    """The state machine on the CPU, where the bytes already are in host memory: gradients
+    dropped, steps refused while offloaded, values unchanged, the timings recorded."""
+    from runtime.engines.torch.trainer_side import SWITCH_KEYS, TorchTrainerSide
+    from runtime.store.run_dir import RunPaths
+
+    side = TorchTrainerSide(make_cfg(model_dir), 0, RunPaths(tmp_path), None)
+    torch.set_num_threads(1)  # the side sets resources.torch_threads
+    side.trainer.train_step(make_samples())
+    before = training_snapshot(side.trainer)
+    assert side.offload_state == "on_device"
+    assert any(p.grad is not None for p in side.trainer.model.parameters())
+
+    side.deactivate()
+    assert side.offload_state == "offloaded" and not side.active
+    assert all(p.grad is None for p in side.trainer.model.parameters())
+    assert set(side.last_switch) == set(SWITCH_KEYS)
+    assert side.last_switch["offload_bytes"] == 0  # nothing to move off a CPU
+    with pytest.raises(RuntimeError, match="offloaded"):
+        side.trainer.train_step(make_samples())
+
+    side.activate()
+    assert side.offload_state == "on_device" and side.active
+    assert side.last_switch["offload_s"] == 0  # a fresh record for the activation
+    after = training_snapshot(side.trainer)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    side.trainer.train_step(make_samples())  # and it trains on
+    assert side.trainer.step == 2
+
+
+def test_an_offload_that_moves_the_bytes_frees_the_storage_and_restores_it_exactly(model_dir):
+    """``move=True`` runs the GPU path's copy and resize on the CPU: every storage of the
+    model and AdamW shrinks to nothing, comes back bit-exact, and the next step equals a
+    step of a twin trainer that was never offloaded."""
+    cfg = make_cfg(model_dir)
+    t, twin = TorchTrainer(cfg, model_dir), TorchTrainer(cfg, model_dir)
+    with pytest.raises(RuntimeError, match="cannot be resized"):
+        t.offload(move=True)  # on the CPU the checkpoint's tensors are memory-mapped
+    assert t.offload_state == "on_device"  # refused before anything moved
+    # On CUDA ``model.to(device)`` gives each parameter an allocation of its own; here
+    # they get one the same way, by a copy.
+    with torch.no_grad():
+        for p in t.model.parameters():
+            p.data = p.data.clone()
+    for x in (t, twin):
+        x.train_step(make_samples(1))
+    before = training_snapshot(t)
+    moved = t.offload(move=True)
+    assert t.offload_state == "offloaded"
+    params = sum(p.numel() * p.element_size() for p in t.model.parameters())
+    assert moved.bytes >= 3 * params  # parameters and both AdamW moments (and buffers)
+    assert all(p.untyped_storage().nbytes() == 0 for p in t.model.parameters())
+    assert all(s["exp_avg"].untyped_storage().nbytes() == 0 for s in t.opt.state.values())
+    assert t.reload().bytes == moved.bytes
+    after = training_snapshot(t)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    t.train_step(make_samples(2))
+    twin.train_step(make_samples(2))
+    for a, b in zip(training_snapshot(t), training_snapshot(twin), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="on_device"):
+        t.reload()

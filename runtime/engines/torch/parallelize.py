@@ -6,7 +6,9 @@ after, the root keeps the embeddings, final norm and the tied head), over the 2-
 ``("replicate", "shard")`` of :meth:`runtime.rank.collective.Collective.trainer_mesh`:
 parameters, gradients and AdamW state are sharded within a replica group
 (``resources.trainer_gpus_per_replica`` ranks) and replicated across groups (HSDP). The
-same code runs over gloo on CPU and NCCL on CUDA; only the device type differs.
+same code runs over gloo on CPU and NCCL on CUDA; only the device type differs. A layout
+change rebuilds the model over the new mesh (runtime/engines/torch/shard_handoff.py);
+:func:`forget_sharding_decisions` keeps DTensor from reusing the old mesh's groups.
 
 Precision: master weights and AdamW state stay float32; ``train.param_dtype`` is the
 dtype of the forward and backward (FSDP2 ``MixedPrecisionPolicy``: parameters cast when
@@ -53,6 +55,7 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, param_dtype: torch.dtype) -> t
     """``fully_shard`` per decoder block, then the root, in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    forget_sharding_decisions()
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     blocks = decoder_blocks(model)
     for i, block in enumerate(blocks):
@@ -60,6 +63,21 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, param_dtype: torch.dtype) -> t
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def forget_sharding_decisions() -> None:
+    """Clear DTensor's cache of sharding decisions before a model is sharded over a mesh.
+
+    DTensor caches each op's output placement keyed by its inputs' specs, and a
+    ``DeviceMesh`` equals any other over the same ranks and dimension names whatever its
+    process groups. After a layout change back to an earlier trainer grid (one replica
+    group, two, one again), a cached decision would carry the earlier mesh, whose groups
+    the regroup destroyed: "Could not resolve the process group registered under the
+    name N" in the gradient norm. torch offers no public call for this; the one used is
+    its own (torch.distributed.tensor.debug)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -14,6 +14,10 @@ the mini-batch's. ``train.strategy: fsdp2`` shards the model within replica grou
 replicates it across them (runtime/engines/torch/parallelize.py); ``replicate`` keeps a
 copy per rank and all-reduces gradients (:meth:`Collective.all_reduce_grads`). The same
 code runs over gloo on CPU and NCCL on CUDA. docs/trainer.md has the whole picture.
+
+While its rank plays rollout, the trainer's state sits in host memory
+(:meth:`TorchTrainer.offload` / :meth:`TorchTrainer.reload`,
+runtime/engines/torch/offload.py); :attr:`TorchTrainer.offload_state` says where it is.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from runtime.data import micro_batches
 from runtime.data.sample import Sample
 from runtime.engines.torch import logprobs
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
+from runtime.engines.torch.offload import HostOffload, OffloadRecord
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
     compute_precision,
@@ -67,6 +72,7 @@ class TorchTrainer:
         self.version = 0
         self.collective = collective
         self.sharded = cfg.train.strategy == "fsdp2" and collective is not None
+        self._offload: HostOffload | None = None  # set while the state is in host memory
         if self.sharded and rank not in collective.trainer_ranks:
             # not a trainer rank now: a sharded model is built when it becomes one
             self.model: Any = None
@@ -103,6 +109,8 @@ class TorchTrainer:
         ``samples`` is the whole batch, of which this rank trains the share its plan gives
         it; the others' may be stand-ins (``runtime.transport.frames.whole_batch``), so the
         plan is made from ``lengths`` (every sample's tokens) where given."""
+        if self.offload_state != "on_device":
+            raise RuntimeError(f"a training step with the trainer state {self.offload_state}")
         start = time.perf_counter()
         k = self.cfg.train.mini_batches
         if lengths is None:
@@ -324,21 +332,49 @@ class TorchTrainer:
             torch.distributed.all_reduce(total, group=self.collective.shard_group)
             return float(total)
 
-    def training_state(self) -> list[torch.Tensor]:
-        """Model and AdamW tensors in a fixed order, for a new replica to receive in place.
+    # --- device memory ------------------------------------------------------------------
 
-        Missing optimizer state (a replica that never stepped) is created as AdamW would,
-        so sender and receivers list the same tensors.
-        """
-        out: list[torch.Tensor] = []
+    @property
+    def offload_state(self) -> str:
+        """``"on_device"``, ``"offloaded"`` (in host memory) or ``"none"`` (no model on this
+        rank: a sharded trainer's rank outside the trainer, or a released one)."""
+        if self.model is None:
+            return "none"
+        return "offloaded" if self._offload is not None else "on_device"
+
+    def offload(self, move: bool | None = None) -> OffloadRecord:
+        """Gradients dropped, then parameters (local shards), buffers and AdamW state to
+        host memory, pinned (runtime/engines/torch/offload.py). ``move`` None: copied
+        where the device is a GPU; on the CPU the bytes already are in host memory."""
+        if self.offload_state != "on_device":
+            raise RuntimeError(f"offload with the trainer state {self.offload_state}")
+        self.opt.zero_grad(set_to_none=True)
         for param in self.model.parameters():
-            state = self.opt.state[param]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            out += [param.data, state["exp_avg"], state["exp_avg_sq"], state["step"].view(1)]
-        return out
+            param.grad = None  # FSDP2 and the stand-in head included: nothing left behind
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        for state in self.opt.state.values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        if move is None:
+            move = self.device.type != "cpu"
+        self._offload = HostOffload(tensors, self.device, move)
+        return self._offload.offload()
+
+    def reload(self) -> OffloadRecord:
+        """The state :meth:`offload` moved, back on the device, values unchanged."""
+        if self._offload is None:
+            raise RuntimeError(f"reload with the trainer state {self.offload_state}")
+        record = self._offload.restore()
+        self._offload = None
+        return record
+
+    def release(self) -> None:
+        """Drop model and optimizer (a sharded trainer's rank that left the trainer: its
+        shards go stale with the next step, and it receives current ones when it joins
+        again). Step and version stay."""
+        if self._offload is not None:
+            self._offload.discard()
+        self.model = self.opt = None
+        self._offload = None
 
     # --- weights and state -------------------------------------------------------------
 

@@ -3,23 +3,43 @@
 :class:`TorchTrainerSide` wraps a :class:`runtime.engines.torch.trainer.TorchTrainer` for
 the worker: it trains the batches rank 0 sends (each trainer rank its own samples), has
 the leader report each step, gathers a sharded model's weights at sync points and sends
-them to the rollout ranks, writes and restores its part of checkpoints, and moves the
-training state when the layout changes (a broadcast from the leader for replicated
-models, a DCP handoff for sharded ones).
+them to the rollout ranks, writes and restores its part of checkpoints, and takes part in
+role switches:
+
+- ``deactivate`` (the rank leaves the trainer role) drops the gradients and moves the
+  parameters and AdamW state to host memory (pinned on CUDA); ``activate`` brings them
+  back (nothing to bring where the rank holds no model yet: a sharded trainer's joining
+  rank gets its shards in ``on_layout``);
+- ``on_layout``, after the process groups changed, moves the training state rank to rank
+  (runtime/engines/torch/shard_handoff.py): ranks that stay keep their own shards,
+  rebuilt over the new mesh; each joining rank receives its shards from a rank that
+  stays; a sharded trainer's leaving rank drops its (stale) shards.
+
+:attr:`TorchTrainerSide.last_switch` holds the timings and byte counts of the last switch,
+:attr:`TorchTrainerSide.offload_state` where the state is.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.engines.torch.shard_handoff import (
+    TransferStats,
+    adopt,
+    plan_sources,
+    training_tensors,
+    transfer,
+)
 from runtime.engines.torch.trainer import TorchTrainer
+from runtime.engines.torch.weight_stream import WeightStreamer
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer
 from runtime.store.run_dir import RunPaths
@@ -28,6 +48,40 @@ from runtime.transport import protocol as p
 from runtime.workloads.kinds import workload_kind
 
 log = logging.getLogger(__name__)
+
+# What :attr:`TorchTrainerSide.last_switch` reports of a role switch (seconds and bytes):
+# the offload of a rank leaving the trainer or the restore of one joining (this side's
+# deactivate / activate), and in on_layout the model rebuilt over the new mesh, the local
+# state a staying rank kept, the point-to-point transfer to joining ranks, and the whole
+# state move (rebuild + keep + transfer).
+SWITCH_KEYS = (
+    "offload_s",
+    "offload_bytes",
+    "restore_s",
+    "restore_bytes",
+    "rebuild_s",
+    "kept_bytes",
+    "transfer_s",
+    "sent_bytes",
+    "received_bytes",
+    "peers",
+    "state_transfer_s",
+)
+
+
+def _switch_record(**values: float) -> dict[str, float]:
+    record = dict.fromkeys(SWITCH_KEYS, 0.0)
+    record.update(values)
+    return record
+
+
+@contextmanager
+def _own_rng() -> Iterator[None]:
+    """Keep this rank's torch RNG across a model rebuild (TorchTrainer seeds it: right for
+    a run's start, not mid-run)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+        yield
 
 
 class TorchTrainerSide(BatchConsumer):
@@ -45,10 +99,13 @@ class TorchTrainerSide(BatchConsumer):
         self.collective = collective
         self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, collective)
         self._eval_start: float | None = None
-        self._last_sync_s: float | None = None
-        # under FSDP2 the full weights of the last sync point, gathered on the leader by
-        # every trainer rank together (a weight sync is the leader's alone)
+        # Weight syncs stream the weights bucket by bucket (the leader's replica group
+        # gathers each bucket of its shards; runtime/engines/torch/weight_stream.py); the
+        # whole model is gathered once, at the last step, for the final policy and eval.
+        self.streamer = WeightStreamer(cfg, collective) if collective is not None else None
         self._gathered: dict[str, torch.Tensor] | None = None
+        # the last role switch's timings and bytes (SWITCH_KEYS), for the worker to report
+        self.last_switch: dict[str, float] = _switch_record()
 
     def save_checkpoint(self, checkpoints: Path, step: int) -> None:
         """Rank 0 asked every trainer rank for checkpoint ``step``: the leader makes the
@@ -125,15 +182,16 @@ class TorchTrainerSide(BatchConsumer):
         metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
         t = self.trainer
         final = t.step >= self.cfg.train.steps
-        if t.sharded and (t.step % self.cfg.train.sync_every == 0 or final):
+        if t.sharded and final:
             self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
         if c is not None:
             metrics["replica_spread"] = c.replica_spread(t.checksum())
         if not self.leader:
             return  # the leader reports the step for the whole trainer group
-        if self._last_sync_s is not None:
-            metrics["weight_sync_s"] = self._last_sync_s
+        last = self.streamer.last if self.streamer is not None else None
+        if last is not None:  # the last sync's seconds, bytes, GB/s, buckets, peak bytes
+            metrics.update(last.metrics())
         if t.step == 1 and self._eval_start is not None:
             metrics["eval_reward_start"] = self._eval_start
         if final:
@@ -151,8 +209,9 @@ class TorchTrainerSide(BatchConsumer):
         )
 
     def _send_weights(self, msg: p.WeightSync) -> None:
-        """Rank 0 said go: broadcast this version to the rollout ranks (they were told too)."""
-        if not self.leader or self.collective is None:
+        """Rank 0 said go (to the leader's replica group and the rollout drivers): stream
+        this version to the rollout engines."""
+        if self.streamer is None or not self.streamer.takes_part(self.trainer.sharded):
             return
         if msg.policy_version != self.trainer.version:
             log.warning(
@@ -160,12 +219,25 @@ class TorchTrainerSide(BatchConsumer):
                 msg.policy_version,
                 self.trainer.version,
             )
-        self._broadcast_weights()
-        log.debug("weights v%d broadcast in %.3f s", self.trainer.version, self._last_sync_s)
+        self._stream_weights()
 
-    def _broadcast_weights(self) -> None:
-        assert self.collective is not None
-        self._last_sync_s = self.collective.send_weights(self.trainer.version, self._weights())
+    def close(self) -> None:
+        if self.streamer is not None:
+            self.streamer.close()  # the NCCL group into the engines, on CUDA
+        super().close()
+
+    def _stream_weights(self) -> None:
+        """The ranks of the leader's replica group together (collective)."""
+        assert self.streamer is not None
+        record = self.streamer.stream(self.trainer.model, self.trainer.version)
+        if record.leader:
+            log.debug(
+                "weights v%d streamed: %d B in %.3f s (%.2f GB/s)",
+                self.trainer.version,
+                record.bytes,
+                record.seconds,
+                record.gb_per_s,
+            )
 
     def _weights(self) -> dict[str, torch.Tensor]:
         """The leader's full weights of the current version."""
@@ -175,75 +247,139 @@ class TorchTrainerSide(BatchConsumer):
             raise RuntimeError("no weights gathered yet: a sync point comes after a step")
         return self._gathered
 
-    def _reshards(self, change: LayoutChange) -> bool:
-        """A sharded trainer whose ranks change: its state moves by a DCP handoff."""
-        return self.trainer.sharded and change.ranks("trainer") != change.ranks(
-            "trainer", after=False
-        )
+    # --- role switches ------------------------------------------------------------------
 
-    def _handoff_dir(self, epoch: int) -> Path:
-        return self.paths.root / "handoff" / f"epoch-{epoch}"
+    @property
+    def offload_state(self) -> str:
+        """Where the training state is: ``"on_device"``, ``"offloaded"`` (host memory) or
+        ``"none"`` (no model on this rank: a sharded trainer outside its trainer ranks)."""
+        return self.trainer.offload_state
 
-    def before_layout(self, change: LayoutChange) -> None:
-        """Before the process groups change: under FSDP2 the old trainer ranks write their
-        shards of model and AdamW to ``<run>/handoff/epoch-N`` over the old groups (a
-        sharded state cannot be broadcast from one rank, and the old mesh is gone after
-        the regroup). Moving shards rank to rank without the disk is not done here."""
-        c = self.collective
-        if c is None or not self._reshards(change):
-            return
-        if self.rank not in change.ranks("trainer", after=False):
-            return
-        folder = self._handoff_dir(change.epoch)
-        if self.leader:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-        if len(c.trainer_ranks) > 1:
-            torch.distributed.barrier(group=c.trainer_group)  # nobody writes before that
-        self.trainer.save_state(folder, c.trainer_group)
+    def deactivate(self) -> None:
+        """The rank leaves the trainer role (or starts as rollout): gradients dropped,
+        parameters and AdamW state to host memory, so the device is free for rollout."""
+        super().deactivate()
+        record = _switch_record()
+        if self.trainer.offload_state == "on_device":
+            moved = self.trainer.offload()
+            record.update(offload_s=moved.seconds, offload_bytes=float(moved.bytes))
+            log.info(
+                "trainer state offloaded: %.1f MB in %.3f s", moved.bytes / 2**20, moved.seconds
+            )
+        self.last_switch = record
+
+    def activate(self) -> None:
+        """The rank takes the trainer role: an offloaded state back onto the device. A
+        rank with no model (a sharded trainer's joining rank) does nothing here: its model
+        is built over the new mesh, and its shards received, in :meth:`on_layout`."""
+        super().activate()
+        record = _switch_record()
+        if self.trainer.offload_state == "offloaded":
+            moved = self.trainer.reload()
+            record.update(restore_s=moved.seconds, restore_bytes=float(moved.bytes))
+            log.info(
+                "trainer state restored: %.1f MB in %.3f s", moved.bytes / 2**20, moved.seconds
+            )
+        self.last_switch = record
 
     def on_layout(self, change: LayoutChange) -> None:
-        """After a role switch: new trainer replicas get the leader's training state, and
-        new rollout ranks the leader's current weights (both by broadcast)."""
+        """After the process groups changed: the training state moves rank to rank
+        (runtime/engines/torch/shard_handoff.py), and new rollout ranks get the leader's
+        current weights.
+
+        Under FSDP2 every rank that stays a trainer rebuilds the model over the new mesh
+        and keeps its own shards, each joining rank receives its shards from a rank that
+        stays, and a leaving rank drops its shards. A replicated trainer's joining rank
+        receives the whole state from one that stays. No rank gathers the whole model and
+        nothing goes through the disk."""
+        was = self.rank in change.ranks("trainer", after=False)
+        now = self.rank in change.ranks("trainer")
+        # this side's deactivate / activate of this switch made the record; else a fresh one
+        record = self.last_switch if was != now else _switch_record()
+        self.last_switch = record
         c = self.collective
         if c is None:
             return
-        if self._reshards(change):
-            # The old trainer ranks wrote their shards in before_layout; the new ones
-            # build the model over the new mesh and load them, resharded.
-            old = self.trainer
-            # a rank that leaves the trainer drops its shards; one that stays or joins
-            # builds the model over the new mesh
-            self.trainer = TorchTrainer(self.cfg, old.model_path, self.rank, c)
-            self.trainer.step, self.trainer.version = old.step, old.version
-            del old
-            if self.rank in change.ranks("trainer"):
-                start = time.perf_counter()
-                folder = self._handoff_dir(change.epoch)
-                self.trainer.load_state(folder, c.trainer_group)
-                if len(c.trainer_ranks) > 1:
-                    torch.distributed.barrier(group=c.trainer_group)  # all have read it
-                if self.leader:
-                    shutil.rmtree(folder, ignore_errors=True)
-                log.info(
-                    "trainer state v%d resharded over %d ranks in %.3f s",
-                    self.trainer.version,
-                    len(c.trainer_ranks),
-                    time.perf_counter() - start,
-                )
-            if self.leader and change.joined("rollout"):
-                self._broadcast_weights()
-            return
-        if self.rank in change.ranks("trainer") and change.joined("trainer"):
+        if change.ranks("trainer") != change.ranks("trainer", after=False):
             start = time.perf_counter()
-            step = torch.tensor([self.trainer.step, self.trainer.version], dtype=torch.int64)
-            c.broadcast_tensors([step, *self.trainer.training_state()], group=c.trainer_group)
-            self.trainer.step, self.trainer.version = (int(x) for x in step)
-            log.info(
-                "trainer state v%d %s rank 0 in %.3f s",
-                self.trainer.version,
-                "sent from" if self.leader else "received from",
-                time.perf_counter() - start,
-            )
-        if self.leader and change.joined("rollout"):
-            self._broadcast_weights()
+            if self.trainer.sharded:
+                self._reshard(change, record)
+            else:
+                self._receive_replica(change, record)
+            record["state_transfer_s"] = time.perf_counter() - start
+        if (
+            change.joined("rollout")
+            and self.streamer is not None
+            and self.streamer.takes_part(self.trainer.sharded)
+        ):
+            self._stream_weights()  # new rollout ranks load the current weights first
+
+    def _reshard(self, change: LayoutChange, record: dict[str, float]) -> None:
+        """FSDP2: rebuild over the new mesh, keep or receive this rank's shards."""
+        c = self.collective
+        assert c is not None
+        before = change.ranks("trainer", after=False)
+        # every rank plans alike (and refuses alike: no rank is left waiting)
+        sources = plan_sources(before, change.ranks("trainer"), c.trainer_group_size)
+        old = self.trainer
+        if self.rank not in c.trainer_ranks:
+            old.release()  # stale after the next step; a rank that joins again receives
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            return
+        start = time.perf_counter()
+        with _own_rng():
+            new = TorchTrainer(self.cfg, old.model_path, self.rank, c)
+        new.step, new.version = old.step, old.version
+        record["rebuild_s"] = time.perf_counter() - start
+        if self.rank in before:
+            if old.offload_state == "offloaded":  # a staying rank is never deactivated
+                old.reload()
+            record["kept_bytes"] = float(adopt(old.model, old.opt, new.model, new.opt))
+        old.release()
+        self.trainer = new
+        log.info(
+            "trainer rebuilt over %d ranks in %.3f s, %.1f MB of its own state kept",
+            len(c.trainer_ranks),
+            record["rebuild_s"],
+            record["kept_bytes"] / 2**20,
+        )
+        self._transfer(sources, record)
+
+    def _receive_replica(self, change: LayoutChange, record: dict[str, float]) -> None:
+        """A replicated trainer: a joining rank receives the whole state in place."""
+        before = change.ranks("trainer", after=False)
+        sources = plan_sources(before, change.ranks("trainer"), 1)
+        if self.rank in sources and self.trainer.offload_state == "offloaded":
+            moved = self.trainer.reload()  # activate was not called (not a worker's switch)
+            record.update(restore_s=moved.seconds, restore_bytes=float(moved.bytes))
+        self._transfer(sources, record)
+
+    def _transfer(self, sources: dict[int, int], record: dict[str, float]) -> None:
+        """This rank's part of the point-to-point transfer (nothing unless it sends or
+        receives); a receiver takes its source's step and version."""
+        c = self.collective
+        assert c is not None
+        if self.rank not in sources and self.rank not in sources.values():
+            return
+        t = self.trainer
+        stats: TransferStats
+        stats, (t.step, t.version) = transfer(
+            training_tensors(t.model, t.opt),
+            sources,
+            self.rank,
+            t.device,
+            c.bucket_bytes,
+            (t.step, t.version),
+        )
+        record.update(
+            transfer_s=stats.seconds,
+            sent_bytes=float(stats.sent_bytes),
+            received_bytes=float(stats.received_bytes),
+            peers=float(len(stats.peers)),
+        )
+        if self.rank in sources:
+            how = f"received from rank {sources[self.rank]}: {stats.received_bytes / 2**20:.1f} MB"
+        else:
+            how = f"sent from rank {self.rank} to {stats.peers}: {stats.sent_bytes / 2**20:.1f} MB"
+        log.info("trainer state v%d %s in %.3f s", t.version, how, stats.seconds)

@@ -16,15 +16,30 @@ with like when ``algorithm.temperature`` is 1 (the demo's setting). With another
 temperature we request ``processed_logprobs`` (logits / T), and the trainer divides its
 logits by the same T.
 
-On CPU there is no sleep mode (``enable_sleep_mode`` fails at engine creation): an
-inactive rollout side keeps its engine warm with a small KV cache
-(``engine.kv_cache_memory_bytes``), which is the documented CPU equivalent. On CUDA,
-``deactivate`` calls ``sleep(1)`` and ``activate`` ``wake_up()``.
+Weights (:meth:`VLLMRolloutSide._receive_weights`): the leader's header says how the
+buckets come (runtime/rank/collective.py). Over gloo (CPU) they are assembled here, written
+to /dev/shm and reloaded (pause keep -> reload -> version -> resume); over NCCL (CUDA) they
+go straight into the engine's workers, runtime/engines/vllm/weight_transfer.py (pause keep
+-> receive and load each bucket -> version -> resume). Each sync leaves a record in
+``sync_records`` (bytes, seconds, GB/s).
+
+Sleep levels on a role switch: ``deactivate`` sleeps at level 2 (KV cache and weights
+dropped) when the rank has a process group, because a rank joining the rollout pool always
+receives the leader's current weights in :meth:`VLLMRolloutSide.on_layout` before it asks
+for work: keeping a copy in host memory (level 1) would cost that memory and a copy back
+for weights that are replaced anyway. Without a process group nothing would send them, so
+it sleeps at level 1 (weights kept in host memory). ``activate`` wakes the engine (KV cache
+and weight memory allocated again). On CPU there is no sleep mode (``enable_sleep_mode``
+fails at engine creation): the state and its seconds are recorded, the device work is
+skipped, and the inactive engine stays warm with a small KV cache
+(``engine.kv_cache_memory_bytes``), the documented CPU equivalent. ``last_switch`` holds
+the seconds of the last sleep or wake and of the weights received on joining.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import logging
 import os
@@ -38,8 +53,10 @@ from typing import Any
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import Request, Sample
+from runtime.engines.vllm import weight_transfer
+from runtime.engines.vllm.devices import replica_devices, visible_devices
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
-from runtime.rank.collective import Collective
+from runtime.rank.collective import Collective, WeightsHeader
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
 from runtime.transport import protocol as p
@@ -48,6 +65,7 @@ from runtime.workloads.agents.base import AgentEnv, Generation
 from runtime.workloads.agents.pool import RewardPool
 
 log = logging.getLogger(__name__)
+ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a big model
 
 
 def _prepare_env() -> None:
@@ -59,7 +77,7 @@ def _prepare_env() -> None:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, cfg: Config, *, seed: int = 0) -> None:
+    def __init__(self, model_path: str, cfg: Config, *, seed: int = 0, rank: int = 0) -> None:
         _prepare_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -82,23 +100,42 @@ class VLLMEngine:
         }
         if e.kv_cache_memory_bytes:
             kwargs["kv_cache_memory_bytes"] = e.kv_cache_memory_bytes
+        if e.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = e.gpu_memory_utilization
         if self.temperature != 1.0:
             kwargs["logprobs_mode"] = "processed_logprobs"
-        # Sleep mode exists on CUDA only (engine creation fails with it on the CPU build).
+        # Sleep mode exists on CUDA only (engine creation fails with it on the CPU build),
+        # and so does the NCCL weight transfer.
         self.can_sleep = cfg.resources.device == "cuda"
         if self.can_sleep:
             kwargs["enable_sleep_mode"] = True
+            kwargs["weight_transfer_config"] = {"backend": "nccl"}
         self._args = AsyncEngineArgs(**kwargs)
+        # on CUDA the engine's workers take the GPUs of this replica's ranks
+        self.devices = (
+            replica_devices(
+                rank,
+                cfg.resources.rollout_gpus_per_replica,
+                cfg.resources.gpus_per_node,
+                os.environ,
+            )
+            if cfg.resources.device == "cuda"
+            else None
+        )
         self.stats = EngineStats()  # filled by vLLM's stat logging, once per engine step
         self.engine: Any = None
         self.version = 0
+        self.sleep_level = 0  # 0 awake; 1 or 2 as slept (on CPU: the state only)
+        self.weights_valid = True  # False after a level-2 sleep dropped them
+        self.transfer_epoch: int | None = None  # layout epoch of the NCCL group joined
 
     async def start(self, version: int = 0) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(
-            self._args, stat_loggers=[vllm_stat_logger(self.stats)]
-        )
+        with visible_devices(self.devices):  # the engine's processes inherit it
+            self.engine = AsyncLLM.from_engine_args(
+                self._args, stat_loggers=[vllm_stat_logger(self.stats)]
+            )
         await self.engine.update_weight_version(str(version))
         self.version = version
 
@@ -154,22 +191,64 @@ class VLLMEngine:
         try:
             await self.engine.collective_rpc("reflow_reload_weights", args=(weights_dir,))
             await self.engine.update_weight_version(str(version))
-            self.version = version
+            self.version, self.weights_valid = version, True
         finally:
             await self.engine.resume_generation()
         return time.perf_counter() - start
 
+    async def update_weights_nccl(
+        self, header: WeightsHeader, timeout_s: float
+    ) -> tuple[float, float]:
+        """Partial rollout over NCCL: pause keep -> every bucket received and loaded ->
+        version -> resume. Returns (seconds paused, of which finishing the load)."""
+        start = time.perf_counter()
+        await self.engine.pause_generation(mode="keep", clear_cache=True)
+        try:
+            finish_s = await weight_transfer.receive_and_load(self.engine, header, timeout_s)
+            await self.engine.update_weight_version(str(header.version))
+            self.version, self.weights_valid = header.version, True
+        finally:
+            await self.engine.resume_generation()
+        return time.perf_counter() - start, finish_s
+
+    async def join_transfer_group(
+        self, header: WeightsHeader, rank: int, epoch: int, timeout_s: float
+    ) -> None:
+        """This engine's workers into the NCCL group a header announces (once per layout
+        epoch; an older group is released first)."""
+        info = weight_transfer.worker_init_info(header, rank)
+        await self.leave_transfer_group(timeout_s)
+        await weight_transfer.join_group(self.engine, info, timeout_s)
+        self.transfer_epoch = epoch
+
+    async def leave_transfer_group(self, timeout_s: float) -> None:
+        if self.transfer_epoch is not None:
+            self.transfer_epoch = None
+            await weight_transfer.leave_group(self.engine, timeout_s)
+
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
 
-    async def sleep(self) -> None:
-        """Free the KV cache and offload the weights (level 1); CUDA only."""
+    async def sleep(self, level: int) -> None:
+        """Free the KV cache; level 1 offloads the weights to host memory, level 2 drops
+        them. On CPU (no sleep mode) only the state moves."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level {level}: vLLM sleeps at level 1 or 2")
+        if self.sleep_level:
+            return  # asleep already
         if self.can_sleep:
-            await self.engine.sleep(level=1)
+            await self.engine.sleep(level=level)
+            if level == 2:
+                self.weights_valid = False  # garbage after wake-up until a reload
+        self.sleep_level = level
 
     async def wake_up(self) -> None:
+        """KV cache (and, after level 2, weight memory) allocated again."""
+        if not self.sleep_level:
+            return
         if self.can_sleep:
             await self.engine.wake_up()
+        self.sleep_level = 0
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -202,13 +281,21 @@ class VLLMRolloutSide(RolloutSide[Future]):
         self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
         self._updating: Future | None = None
+        # a weight transfer waits as long as the leader's collectives may
+        self._transfer_timeout_s = (
+            collective.timeout.total_seconds() if collective is not None else 600.0
+        )
+        # one record per weight sync received (bytes, seconds, GB/s), for metrics/status
+        self.sync_records: collections.deque[dict[str, float]] = collections.deque(maxlen=64)
+        # the last role switch of this side: sleep or wake seconds, weights on joining
+        self.last_switch: dict[str, float] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, daemon=True, name="vllm-loop"
         )
         self._thread.start()
         model_path = resolve_model_path(cfg)
-        self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank)
+        self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank, rank=rank)
         self._call(self.engine.start(0)).result()
         from runtime.data.codec import codec_for
 
@@ -233,6 +320,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
         return self._call(self._run(req))
 
     def reap(self, now: float) -> None:
+        if self._updating is not None and self._updating.done():
+            done, self._updating = self._updating, None
+            done.result()  # a failed weight update fails the rank, with its reason
         running = self.loop.running
         for sid in [s for s, f in running.items() if f.done()]:
             fut = running.pop(sid)
@@ -262,12 +352,35 @@ class VLLMRolloutSide(RolloutSide[Future]):
     # --- RoleSide ----------------------------------------------------------------------
 
     def activate(self) -> None:
-        self._call(self.engine.wake_up()).result()
+        start = time.perf_counter()
+        self._call(self.engine.wake_up()).result(ENGINE_CALL_TIMEOUT_S)
+        self.last_switch = {"wake_s": time.perf_counter() - start}
         self.active = True
 
     def deactivate(self) -> None:
         super().deactivate()
-        self._call(self.engine.sleep()).result()
+        try:
+            self._settle()  # no weight update in flight while the engine goes to sleep
+        except Exception:  # its weights are replaced on joining again; the sleep goes on
+            log.exception("the weight update in flight failed")
+        start = time.perf_counter()
+        level = self.sleep_level()
+        # leaving the rollout pool is leaving the sync group: its NCCL group is stale
+        self._call(self.engine.leave_transfer_group(self._transfer_timeout_s)).result(
+            self._transfer_timeout_s + 5
+        )
+        self._call(self.engine.sleep(level)).result(ENGINE_CALL_TIMEOUT_S)
+        self.last_switch = {
+            "sleep_s": time.perf_counter() - start,
+            "sleep_level": float(level),
+            "slept_on_device": float(self.engine.can_sleep),
+        }
+
+    def sleep_level(self) -> int:
+        """2 when the weights will be replaced before this engine generates again (a rank
+        joining the rollout pool receives the current ones in :meth:`on_layout`, which
+        needs the process group), else 1 (kept in host memory)."""
+        return 2 if self.collective is not None else 1
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats.snapshot()
@@ -277,6 +390,13 @@ class VLLMRolloutSide(RolloutSide[Future]):
         takes part in that broadcast) and load them before asking for work."""
         if self.rank in change.ranks("rollout") and change.joined("rollout"):
             self._receive_weights(wait=True)
+            if self.rank in change.joined("rollout") and self.sync_records:
+                r = self.sync_records[-1]
+                self.last_switch.update(
+                    weights_receive_s=r["receive_s"],
+                    weights_load_s=r["load_s"],
+                    weights_bytes=r["bytes"],
+                )
 
     def close(self) -> None:
         """Shut the engine down (its processes must not outlive the rank)."""
@@ -291,34 +411,90 @@ class VLLMRolloutSide(RolloutSide[Future]):
     # --- internals ---------------------------------------------------------------------
 
     def _receive_weights(self, *, wait: bool) -> None:
-        """Take part in the leader's weight broadcast, then load the weights into the engine
-        (requests in flight are held and resumed). ``wait``: until the engine has them."""
+        """Take part in the leader's weight transfer and load it into the engine (requests
+        in flight are held and resumed). ``wait``: until the engine has the weights."""
         if self.collective is None:
             return
-        from safetensors.torch import save_file
-
         start = time.perf_counter()
-        version, weights = self.collective.receive_weights()
-        received_s = time.perf_counter() - start
-        if self._updating is not None:
-            self._updating.result()  # one reload at a time, in version order
-        if version <= self.engine.version:
-            return
-        folder = self.weights_root / f"v{version}"
-        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
-        save_file(weights, str(folder / "model.safetensors"))
-        log.debug("weights v%d received in %.3f s", version, received_s)
-        self._updating = self._call(self._update(str(folder), version))
-        if wait:
-            self._updating.result()
+        header = self.collective.receive_weights_header()
+        if header.transport == "nccl":
+            self._settle()  # one update at a time, in version order
+            self._updating = self._call(self._update_nccl(header, self.collective.epoch))
+        else:
+            weights = self.collective.receive_weights_from(header)
+            received_s = time.perf_counter() - start
+            self._settle()
+            nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+            if not self._needs(header.version):
+                self._record(header, nbytes, received_s, 0.0, loaded=False)
+                return
+            from safetensors.torch import save_file
 
-    async def _update(self, path: str, version: int) -> None:
-        took = await self.engine.update_weights(path, version)
+            written = time.perf_counter()
+            folder = self.weights_root / f"v{header.version}"
+            folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
+            save_file(weights, str(folder / "model.safetensors"))
+            del weights
+            write_s = time.perf_counter() - written
+            log.debug("weights v%d received in %.3f s", header.version, received_s)
+            update = self._update(str(folder), header, nbytes, received_s, write_s)
+            self._updating = self._call(update)
+        if wait:
+            self._settle()
+
+    def _needs(self, version: int) -> bool:
+        """Whether the engine should load ``version`` (not if it has it, unless a level-2
+        sleep dropped its weights)."""
+        return version > self.engine.version or not self.engine.weights_valid
+
+    def _settle(self) -> None:
+        """Until the weight update in flight (if any) is done; its error raised here."""
+        if self._updating is not None:
+            pending, self._updating = self._updating, None
+            pending.result(ENGINE_CALL_TIMEOUT_S + self._transfer_timeout_s)
+
+    def _record(
+        self, header: WeightsHeader, nbytes: int, receive_s: float, load_s: float, loaded: bool
+    ) -> None:
+        self.sync_records.append(
+            {
+                "version": float(header.version),
+                "bytes": float(nbytes),
+                "receive_s": receive_s,
+                "load_s": load_s,
+                "gb_per_s": nbytes / receive_s / 1e9 if receive_s > 0 else 0.0,
+                "loaded": float(loaded),
+                "nccl": float(header.transport == "nccl"),
+            }
+        )
+
+    async def _update(
+        self, path: str, header: WeightsHeader, nbytes: int, received_s: float, write_s: float
+    ) -> None:
+        took = await self.engine.update_weights(path, header.version)
         self.paused_s += took  # paused, reloaded, resumed: requests held meanwhile
-        log.debug("weights v%d loaded in %.3f s", version, took)
+        self._record(header, nbytes, received_s, write_s + took, loaded=True)
+        log.debug("weights v%d loaded in %.3f s", header.version, took)
         for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
-            if old.name != f"v{version}":
+            if old.name != f"v{header.version}":
                 shutil.rmtree(old, ignore_errors=True)
+
+    async def _update_nccl(self, header: WeightsHeader, epoch: int) -> None:
+        """The NCCL transfer: join the group if the header announces one, then receive
+        into the model (paused) or, with this version loaded already, receive and drop."""
+        eng, timeout = self.engine, self._transfer_timeout_s
+        if header.nccl is not None:
+            await eng.join_transfer_group(header, self.rank, epoch, timeout)
+        nbytes = sum(map(header.bucket_nbytes, range(len(header.buckets))))
+        start = time.perf_counter()
+        if not self._needs(header.version):
+            await weight_transfer.drain(eng.engine, header, timeout)
+            self._record(header, nbytes, time.perf_counter() - start, 0.0, loaded=False)
+            return
+        paused, finish_s = await eng.update_weights_nccl(header, timeout)
+        self.paused_s += paused
+        # the buckets' receive includes their load_weights: one operation on this path
+        self._record(header, nbytes, paused - finish_s, finish_s, loaded=True)
 
     async def _run(self, req: Request) -> None:
         prompt = req.prompt

@@ -21,3 +21,21 @@ class ReflowWorkerExtension:
             if tied and hasattr(lm_head, "quant_method"):
                 lm_head.quant_method.process_weights_after_loading(lm_head)
         return True
+
+    def reflow_drain_weights(self, sizes: list[int]) -> int:
+        """Take part in the leader's NCCL weight broadcast without loading it: this engine
+        has the version already (runtime/engines/vllm/weight_transfer.py). ``sizes``: the
+        bytes of each bucket. CUDA only."""
+        import torch
+
+        engine = getattr(self, "weight_transfer_engine", None)
+        group = getattr(engine, "model_update_group", None)
+        if group is None:
+            raise RuntimeError("no NCCL weight-transfer group: init_weight_transfer_engine first")
+        stream = torch.cuda.current_stream()
+        for n in sizes:
+            scratch = torch.empty(int(n), dtype=torch.uint8, device=self.device)
+            group.broadcast(scratch, src=0, stream=stream)
+            del scratch  # stream-ordered: the next bucket's buffer waits for this receive
+        stream.synchronize()
+        return sum(int(n) for n in sizes)

@@ -1,0 +1,133 @@
+"""A trainer's device memory moved to host memory and back, for the role it is not playing.
+
+A rank that leaves the trainer role for rollout gives its GPU to the rollout engine: the
+trainer's parameters (under FSDP2 its local shards), buffers and AdamW state are copied
+to one pinned host buffer and their device storages shrunk to nothing; gradients are
+dropped beforehand (the next step makes new ones). Restoring grows each storage back and
+copies its bytes in.
+
+The storages are resized in place rather than the tensors replaced, so everything that
+points at them stays valid: FSDP2's views of its padded shard storage (the ``DTensor``
+parameter's local tensor is one), the optimizer's state keyed by parameter, tied weights.
+FSDP2 frees and re-allocates its unsharded parameters the same way
+(``UntypedStorage.resize_``).
+
+On the CPU there is nothing to move: the state machine runs and no byte is copied
+(``move=False``). ``move=True`` on the CPU runs the real copy and resize, which is how the
+mechanism is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own part of ``t``: a ``DTensor``'s local shard (the tensor itself, not a
+    copy: no autograd), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of ``storage`` (the copy source or target of its bytes)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+@dataclass
+class OffloadRecord:
+    """What one offload or restore moved, and how long it took."""
+
+    seconds: float
+    bytes: int
+
+
+class HostOffload:
+    """The device storages of a set of tensors, held in host memory while offloaded.
+
+    ``offload`` then ``restore``, once each: an object per offload."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor], device: torch.device, move: bool) -> None:
+        self.device = device
+        self.move = move
+        # One entry per storage (tied weights and views share one), those on ``device``
+        # only: AdamW's step counters live on the CPU whatever the parameters' device.
+        seen: dict[int, torch.UntypedStorage] = {}
+        for t in tensors:
+            storage = local_tensor(t).untyped_storage()
+            if storage.device != device or storage.nbytes() == 0:
+                continue
+            seen.setdefault(storage.data_ptr(), storage)
+        self.storages = list(seen.values())
+        fixed = [s.nbytes() for s in self.storages if not s.resizable()]
+        if move and fixed:
+            # e.g. tensors memory-mapped from a checkpoint (safetensors on the CPU): their
+            # memory is not the allocator's to free
+            raise RuntimeError(
+                f"{len(fixed)} storages ({sum(fixed)} bytes) cannot be resized and so not "
+                f"offloaded from {device}"
+            )
+        self.sizes = [s.nbytes() for s in self.storages]
+        self.host: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+    def offload(self) -> OffloadRecord:
+        """Copy every storage to one host buffer (pinned on CUDA), then free it on the
+        device. Without ``move``: nothing is copied (the bytes stay where they are)."""
+        start = time.perf_counter()
+        if not self.move:
+            return OffloadRecord(time.perf_counter() - start, 0)
+        cuda = self.device.type == "cuda"
+        # one allocation: pinning is a driver call per buffer, and costs more than the copy
+        host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=cuda)
+        offset = 0
+        for storage, size in zip(self.storages, self.sizes, strict=True):
+            host[offset : offset + size].copy_(_bytes_of(storage), non_blocking=cuda)
+            offset += size
+        if cuda:
+            torch.cuda.synchronize(self.device)  # the copies have landed before the frees
+        for storage in self.storages:
+            storage.resize_(0)
+        if cuda:
+            torch.cuda.empty_cache()  # back to the driver, for the rollout engine to take
+        self.host = host
+        return OffloadRecord(time.perf_counter() - start, self.nbytes)
+
+    def restore(self) -> OffloadRecord:
+        """Grow every storage back on the device and copy its bytes in."""
+        start = time.perf_counter()
+        if not self.move:
+            return OffloadRecord(time.perf_counter() - start, 0)
+        if self.host is None:
+            raise RuntimeError("restore without an offload: the state is on the device")
+        cuda = self.device.type == "cuda"
+        offset = 0
+        for storage, size in zip(self.storages, self.sizes, strict=True):
+            storage.resize_(size)
+            _bytes_of(storage).copy_(self.host[offset : offset + size], non_blocking=cuda)
+            offset += size
+        if cuda:
+            torch.cuda.synchronize(self.device)  # the host buffer is read before it goes
+        self.host = None
+        return OffloadRecord(time.perf_counter() - start, self.nbytes)
+
+    def discard(self) -> None:
+        """Forget the host copy (the state it held is not wanted back)."""
+        self.host = None
+        if self.move and self.device.type == "cuda":
+            # torch keeps freed pinned blocks cached; a discarded copy should not hold host
+            # memory the rollout engine may want (torch's own call, as torch.cuda.graphs)
+            release = getattr(torch._C, "_host_emptyCache", None)
+            if release is not None:
+                release()

@@ -1,0 +1,268 @@
+"""Weight sync from the trainer, streamed: gathered one bucket at a time, sent as it goes.
+
+At a sync point every rank of the leader's replica group (:func:`streaming_ranks`: its
+FSDP2 shard group; the leader alone for a replicated model) calls
+:meth:`WeightStreamer.stream` at the same time. They walk the model's state dict in its
+fixed order, under checkpoint (Hugging Face) names, and per bucket of
+``engine.weight_bucket_mb`` gather the full tensors (``DTensor.full_tensor()``: an
+all-gather over the mesh's ``shard`` dimension only, since the ``replicate`` dimension is
+already ``Replicate()`` and torch's redistribute plan skips a dimension whose placement
+does not change, so the other replica groups, which hold the same shards, take no part),
+cast them to the rollout dtype (``model.dtype``) into one flat bucket, and the leader sends
+it to the sync group before the next bucket is gathered. No rank holds more than one
+bucket and one gathered tensor beyond its shard; the full state is never built.
+
+Names: the state dict of the trainer's model is the checkpoint's. FSDP2 adds no prefix,
+and the trainer's :class:`runtime.engines.torch.logprobs.TargetLogprobHead` keeps
+``lm_head.weight``; a tied ``lm_head`` is left out, as Hugging Face saves it and as
+``TorchTrainer._checkpoint_format`` does, since vLLM ties it to ``embed_tokens`` itself.
+
+Transports (the same header and buckets either way, runtime/rank/collective.py): on CPU
+the gloo sync group (the rollout drivers write a file and reload it);
+``resources.device: cuda`` sends the buckets over NCCL straight into the vLLM engines'
+workers (runtime/engines/vllm/weight_transfer.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from runtime.config.schema import Config
+from runtime.rank.collective import (
+    LEADER,
+    BucketTransport,
+    Collective,
+    TensorSpec,
+    WeightsHeader,
+    plan_buckets,
+    trainer_grid,
+)
+
+
+@dataclass
+class SyncRecord:
+    """One weight sync as this rank saw it. ``peak_gathered_bytes``: the most bytes of
+    gathered tensors and buckets alive at once here (counted until each is freed)."""
+
+    version: int
+    transport: str
+    leader: bool
+    bytes: int  # sent (the leader), in the rollout dtype
+    tensors: int
+    buckets: int
+    seconds: float
+    bucket_bytes: int  # the configured budget of one bucket
+    largest_bucket_bytes: int
+    largest_tensor_bytes: int  # the largest gathered tensor, in the trainer's dtype
+    peak_gathered_bytes: int
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The step-metrics fields of this sync."""
+        return {
+            "weight_sync_s": self.seconds,
+            "weight_sync_bytes": float(self.bytes),
+            "weight_sync_gbps": self.gb_per_s,
+            "weight_sync_buckets": float(self.buckets),
+            "weight_sync_peak_bytes": float(self.peak_gathered_bytes),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gb_per_s": self.gb_per_s}
+
+
+class _Alive:
+    """Bytes of the tensors this module allocated that are still alive, and the most at
+    once: each counts until it is really freed (a weakref finaliser), whoever holds it."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def track(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        self.now += n
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(t, self._freed, n)
+        return t
+
+    def _freed(self, n: int) -> None:
+        self.now -= n
+
+
+def checkpoint_tensors(
+    model: torch.nn.Module, tied_lm_head: bool
+) -> list[tuple[str, torch.Tensor]]:
+    """The model's tensors under checkpoint names, in state-dict order (the same on every
+    rank): sharded ``DTensor``s under FSDP2, plain tensors otherwise."""
+    state = model.state_dict(keep_vars=True)
+    return [(k, v) for k, v in state.items() if not (tied_lm_head and k == "lm_head.weight")]
+
+
+def _full(t: torch.Tensor, alive: _Alive) -> torch.Tensor:
+    """The whole tensor: a DTensor's all-gather (collective over its shard dimension,
+    counted in ``alive``), a plain tensor itself (the model's own, nothing allocated)."""
+    from torch.distributed.tensor import DTensor
+
+    return alive.track(t.full_tensor()) if isinstance(t, DTensor) else t.detach()
+
+
+def _buckets(
+    entries: Sequence[tuple[str, torch.Tensor]],
+    header: WeightsHeader,
+    device: torch.device,
+    alive: _Alive,
+    keep: bool,
+) -> Iterator[torch.Tensor]:
+    """Each bucket of ``header``, gathered and cast into one flat tensor on ``device``
+    (``keep``: the leader; the others only take part in the gathers and yield nothing)."""
+    for r in header.ranges():
+        specs = [header.tensors[i] for i in r]
+        if keep and len(specs) == 1:  # a tensor as large as a bucket: sent as it comes
+            full = _full(entries[r.start][1], alive)
+            flat = full.reshape(-1).to(device=device, dtype=specs[0].dtype)
+            if flat.data_ptr() != full.data_ptr():
+                alive.track(flat)  # a cast or a move (else a view of the gathered tensor)
+            del full
+            yield flat
+            del flat
+            continue
+        flat = None
+        if keep:
+            numel = sum(s.numel for s in specs)
+            flat = alive.track(torch.empty(numel, dtype=specs[0].dtype, device=device))
+        offset = 0
+        for i, spec in zip(r, specs, strict=True):
+            full = _full(entries[i][1], alive)
+            if flat is not None:
+                flat[offset : offset + spec.numel].copy_(full.reshape(-1))
+            offset += spec.numel
+            del full  # before the next gather
+        if flat is not None:
+            yield flat
+            del flat  # sent: freed before the next bucket is allocated
+
+
+@torch.no_grad()
+def stream_weights(
+    model: torch.nn.Module,
+    collective: Collective,
+    version: int,
+    *,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    tied_lm_head: bool,
+    transport: BucketTransport | None = None,
+) -> SyncRecord:
+    """Stream ``model``'s weights as policy ``version`` to the sync group (see the module
+    docstring; every rank of :func:`streaming_ranks` calls it together). ``transport``
+    None: buckets on the CPU over the gloo sync group; else on its ``device``."""
+    start = time.perf_counter()
+    entries = checkpoint_tensors(model, tied_lm_head)
+    spec = [TensorSpec(name, dtype, tuple(t.shape)) for name, t in entries]
+    header = WeightsHeader(version, tuple(spec), tuple(plan_buckets(spec, bucket_bytes)))
+    device = transport.device if transport is not None else torch.device("cpu")
+    alive = _Alive()
+    leader = collective.is_leader
+    buckets = _buckets(entries, header, device, alive, keep=leader)
+    if leader:
+        sent = collective.send_weights_stream(header, buckets, transport)
+    else:
+        for _ in buckets:  # yields nothing here: this rank takes part in the gathers only
+            pass
+        sent = 0
+    gathered = [t.numel() * t.element_size() for _, t in entries]
+    return SyncRecord(
+        version=version,
+        # a peer of the leader's group only gathers: "none" leaves its sends
+        transport=transport.name if transport is not None else ("gloo" if leader else "none"),
+        leader=leader,
+        bytes=sent,
+        tensors=len(spec),
+        buckets=len(header.buckets),
+        seconds=time.perf_counter() - start,
+        bucket_bytes=bucket_bytes,
+        largest_bucket_bytes=max(map(header.bucket_nbytes, range(len(header.buckets))), default=0),
+        largest_tensor_bytes=max(gathered, default=0),
+        peak_gathered_bytes=alive.peak,
+    )
+
+
+def streaming_ranks(collective: Collective, sharded: bool) -> list[int]:
+    """The ranks that call :meth:`WeightStreamer.stream` at a sync point: the leader's
+    replica group under FSDP2 (its shards make the whole model), the leader alone for a
+    replicated model (its copy is whole)."""
+    if not sharded:
+        return [LEADER]
+    return trainer_grid(collective.trainer_ranks, collective.trainer_group_size)[0]
+
+
+class WeightStreamer:
+    """What a trainer side keeps between weight syncs: the transport (gloo on CPU; NCCL
+    into the vLLM engines under ``resources.device: cuda``, its group kept while the
+    layout stands) and the records of the last syncs (the leader's)."""
+
+    def __init__(self, cfg: Config, collective: Collective, history: int = 64) -> None:
+        self.collective = collective
+        self.dtype: torch.dtype = getattr(torch, cfg.model.dtype)
+        self.bucket_bytes = int(cfg.engine.weight_bucket_mb * 2**20)
+        self.cuda = cfg.resources.device == "cuda"
+        self._transport: BucketTransport | None = None
+        self.records: collections.deque[SyncRecord] = collections.deque(maxlen=history)
+
+    def takes_part(self, sharded: bool) -> bool:
+        """Whether this rank calls :meth:`stream` at a sync point."""
+        return self.collective.rank in streaming_ranks(self.collective, sharded)
+
+    def stream(
+        self, model: torch.nn.Module, version: int, *, tied_lm_head: bool | None = None
+    ) -> SyncRecord:
+        """Send ``model``'s current weights as ``version`` (the ranks of
+        :func:`streaming_ranks` together). ``tied_lm_head``: from the model's config when
+        not given."""
+        if tied_lm_head is None:
+            config = getattr(model, "config", None)
+            tied_lm_head = bool(getattr(config, "tie_word_embeddings", False))
+        record = stream_weights(
+            model,
+            self.collective,
+            version,
+            dtype=self.dtype,
+            bucket_bytes=self.bucket_bytes,
+            tied_lm_head=tied_lm_head,
+            transport=self._leader_transport(),
+        )
+        if record.leader:
+            self.records.append(record)
+        return record
+
+    @property
+    def last(self) -> SyncRecord | None:
+        return self.records[-1] if self.records else None
+
+    def _leader_transport(self) -> BucketTransport | None:
+        if not self.cuda or not self.collective.is_leader:
+            return None  # gloo; the leader's group peers only gather
+        if self._transport is None:
+            from runtime.engines.vllm.weight_transfer import NcclBucketSender
+
+            self._transport = NcclBucketSender(
+                self.collective, self.bucket_bytes, self.collective.timeout.total_seconds()
+            )
+        return self._transport
+
+    def close(self) -> None:
+        close = getattr(self._transport, "close", None)
+        if close is not None:
+            close()
+        self._transport = None
