@@ -375,9 +375,14 @@ def simulate(
     cfg = load_recipe(recipe, overrides)
     path = profiles or DEFAULT_PROFILES
     profs = load_profiles(path)
+    # Every mode is checked before the first one runs: a bad one is refused at once, not
+    # after the simulations before it.
+    plans = [
+        plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs)
+        for m in mode or [cfg.reflow.mode]
+    ]
     rows = []
-    for m in mode or [cfg.reflow.mode]:
-        sim_plan = plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs)
+    for sim_plan in plans:
         row = figures(run_sim(sim_plan, seed=seed, profiles_path=path), gpus)
         row.update(model=sim_plan.model, workload=sim_plan.workload, gpus=gpus)
         rows.append(row)

@@ -92,14 +92,21 @@ def build_config(
     return cfg
 
 
-def recheck(cfg: Config) -> Config:
-    """Run the cross-field rules again on a config changed in code (e.g. resized by the
-    simulator); a violation is a :class:`RecipeError` naming the field."""
-    try:
-        check_feasible(cfg)
-    except _FieldError as err:
-        raise RecipeError(str(err)) from None
-    return cfg
+def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
+    """``cfg`` with dotted fields changed in code (the simulator's ``--mode`` and
+    ``--gpus``), built again through the same checks as a recipe file: a value no recipe
+    may hold is a :class:`RecipeError` naming ``source`` and the field, e.g.
+    ``--mode bogus: reflow.mode: 'bogus' is not one of: sync, ...``."""
+    raw = config_to_dict(cfg)
+    for key, value in changes.items():
+        *sections, name = key.split(".")
+        node = raw
+        for part in sections:
+            node = node[part]
+        if name not in node:
+            raise KeyError(f"{key}: no such config field")  # a caller's bug, not the user's
+        node[name] = value
+    return build_config(raw, source=source)
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> tuple[str, Any]:

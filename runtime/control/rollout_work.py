@@ -1,7 +1,9 @@
 """Rollout work at rank 0: requests out to the rollout ranks, finished samples back in.
 
 A rank asks for ``slots`` (``WorkRequest``); the generation scheduler grants what its
-concurrency cap and token admission allow and the data plane hands out requests. A
+concurrency cap and token admission allow and the data plane hands out requests. The cap
+counts only the rank's episodes that generate: those it reports waiting on a tool call or
+a reward (``in_tools``, clamped to what rank 0 has running there) hold no slot. A
 finished sample (``SampleDone``) is checked against the request it answers before it enters
 the buffer; a failed one (``SampleFailed``) is requeued.
 
@@ -36,22 +38,38 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         gen = c.generation
         running = c.data.dispatcher.running_at(msg.rank)
-        slots = gen.grant(msg.rank, msg.slots, running)
+        in_tools = tools_waiting(c, msg, running)
+        generating = running - in_tools
+        slots = gen.grant(msg.rank, msg.slots, generating)
         if slots < msg.slots:
             c.data.dispatcher.blocked["concurrency_cap"] += 1
 
         def admit(r: Request) -> bool:
             prompt_ids = r.prompt.get("prompt_ids") or ()
-            return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids))
+            return gen.admit(msg.rank, r.sample_id, r.group_id, len(prompt_ids), in_tools)
 
         refused = "concurrency_cap" if slots < msg.slots else None
         if slots:
             requests = c.data.request_work(msg.rank, slots, admit)
             refused = c.data.last_refusal or refused
-        # the share of the rank's slots left empty: its free ones not filled now
-        empty = (msg.slots - len(requests)) / max(running + msg.slots, 1)
+        # the share of the rank's slots left empty: its free ones not filled now (an
+        # episode in a tool call holds no slot)
+        empty = (msg.slots - len(requests)) / max(generating + msg.slots, 1)
         c.idle.rank_is(msg.rank, refused, c.clock(), empty)
     return [(identity, wire.work_message(requests, c.policy_version))]
+
+
+def tools_waiting(c: Run, msg: p.WorkRequest, running: int) -> int:
+    """The rank's episodes that wait on a tool call or a reward (``msg.in_tools``), as far
+    as rank 0 can believe it: at most what rank 0 has running there. A claim of more is
+    counted (``in_tools_over_running``; one honest way: rank 0 timed out and requeued a
+    request whose copy still waits in a tool at the rank) and taken as all of them in
+    tools, so the rank gets no more than a rank whose every episode waits in a tool: its
+    cap, never the claim. Across ranks ``B_max`` and staleness admission bound the total."""
+    if msg.in_tools > running:
+        c.reject("in_tools_over_running")
+        return running
+    return msg.in_tools
 
 
 def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]:

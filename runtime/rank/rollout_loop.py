@@ -90,11 +90,14 @@ class RolloutLoop(Generic[H]):
 
     # --- this rank -> rank 0 -----------------------------------------------------------
 
-    def pull(self, free: int, now: float) -> bool:
+    def pull(self, free: int, now: float, in_tools: int = 0) -> bool:
         """Ask for ``free`` requests if nothing is unanswered and no wait is due; whether
-        a request went out."""
+        a request went out. ``in_tools``: how many of the episodes running here wait on a
+        tool call or a reward now (rank 0 does not count them against this rank's cap)."""
         if free > 0 and self.gate.may_ask(now):
-            return self.gate.ask(self.send, p.WorkRequest(rank=self.rank, slots=free), now)
+            in_tools = max(0, min(in_tools, len(self.running)))  # only what runs here
+            ask = p.WorkRequest(rank=self.rank, slots=free, in_tools=in_tools)
+            return self.gate.ask(self.send, ask, now)
         return False
 
     def finished(self, s: Sample) -> None:
@@ -124,7 +127,8 @@ class RolloutSide(LinkedSide, Generic[H]):
     """A rollout side of a real rank around a :class:`RolloutLoop`. Engines implement
     ``start`` (begin generating a request; its handle), ``reap`` (report what finished
     through ``self.loop``), ``free_slots`` and ``abort`` (stop what :meth:`deactivate`
-    dropped), and may look at every message first in ``observe``."""
+    dropped), and may look at every message first in ``observe``; an engine that runs
+    agents reports its episodes waiting on tools in ``episodes_in_tools``."""
 
     name = "rollout"
     retry_s = RETRY_S
@@ -145,6 +149,11 @@ class RolloutSide(LinkedSide, Generic[H]):
 
     def free_slots(self) -> int:
         raise NotImplementedError
+
+    def episodes_in_tools(self) -> int:
+        """Of the episodes in ``self.loop.running``, those waiting on a tool call or a
+        reward now, not generating (none for an engine without tools)."""
+        return 0
 
     def abort(self, running: dict[int, H]) -> None:
         """Stop generating what was dropped (by default nothing runs outside the loop)."""
@@ -179,4 +188,4 @@ class RolloutSide(LinkedSide, Generic[H]):
         self.reap(now)
         self.loop.flush()
         if self.active:
-            self.loop.pull(self.free_slots(), now)
+            self.loop.pull(self.free_slots(), now, self.episodes_in_tools())

@@ -1,10 +1,12 @@
 """The simulated rollout side: one modelled replica per rollout group, each led by a rank
 running the real rollout pull loop (:class:`runtime.rank.rollout_loop.RolloutLoop`).
 
-A leader asks for work up to its sequence limit, its replica generates each request turn
-by turn (a tool call between turns), and finished samples go back to rank 0 as the real
-ranks send them. Requests refused for lack of room (B_max, staleness, a barrier, the token
-budget) are retried when something that lifts those limits happens, not polled.
+A leader asks for work up to its sequence limit, telling rank 0 how many of its requests
+are between turns (in a tool call, holding no generation slot, as a real agent rank
+does); its replica generates each request turn by turn (a tool call between turns), and
+finished samples go back to rank 0 as the real ranks send them. Requests refused for lack
+of room (B_max, staleness, a barrier, the token budget) are retried when something that
+lifts those limits happens, not polled.
 """
 
 from __future__ import annotations
@@ -236,7 +238,11 @@ class RolloutPool:
             return
         blocked = self.coord.data.dispatcher.blocked
         refused = blocked["staleness"]
-        asked = self.loops[leader].pull(self.max_seqs - replica.outstanding, self.events.now)
+        loop = self.loops[leader]
+        # A generation in flight is either in the replica (generating or queued there) or
+        # between two turns, in a tool call: those hold no slot, and rank 0 is told so.
+        in_tools = len(loop.running) - replica.outstanding
+        asked = loop.pull(self.max_seqs - replica.outstanding, self.events.now, in_tools)
         if asked and blocked["staleness"] != refused:
             self._stale_at = self._settled_groups()
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.config.recipe import RecipeError, recheck
+from runtime.config.recipe import RecipeError, rebuild
 from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
@@ -39,7 +38,15 @@ def plan(
     workload: str | None = None,
     profiles: Profiles | None = None,
 ) -> SimPlan:
-    """The recipe resized to ``gpus`` (whole nodes) with the model's replica sizes."""
+    """The recipe resized to ``gpus`` (whole nodes) with the model's replica sizes, in
+    ``mode`` if given. Both changes go through the recipe's own checks
+    (:func:`runtime.config.recipe.rebuild`): an unknown mode is the one-line error that
+    ``reflow.mode`` in a recipe or ``--set`` gets."""
+    if mode is not None and mode != cfg.reflow.mode:
+        # a baseline mode replays nothing (sigma must be 0 outside reflow); reflow gets
+        # its default share
+        sigma = None if mode == "reflow" else 0.0
+        cfg = rebuild(cfg, {"reflow.mode": mode, "reflow.sigma": sigma}, source=f"--mode {mode}")
     profiles = profiles or load_profiles()
     name = model or model_name(cfg)
     m = profiles.model(name)
@@ -50,22 +57,13 @@ def plan(
     per_node = cfg.resources.gpus_per_node
     if gpus % per_node:
         raise RecipeError(f"--gpus {gpus}: not a multiple of resources.gpus_per_node={per_node}")
-    res = dataclasses.replace(
-        cfg.resources,
-        nodes=gpus // per_node,
-        trainer_gpus_per_replica=m.trainer_gpus_per_replica,
-        rollout_gpus_per_replica=m.rollout_gpus_per_replica,
-        initial_ratio=None,
-    )
-    rf = cfg.reflow
-    if mode is not None and mode != rf.mode:
-        # a baseline mode replays nothing (sigma must be 0 outside reflow)
-        rf = dataclasses.replace(rf, mode=mode, sigma=None if mode == "reflow" else 0.0)
-    new = dataclasses.replace(cfg, resources=res, reflow=rf)
-    try:
-        new = recheck(new)
-    except RecipeError as exc:
-        raise RecipeError(f"--gpus {gpus}: {exc}") from None
+    resized = {
+        "resources.nodes": gpus // per_node,
+        "resources.trainer_gpus_per_replica": m.trainer_gpus_per_replica,
+        "resources.rollout_gpus_per_replica": m.rollout_gpus_per_replica,
+        "resources.initial_ratio": None,  # the split of the new size, from rollout_fraction
+    }
+    new = rebuild(cfg, resized, source=f"--gpus {gpus}")
     return SimPlan(new, name, kind)
 
 

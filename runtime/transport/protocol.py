@@ -181,14 +181,19 @@ class StepDone(Message):
 @message
 @dataclass(frozen=True)
 class WorkRequest(Message):
-    """A rollout rank has ``slots`` free generation slots."""
+    """A rollout rank has ``slots`` free generation slots, and ``in_tools`` of the episodes
+    it runs wait on a tool call or a reward now (they hold no generation slot: rank 0
+    counts only the others against the rank's cap, and clamps ``in_tools`` to what it has
+    running there)."""
 
     TYPE: ClassVar[str] = "work_request"
     rank: int
     slots: int
+    in_tools: int = 0
 
     def check(self) -> None:
         _require(0 <= self.slots <= 65536, "bad slot count")
+        _require(0 <= self.in_tools <= 65536, "bad in-tools count")
 
 
 def _check_sample(

@@ -28,7 +28,7 @@ EXAMPLES = [
         rank=0, step=3, policy_version=3, batch_id=-1, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)
     ),
     p.Bye(rank=3, reason="done"),
-    p.WorkRequest(rank=2, slots=4),
+    p.WorkRequest(rank=2, slots=4, in_tools=3),
     p.SampleDone(
         rank=2,
         sample_id=5,
@@ -442,3 +442,16 @@ def test_a_switch_report_with_impossible_phases_is_refused(phases, reason):
     header["phases"] = phases
     with pytest.raises(p.ProtocolError, match=reason):
         p.decode([msgpack.packb(header)])
+
+
+@pytest.mark.parametrize(
+    ("slots", "in_tools", "reason"),
+    [(-1, 0, "bad slot count"), (4, -1, "bad in-tools count"), (4, 65537, "bad in-tools count")],
+)
+def test_a_work_request_with_impossible_counts_is_refused(slots, in_tools, reason):
+    head = {"v": p.PROTOCOL_VERSION, "type": "work_request", "rank": 2}
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([header(**head, slots=slots, in_tools=in_tools)])
+    # and the count of episodes in tools is part of the message: one without it is refused
+    with pytest.raises(p.ProtocolError, match="fields"):
+        p.decode([header(**head, slots=4)])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.config.recipe import RecipeError, build_config, dump_config, load_recipe
+from runtime.config.recipe import RecipeError, build_config, dump_config, load_recipe, rebuild
 from runtime.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,6 +113,33 @@ def test_overrides_use_the_same_validation(tmp_path):
     )
     with pytest.raises(RecipeError, match=r"--set reflow\.sigma: expected KEY=VALUE"):
         load_recipe(path, ["reflow.sigma"])
+
+
+def test_a_config_changed_in_code_goes_through_the_recipe_checks_again():
+    cfg = build_config({"reflow": {"mode": "reflow", "sigma": 0.3}})
+    assert rebuild(cfg, {}, source="x") == cfg
+    synced = rebuild(cfg, {"reflow.mode": "sync", "reflow.sigma": None}, source="--mode sync")
+    assert synced.reflow.mode == "sync" and synced.reflow.sigma == 0.0  # the mode's default
+    assert cfg.reflow.mode == "reflow"  # the original is left as it was
+    for changes, message in [
+        (
+            {"reflow.mode": "bogus"},
+            "--mode bogus: reflow.mode: 'bogus' is not one of: sync, one_step_off, async, reflow",
+        ),
+        (
+            {"reflow.mode": "sync"},  # sigma 0.3 kept: replay is off outside reflow
+            "--mode bogus: reflow.sigma: 0.3 needs mode=reflow (replay is off in mode=sync)",
+        ),
+        (
+            {"reflow.sigma": 1.5},
+            "--mode bogus: reflow.sigma: 1.5 is out of range (allowed: 0 <= sigma < 1)",
+        ),
+    ]:
+        with pytest.raises(RecipeError) as info:
+            rebuild(cfg, changes, source="--mode bogus")
+        assert str(info.value) == message
+    with pytest.raises(KeyError, match=r"reflow\.nope: no such config field"):
+        rebuild(cfg, {"reflow.nope": 1}, source="x")  # a caller's bug, not a user error
 
 
 def test_yaml_1_1_exponents_are_numbers(tmp_path):

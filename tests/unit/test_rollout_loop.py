@@ -65,6 +65,45 @@ def test_the_loop_asks_for_its_free_slots_and_starts_only_what_does_not_run_here
     assert not loop.pull(1, 0.8) and loop.pull(1, 0.9)
 
 
+def test_the_loop_tells_rank_0_how_many_of_its_episodes_wait_in_tools():
+    loop: RolloutLoop[str] = RolloutLoop(retry_s=0.0)
+    sent: list = []
+    loop.attach(lambda m: sent.append(m) or True, 3)
+    assert loop.pull(4, 0.0, in_tools=2)  # nothing runs here yet: none can be in a tool
+    assert sent[-1] == p.WorkRequest(rank=3, slots=4, in_tools=0)
+    for r in loop.take(work(1, 2, 3), 0.0):
+        loop.running[r.sample_id] = "h"
+    assert loop.pull(1, 0.1, in_tools=2) and sent[-1].in_tools == 2
+    loop.take(work(), 0.1)
+    assert loop.pull(1, 0.2, in_tools=9) and sent[-1].in_tools == 3  # at most what runs
+
+
+def test_a_rollout_side_reports_its_episodes_in_tools_with_each_work_request():
+    # generations that last minutes: both still run at the second step
+    engine = {"rollout": "synthetic", "trainer": "synthetic", "synthetic_token_s": 10.0}
+    cfg = build_config({"engine": engine})
+
+    class ToolWaiting(SyntheticRollout):
+        waiting = 0
+
+        def free_slots(self) -> int:
+            return 4
+
+        def episodes_in_tools(self) -> int:
+            return self.waiting
+
+    side = ToolWaiting(cfg, 1)
+    sent: list = []
+    side.attach(lambda m: sent.append(m) or True, 1)
+    side.activate()
+    side.step()
+    assert sent == [p.WorkRequest(rank=1, slots=4, in_tools=0)]
+    side.on_message(work(10, 11))
+    side.waiting = 2  # the Work was answered: the next step asks again at once
+    side.step()
+    assert sent[-1] == p.WorkRequest(rank=1, slots=4, in_tools=2)
+
+
 def test_an_answer_that_comes_within_the_send_does_not_leave_the_loop_waiting():
     """The simulator answers synchronously, inside ``send``."""
     loop: RolloutLoop[None] = RolloutLoop(retry_s=0.0)

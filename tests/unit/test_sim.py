@@ -158,6 +158,36 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         load_profiles(bad)
 
 
+def test_a_mode_is_checked_like_the_recipes_own():
+    with pytest.raises(RecipeError) as info:
+        plan(small(), 32, mode="bogus_mode")
+    assert str(info.value) == (
+        "--mode bogus_mode: reflow.mode: 'bogus_mode' is not one of: "
+        "sync, one_step_off, async, reflow"
+    )
+    # the sigma each mode gets is the recipe rules' too: 0 outside reflow, its default in it
+    assert plan(small(), 32, mode="sync").cfg.reflow.sigma == 0.0
+    synced = small("dapo_math.yaml", 6, "reflow.mode=sync", "reflow.sigma=0")
+    assert plan(synced, 32, mode="reflow").cfg.reflow.sigma == 0.5
+
+
+def test_a_bad_mode_on_the_command_line_is_refused_before_anything_runs():
+    from tests.helpers import reflow
+
+    recipe = str(REPO / "recipes" / "dapo_math.yaml")
+    allowed = "reflow.mode: 'bogus' is not one of: sync, one_step_off, async, reflow"
+    sim = reflow("simulate", recipe, "--gpus", "32", "--mode", "sync", "--mode", "bogus")
+    assert sim.returncode == 2 and sim.stdout == ""  # not after simulating sync
+    assert sim.stderr.strip().splitlines() == [f"reflow: --mode bogus: {allowed}"]
+    # the same line a recipe's or an override's mode gets, in simulate as in launch
+    for command in (["simulate", recipe, "--gpus", "32"], ["launch", recipe, "--dry-run"]):
+        done = reflow(*command, "--set", "reflow.mode=bogus")
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [
+            f"reflow: {recipe} (--set reflow.mode=bogus): {allowed}"
+        ]
+
+
 def test_reflow_simulate_on_the_command_line():
     from tests.helpers import reflow
 

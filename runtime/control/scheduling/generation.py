@@ -83,11 +83,14 @@ class GenerationScheduler:
         """How many of ``slots`` the rank may fill now (its cap minus what it runs)."""
         return max(0, min(slots, self.cap(rank) - outstanding))
 
-    def admit(self, rank: int, sample_id: int, group: int, prompt_tokens: int) -> bool:
-        """Token-budget admission of one request at ``rank`` (booked if admitted)."""
+    def admit(
+        self, rank: int, sample_id: int, group: int, prompt_tokens: int, in_tools: int = 0
+    ) -> bool:
+        """Token-budget admission of one request at ``rank`` (booked if admitted);
+        ``in_tools`` of the rank's requests wait on a tool call and hold no slot."""
         if rank not in self.router.workers:
             return True  # budget not known yet: the cap alone limits
-        return self.router.admit(rank, sample_id, group, prompt_tokens)
+        return self.router.admit(rank, sample_id, group, prompt_tokens, in_tools=in_tools)
 
     def finished(self, sample_id: int, response_tokens: int | None) -> None:
         self.router.finished(sample_id, response_tokens)

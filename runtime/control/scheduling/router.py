@@ -7,7 +7,8 @@ recent responses). A request is admitted to worker ``i`` only if
 
 - ``load_i + footprint <= budget_i`` (never overcommit the budget),
 - the worker's observed utilisation is at most ``admission_limit``, and
-- its active generations are below its concurrency cap (AIMD);
+- its active generations are below its concurrency cap (AIMD): its admitted requests
+  less those the rank reports waiting on a tool call (they hold no generation slot);
 
 among the feasible workers the cost is ``load/budget + w_queue * queue + lambda_p *
 preemption_pressure``, lowest wins. Siblings of one prompt (a GRPO group) go to the worker
@@ -87,23 +88,35 @@ class TokenRouter:
     def cost(self, w: WorkerLoad) -> float:
         return w.load / w.budget + self.s.w_queue * w.queue + self.s.lambda_p * w.pressure
 
-    def feasible(self, w: WorkerLoad, footprint: int) -> bool:
+    def feasible(self, w: WorkerLoad, footprint: int, in_tools: int = 0) -> bool:
+        """Whether ``footprint`` more tokens fit ``w``; ``in_tools`` of its active requests
+        wait on a tool call and do not count against its cap."""
         return (
-            w.load + footprint <= w.budget and w.util <= self.s.admission_limit and w.active < w.cap
+            w.load + footprint <= w.budget
+            and w.util <= self.s.admission_limit
+            and w.active - in_tools < w.cap
         )
 
     def admit(
-        self, worker: int, request: int, group: int, prompt_tokens: int, workload: str = "default"
+        self,
+        worker: int,
+        request: int,
+        group: int,
+        prompt_tokens: int,
+        workload: str = "default",
+        *,
+        in_tools: int = 0,
     ) -> bool:
         """Pull-based admission: may ``worker`` (which asks for work) take this request?
-        Booked if so; a sibling of a group already there books only its response."""
+        Booked if so; a sibling of a group already there books only its response.
+        ``in_tools``: the worker's requests waiting on a tool call (not generating)."""
         w = self.workers.get(worker)
         if w is None:
             return False
         need = self.footprint(prompt_tokens, workload)
         if self._group_home.get(group) == worker:
             need -= prompt_tokens
-        if not self.feasible(w, need):
+        if not self.feasible(w, need, in_tools):
             return False
         self._book(request, group, worker, need)
         return True

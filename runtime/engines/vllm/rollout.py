@@ -335,6 +335,10 @@ class VLLMRolloutSide(RolloutSide[Future]):
         # Only episodes generating now hold a slot: one waiting on the sandbox does not.
         return self.slots - (len(self.loop.running) - self.env.in_tools)
 
+    def episodes_in_tools(self) -> int:
+        """Episodes waiting on a tool call or a reward: rank 0 counts no slot for them."""
+        return self.env.in_tools
+
     def abort(self, running: dict[int, Future]) -> None:
         """Leaving the rollout pool: stop what is in flight (rank 0 requeues it)."""
         turns = range(self.cfg.workload.max_turns)
