@@ -34,8 +34,8 @@ def descendants(pid: int) -> list[int]:
 
 def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs_dir):
     sets = [
-        "train.steps=10",
-        "train.checkpoint_every=3",
+        "train.steps=14",
+        "train.checkpoint_every=4",
         "control.max_restarts=1",
         "control.heartbeat_timeout_s=120",
         "control.collective_timeout_s=60",
@@ -48,7 +48,7 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
     run = run_dir.name
     s = wait_for(
         run,
-        lambda s: (s["checkpoint"]["last"] or {}).get("step", 0) >= 3 or s["state"] != "RUNNING",
+        lambda s: (s["checkpoint"]["last"] or {}).get("step", 0) >= 4 or s["state"] != "RUNNING",
         600,
     )
     assert s["state"] == "RUNNING", s.get("reason")
@@ -67,10 +67,10 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
     saved = max(c["step"] for c in first["checkpoints"] if c["ok"])
     final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 900)
     assert final["state"] == "COMPLETED", final.get("reason")
-    assert final["step"] == 10 and final["resumed"]["step"] == saved
+    assert final["step"] == 14 and final["resumed"]["step"] == saved
 
     second = [m for m in metrics(run_dir) if m.get("attempt") == 2]
-    assert [m["step"] for m in second] == list(range(saved + 1, 11))
+    assert [m["step"] for m in second] == list(range(saved + 1, 15))
     # The restored trainer and the rollout engines hold the same policy: behaviour
     # log-probs from vLLM match the trainer's (a stale engine would be far off).
     assert all(0.8 < m["mean_ratio"] < 1.25 for m in second)
