@@ -7,13 +7,14 @@ from tests.helpers import reflow
 
 pytestmark = pytest.mark.integration
 
-# dapo_math.yaml trains with one pass per update (train.micro_batch_tokens unset) and no
-# activation checkpointing: far too much for 80 GiB. These two settings make it fit.
-FITTING = [
+# dapo_math.yaml checkpoints activations in micro-batches of 45,056 tokens, which fits 80
+# GiB; one pass per update without checkpointing (as the recipe trained before) does not.
+FITTING: list[str] = []
+WHOLE_PASS = [
     "--set",
-    "train.activation_checkpointing=true",
+    "train.activation_checkpointing=false",
     "--set",
-    "train.micro_batch_tokens=45056",
+    "train.micro_batch_tokens=null",
 ]
 
 
@@ -39,8 +40,8 @@ def test_plan_of_the_dapo_recipe_prints_both_roles_per_gpu():
     assert out.rstrip().endswith("verdict: fits")
 
 
-def test_plan_of_the_shipped_dapo_recipe_says_it_would_be_refused():
-    done = reflow("plan", "recipes/dapo_math.yaml", "--nodes", "16")
+def test_plan_of_the_dapo_recipe_in_one_pass_says_it_would_be_refused():
+    done = reflow("plan", "recipes/dapo_math.yaml", "--nodes", "16", *WHOLE_PASS)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = done.stdout.strip().splitlines()[-1]
     assert verdict.startswith("verdict: refused at launch: trainer role needs ")
@@ -63,7 +64,7 @@ def test_gpu_memory_option_changes_the_kv_cache():
 
 
 def test_launch_refuses_a_recipe_that_cannot_fit_in_one_line(runs_dir):
-    done = reflow("launch", "recipes/dapo_math.yaml", "--local")
+    done = reflow("launch", "recipes/dapo_math.yaml", "--local", *WHOLE_PASS)
     assert done.returncode == 2
     line = done.stderr.strip()
     assert (
@@ -73,7 +74,7 @@ def test_launch_refuses_a_recipe_that_cannot_fit_in_one_line(runs_dir):
     assert len(line.splitlines()) == 1 and "Traceback" not in done.stderr
     assert not runs_dir.exists(), "a refused launch must start nothing"
     # past the memory check, the same launch stops at the next one (the data, absent here)
-    done = reflow("launch", "recipes/dapo_math.yaml", "--local", "--no-memory-check")
+    done = reflow("launch", "recipes/dapo_math.yaml", "--local", *WHOLE_PASS, "--no-memory-check")
     assert done.returncode == 2 and "trainer role" not in done.stderr
     assert "/data/dapo-math-17k/train.parquet" in done.stderr
 
@@ -81,6 +82,10 @@ def test_launch_refuses_a_recipe_that_cannot_fit_in_one_line(runs_dir):
 def test_dry_run_shows_the_plan_and_its_verdict(runs_dir):
     done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", check=True)
     assert "memory plan: Qwen3-8B" in done.stdout
+    assert "verdict: fits" in done.stdout
+    done = reflow(
+        "launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", *WHOLE_PASS, check=True
+    )  # a dry run shows a refusal and still exits 0
     assert "verdict: refused at launch: trainer role needs " in done.stdout
     assert "#SBATCH" in done.stdout  # the plan comes before the sbatch script, which stays
     assert not runs_dir.exists()
