@@ -11,6 +11,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.faults.test_resume import metrics, wait_gone
 from tests.helpers import REPO, reflow
 from tests.helpers import wait_for_status as wait_for
@@ -32,6 +34,9 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+# ~6 minutes of real engines started twice: make test-slow (CI's 45-minute budget); the
+# restart itself is in make test with synthetic engines (tests/faults/test_restart.py)
+@pytest.mark.slow
 def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs_dir):
     sets = [
         "train.steps=14",

@@ -4,9 +4,14 @@ AIMD caps and token admission hold the rollout ranks back; nothing is lost."""
 
 import json
 
+import pytest
+
 from tests.helpers import REPO, reflow
 
 
+# ~3 minutes of real engines for a rule that is off by default: make test-slow (CI's
+# budget); the AIMD logic itself is unit-tested (tests/unit/test_scheduling.py)
+@pytest.mark.slow
 def test_aimd_caps_follow_real_engine_preemptions(runs_dir):
     done = reflow(
         "launch",
