@@ -5,8 +5,9 @@ ablations of ReFlow's parts, with the ideal-throughput bound per run.
         [--jobs N] [--set reflow.delta=2 ...]
 
 Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
-recipes/apps_coding.yaml for the APPS agent) resized to the cell's GPUs, with the model's
-profile from runtime/sim/profiles.yaml, for ``--syncs`` weight syncs (the recipe's
+recipes/apps_coding.yaml for the APPS agent, recipes/retool.yaml for ReTool's tool-calling
+math) resized to the cell's GPUs, with the model's profile from
+runtime/sim/profiles.yaml, for ``--syncs`` weight syncs (the recipe's
 ``sync_every`` steps each). ``reflow`` runs with adaptive caps on; the ablations turn
 replay (sigma = 0), the allocator, or adaptive caps off. Output: a Markdown report (and
 ``grid.json``) in --out, with every idle second by cause for async and reflow, plus PNG
@@ -29,9 +30,11 @@ MODES = ("sync", "one_step_off", "async", "reflow")
 GRID = [
     *[("math", m, g) for m in ("qwen3-8b", "qwen3-14b", "qwen3-32b") for g in (16, 32, 64, 128)],
     *[("apps_agent", m, g) for m in ("qwen3-4b", "qwen3-8b", "qwen3-14b") for g in (8, 16, 32, 64)],
+    # tool-interactive math (ReTool): sandbox calls mid-generation (profiles.yaml retool)
+    *[("retool", "qwen3-8b", g) for g in (16, 32)],
 ]
 QUICK = [("math", "qwen3-8b", 32), ("apps_agent", "qwen3-8b", 16)]
-RECIPES = {"math": "dapo_math.yaml", "apps_agent": "apps_coding.yaml"}
+RECIPES = {"math": "dapo_math.yaml", "apps_agent": "apps_coding.yaml", "retool": "retool.yaml"}
 ABLATIONS = {
     "replay off": ["reflow.sigma=0"],
     "allocator off": ["scheduler.auto_rebalance=false"],

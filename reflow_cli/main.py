@@ -349,7 +349,7 @@ def simulate(
     ] = None,
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="workload profile: math, apps_agent (default: from workload.kind)"),
+        typer.Option(help="workload profile: math, apps_agent, retool (default: workload.kind)"),
     ] = None,
     profiles: Annotated[
         Optional[Path],  # noqa: UP045

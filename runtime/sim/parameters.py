@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,51 @@ class WorkloadProfile:
     median_end: float
     sigma: float
     max_tokens: int
+    # The most turns an episode has (tool calls + 1); every episode has this many unless
+    # tool_calls_mean says how many calls it makes on average.
     turns: int
     tool_s_median: float
     reward_start: float
     reward_end: float
+    # Optional (a profile may leave them out): tool calls per episode are drawn as
+    # ``tool_calls_min + Binomial(turns - 1 - tool_calls_min, p)`` with the mean
+    # ``tool_calls_mean``; both None = every episode makes ``turns - 1`` calls.
+    tool_calls_min: int | None = None
+    tool_calls_mean: float | None = None
+    # A tool call's seconds are log-normal around tool_s_median with this spread, cut at
+    # tool_timeout_s (the sandbox's timeout; None = no timeout).
+    tool_s_sigma: float = 0.5
+    tool_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.turns < 1:
+            raise ProfileError(f"{self.name}.turns: expected >= 1, got {self.turns}")
+        most = self.turns - 1
+        fewest, mean = self.fewest_calls, self.mean_calls
+        if not 0 <= fewest <= most:
+            raise ProfileError(
+                f"{self.name}.tool_calls_min: expected 0..turns - 1 = {most}, got {fewest}"
+            )
+        if not fewest <= mean <= most:
+            raise ProfileError(
+                f"{self.name}.tool_calls_mean: expected tool_calls_min..turns - 1 = "
+                f"{fewest}..{most}, got {mean}"
+            )
+        if self.tool_timeout_s is not None and self.tool_timeout_s <= 0:
+            raise ProfileError(
+                f"{self.name}.tool_timeout_s: expected a number > 0, got {self.tool_timeout_s}"
+            )
+
+    @property
+    def fewest_calls(self) -> int:
+        if self.tool_calls_min is not None:
+            return self.tool_calls_min
+        # with only the mean given, an episode may make no call at all
+        return self.turns - 1 if self.tool_calls_mean is None else 0
+
+    @property
+    def mean_calls(self) -> float:
+        return self.turns - 1 if self.tool_calls_mean is None else self.tool_calls_mean
 
     @property
     def lengths(self) -> ResponseLengths:
@@ -59,29 +100,48 @@ class WorkloadProfile:
         p = min(max(progress, 0.0), 1.0)
         return self.reward_start + (self.reward_end - self.reward_start) * p
 
+    def episode_turns(self, rng: random.Random) -> int:
+        """Turns of one episode: its tool calls + 1. A workload whose episodes all make the
+        same number of calls draws nothing (its random stream is what it was before calls
+        were drawn)."""
+        fewest = self.fewest_calls
+        spread = self.turns - 1 - fewest
+        if spread == 0:
+            return self.turns
+        p = (self.mean_calls - fewest) / spread
+        return 1 + fewest + sum(rng.random() < p for _ in range(spread))
+
     def tool_s(self, rng: random.Random) -> float:
+        """Seconds of one tool call (a sandboxed code run)."""
         if self.tool_s_median <= 0:
             return 0.0
-        return rng.lognormvariate(math.log(self.tool_s_median), 0.5)
+        seconds = rng.lognormvariate(math.log(self.tool_s_median), self.tool_s_sigma)
+        if self.tool_timeout_s is not None:
+            seconds = min(seconds, self.tool_timeout_s)  # the sandbox kills it then
+        return seconds
 
 
 def _build(cls: type, name: str, raw: Any, source: Path) -> Any:
     if not isinstance(raw, dict):
         raise ProfileError(f"{source}: {name} is not a mapping")
-    names = [f.name for f in fields(cls) if f.name != "name"]
-    missing = [n for n in names if n not in raw]
-    extra = sorted(set(raw) - set(names))
+    given = [f for f in fields(cls) if f.name != "name"]
+    required = [f.name for f in given if f.default is MISSING]
+    missing = [n for n in required if n not in raw]
+    extra = sorted(set(raw) - {f.name for f in given})
     if missing or extra:
         raise ProfileError(f"{source}: {name}: missing {missing}, unknown {extra}")
     values = {}
-    for f in fields(cls):
-        if f.name == "name":
-            continue
+    for f in given:
+        if f.name not in raw:
+            continue  # optional: its default
         value = raw[f.name]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ProfileError(f"{source}: {name}.{f.name}: expected a number >= 0, got {value!r}")
-        values[f.name] = int(value) if f.type == "int" else float(value)
-    return cls(name=name, **values)
+        values[f.name] = int(value) if str(f.type).startswith("int") else float(value)
+    try:
+        return cls(name=name, **values)
+    except ProfileError as exc:
+        raise ProfileError(f"{source}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,10 @@ class RolloutPool:
         self._accounted: dict[int, tuple[float, float]] = {}  # leader -> (busy, paused)
         self._arrays: dict[int, tuple[array, array]] = {}
         self._prompt_ids = prompt_ids  # the one prompt rank 0 hands out
+        # What the workload model drew, for checking it against its profile: tool calls
+        # started and their seconds; episodes delivered and the tool calls they made.
+        self.tool_calls, self.tool_s_total = 0, 0.0
+        self.episodes_done, self.episode_tool_calls = 0, 0
 
     # --- layout ------------------------------------------------------------------------
 
@@ -123,10 +127,11 @@ class RolloutPool:
             self._blocked[leader] = None
             return
         self._blocked.pop(leader, None)
-        n_turns, prompt_blocks = self.workload.turns, len(self._prompt_ids)
+        prompt_blocks = len(self._prompt_ids)
         progress = self._progress()
         for req in requests:
             total = self.lengths.draw(self.rng, progress)
+            n_turns = self.workload.episode_turns(self.rng)  # tool calls + 1
             per = [max(1, total // n_turns // self.block)] * n_turns
             loop.running[req.sample_id] = _Generation(
                 prompt_blocks=prompt_blocks,
@@ -187,9 +192,14 @@ class RolloutPool:
         s.context += s.turns[s.turn]
         s.turn += 1
         if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
-            self.events.at(now + self.workload.tool_s(self.rng), self._next_turn, leader, sid)
+            tool_s = self.workload.tool_s(self.rng)
+            self.tool_calls += 1
+            self.tool_s_total += tool_s
+            self.events.at(now + tool_s, self._next_turn, leader, sid)
             return
         del loop.running[sid]
+        self.episodes_done += 1
+        self.episode_tool_calls += len(s.turns) - 1
         n = s.context
         # Held across a weight sync (runtime/rank/rollout_loop.py, Spans): modelled as half
         # way through, which is all rank 0 looks at (the spans' versions).

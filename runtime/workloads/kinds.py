@@ -76,6 +76,7 @@ KINDS: dict[str, WorkloadKind] = {
             fields=("prompt", "answer"),
             needs_sandbox=True,
             stop_strings=True,
+            sim_workload="retool",
         ),
     )
 }

@@ -229,3 +229,86 @@ def test_a_simulation_that_stops_making_progress_says_so():
     sim.pool._turn_finished = lambda leader, sid: None  # every finished sample is lost
     with pytest.raises(sim_cluster.SimStalled, match=r"^no training step for \d+ simulated s"):
         sim.run()
+
+
+# --- ReTool (tool-interactive math): the profile's figures, ../shared/notes/cluster-profile.md
+
+
+def test_the_retool_workload_draws_the_cluster_profiles_figures():
+    import dataclasses
+    import random
+    import statistics
+
+    w = PROFILES.workload("retool")
+    rng = random.Random(11)
+    # "ReTool tool calls per trajectory: mean 3.5, 1-8"
+    calls = [w.episode_turns(rng) - 1 for _ in range(20000)]
+    assert statistics.fmean(calls) == pytest.approx(3.5, abs=0.05)
+    assert min(calls) == 1 and max(calls) == 8
+    # "ReTool sandbox latency per call: median 0.3 s, log-normal tail, timeout 30 s", and a
+    # mean per call of 1.61 s per trajectory over its 3.5 calls
+    seconds = [w.tool_s(rng) for _ in range(20000)]
+    assert statistics.median(seconds) == pytest.approx(0.3, abs=0.01)
+    assert statistics.fmean(seconds) == pytest.approx(1.61 / 3.5, rel=0.06)
+    assert max(seconds) <= 30.0
+    slow = dataclasses.replace(w, tool_s_median=29.0)
+    assert max(slow.tool_s(rng) for _ in range(200)) == 30.0  # cut at the timeout
+    # responses: mean 2,707 at the start (0.85% at the 16,384 cap), 4,700 at the end
+    for progress, mean in ((0.0, 2707), (1.0, 4700)):
+        lengths = [w.lengths.draw(rng, progress) for _ in range(40000)]
+        assert statistics.fmean(lengths) == pytest.approx(mean, rel=0.03)
+        assert max(lengths) == 16384
+    start = [w.lengths.draw(rng, 0.0) for _ in range(40000)]
+    assert sum(n == 16384 for n in start) / len(start) == pytest.approx(0.0085, abs=0.003)
+
+
+def test_workloads_with_a_fixed_number_of_turns_draw_nothing_for_them():
+    import random
+
+    # the APPS agent's random stream is the one it had before calls were drawn
+    rng = random.Random(5)
+    state = rng.getstate()
+    assert PROFILES.workload("apps_agent").episode_turns(rng) == 3
+    assert PROFILES.workload("math").episode_turns(rng) == 1
+    assert rng.getstate() == state
+
+
+def test_a_retool_simulation_at_16_gpus_completes_with_nothing_lost():
+    sim_plan = plan(small("retool.yaml", 8), 16)
+    assert sim_plan.workload == "retool"  # from workload.kind tool_reasoning
+    sim = sim_cluster.SimCluster(
+        sim_plan.cfg, PROFILES.model("qwen3-8b"), PROFILES.workload("retool"), seed=2
+    )
+    res = sim.run()
+    assert res.summary["state"] == "COMPLETED" and res.summary["steps"] == 8
+    samples = res.summary["samples"]
+    assert samples["lost"] == 0 and samples["duplicated"] == 0
+    # the rollout side made the tool calls mid-generation, as many and as long as profiled
+    pool = sim.pool
+    assert pool.episodes_done >= 8 * 16 * 16
+    assert pool.episode_tool_calls / pool.episodes_done == pytest.approx(3.5, abs=0.2)
+    assert pool.tool_s_total / pool.tool_calls == pytest.approx(1.61 / 3.5, rel=0.15)
+
+
+def test_the_retool_recipe_simulates_without_a_workload_option():
+    from tests.helpers import reflow
+
+    recipe = str(REPO / "recipes" / "retool.yaml")
+    done = reflow("simulate", recipe, "--gpus", "16", "--steps", "4", "--json", check=True)
+    (row,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert row["workload"] == "retool" and row["model"] == "qwen3-8b" and row["gpus"] == 16
+    assert row["steps"] == 4 and row["lost"] == 0
+
+
+def test_a_tool_call_law_outside_its_turns_is_a_one_line_error(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load((REPO / "runtime" / "sim" / "profiles.yaml").read_text())
+    raw["workloads"]["retool"]["tool_calls_mean"] = 9.5  # more calls than 9 turns allow
+    bad = tmp_path / "p.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProfileError) as info:
+        load_profiles(bad)
+    assert str(info.value) == (
+        f"{bad}: retool.tool_calls_mean: expected tool_calls_min..turns - 1 = 1..8, got 9.5"
+    )

@@ -62,7 +62,12 @@ def test_the_old_tables_agree_with_the_records():
         "tool_reasoning": ("prompt", "answer"),
         "code_agent": ("prompt", "tests"),
     }
-    assert WORKLOAD_OF_KIND == {"math": "math", "arith": "math", "code_agent": "apps_agent"}
+    assert WORKLOAD_OF_KIND == {
+        "math": "math",
+        "arith": "math",
+        "code_agent": "apps_agent",
+        "tool_reasoning": "retool",
+    }
     assert {n for n, k in KINDS.items() if k.trainer_eval} == {"arith"}
 
 
