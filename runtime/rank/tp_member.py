@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime.config.layout import LayoutChange
-from runtime.rank.sides import Send
+from runtime.rank.sides import PlaceholderSide, Send
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import Message
@@ -32,17 +31,16 @@ from runtime.transport.protocol import Message
 log = logging.getLogger(__name__)
 
 
-class TensorParallelMember:
-    """A :class:`runtime.rank.sides.RoleSide` with no engine, for a non-driving rank."""
-
-    name = "rollout"
+class TensorParallelMember(PlaceholderSide):
+    """The rollout side of a non-driving rank: a placeholder (no engine, no work, idle)
+    that hands back any work that reaches it."""
 
     def __init__(self, rank: int, driver: int) -> None:
         if driver == rank:
             raise ValueError(f"rank {rank} drives its rollout replica; it is not a member")
+        super().__init__("rollout")
         self.rank = rank
         self.driver = driver  # the rank whose engine uses this rank's device
-        self.active = False
         self.returned = 0  # requests handed back (rank 0 sent work it should not have)
         self._send: Send = lambda m: None
 
@@ -66,25 +64,6 @@ class TensorParallelMember:
                 )
                 self.returned += 1
             log.warning("rank %d handed back %d requests", self.rank, len(msg.requests))
-
-    def activate(self) -> None:
-        self.active = True
-
-    def deactivate(self) -> None:
-        self.active = False
-
-    def on_layout(self, change: LayoutChange) -> None:
-        """Nothing to move: the driver receives the weights for the whole replica."""
-
-    def step(self) -> None:
-        """Nothing to do; the worker's poll timeout paces the loop."""
-
-    def close(self) -> None:
-        self.active = False
-
-    @property
-    def state(self) -> str:
-        return "idle"
 
 
 def tensor_parallel_member(rank: int, rollout_group_size: int) -> TensorParallelMember:
