@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from runtime.config.schema import Config
 
 
+COLOCATED = "colocated_sync"  # reflow.mode of the colocated baseline
+
+
 class Role(str, Enum):
     ROLLOUT = "rollout"
     TRAINER = "trainer"
@@ -72,6 +75,18 @@ class Layout:
             gpus_per_node=self.gpus_per_node,
             trainer_group_size=self.trainer_group_size,
             rollout_group_size=self.rollout_group_size,
+        )
+
+    def all_playing(self, role: Role) -> Layout:
+        """A colocated phase: every rank plays ``role`` (mode ``colocated_sync`` alternates
+        the two; no split check: both pools cover the whole world in turn)."""
+        n_trainer = self.world_size if role is Role.TRAINER else 0
+        return Layout(
+            self.world_size,
+            self.gpus_per_node,
+            self.trainer_group_size,
+            self.rollout_group_size,
+            n_trainer,
         )
 
     @property
@@ -211,11 +226,12 @@ class LayoutChange:
 
 
 def initial_layout(cfg: Config) -> Layout:
-    """The layout a run starts with: ``resources.initial_ratio`` over the run's ranks."""
+    """The layout a run starts with: ``resources.initial_ratio`` over the run's ranks; in
+    mode ``colocated_sync``, every rank generating (the first phase)."""
     res = cfg.resources
     assert res.initial_ratio is not None
     rollout, trainer = parse_ratio(res.initial_ratio)
-    return Layout.from_ratio(
+    layout = Layout.from_ratio(
         rollout,
         trainer,
         world_size=cfg.world_size,
@@ -223,3 +239,13 @@ def initial_layout(cfg: Config) -> Layout:
         trainer_group_size=res.trainer_gpus_per_replica,
         rollout_group_size=res.rollout_gpus_per_replica,
     )
+    return layout.all_playing(Role.ROLLOUT) if cfg.reflow.mode == COLOCATED else layout
+
+
+def group_roles(cfg: Config, roles: Sequence[str]) -> list[str]:
+    """The roles the process groups are built from. Colocated ranks all belong to the one
+    trainer group for the whole run (each keeps its shards across the rollout phase) and
+    load their own engines in place, so their groups never change with the phase."""
+    if cfg.reflow.mode == COLOCATED:
+        return [Role.TRAINER.value] * len(roles)
+    return list(roles)

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from runtime.config.layout import LayoutError, check_split, default_split, parse_ratio
-from runtime.config.schema import Config
+from runtime.config.schema import BASELINE_FIXED, BASELINES, Config
 
 
 class _Loader(yaml.SafeLoader):
@@ -168,6 +168,9 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
     elif tp is str and not isinstance(value, str):
         raise _FieldError(path, f"expected a string, got {value!r}")
     choices = meta.get("choices")
+    renamed = meta.get("renamed", {})
+    if choices is not None and value in renamed:
+        raise _FieldError(path, f"{value!r} was renamed: use {renamed[value]}")
     if choices is not None and value not in choices:
         raise _FieldError(path, f"{value!r} is not one of: {', '.join(map(str, choices))}")
     _check_bounds(value, path, meta)
@@ -209,6 +212,27 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if name not in kwargs and dataclasses.is_dataclass(hints[name]):
             kwargs[name] = _build(hints[name], {}, f"{prefix}{name}.")
     return cls(**kwargs)
+
+
+def _check_mode(cfg: Config) -> None:
+    """What a mode's definition rules out (runtime.config.schema.BASELINE_FIXED), and what
+    colocation needs: every rank in a trainer replica and in a rollout replica."""
+    rf, res = cfg.reflow, cfg.resources
+    if rf.mode in BASELINES:
+        for dotted, why in BASELINE_FIXED.items():
+            section, name = dotted.split(".")
+            if getattr(getattr(cfg, section), name):
+                raise _FieldError(dotted, f"true is not part of mode={rf.mode} ({why})")
+    if rf.mode != "colocated_sync":
+        return
+    for name in ("trainer_gpus_per_replica", "rollout_gpus_per_replica"):
+        size = getattr(res, name)
+        if cfg.world_size % size:
+            raise _FieldError(
+                f"resources.{name}",
+                f"{size} does not divide the {cfg.world_size} ranks: mode=colocated_sync "
+                "puts every rank in both roles",
+            )
 
 
 def check_feasible(cfg: Config) -> None:
@@ -253,6 +277,7 @@ def check_feasible(cfg: Config) -> None:
         raise _FieldError(
             "reflow.sigma", f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})"
         )
+    _check_mode(cfg)
     group = cfg.algorithm.group_size
     if train.batch_prompts is not None:
         b = train.batch_prompts * group

@@ -25,7 +25,23 @@ def opt(default: Any, doc: str, **checks: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-MODES = ("sync", "one_step_off", "async", "reflow")
+# The execution modes. The four before ``reflow`` are the baselines users run elsewhere:
+# ``colocated_sync`` is verl's default hybrid engine (every rank generates the batch, then
+# every rank trains on it), ``disaggregated_sync`` a barrier on a rollout:trainer split,
+# ``one_step_off`` that split one batch ahead, ``async`` verl's fully-async policy
+# (streaming, partial rollout, staleness threshold ``delta``). Each baseline keeps its
+# placement and fixed caps (``BASELINE_FIXED``); ``reflow`` adds replay, the allocator and
+# adaptive caps (docs/architecture.md, "Execution modes").
+MODES = ("colocated_sync", "disaggregated_sync", "one_step_off", "async", "reflow")
+BASELINES = MODES[:-1]
+# Modes renamed since a recipe may have been written: the one-line error says to what.
+RENAMED_MODES = {"sync": "disaggregated_sync (the colocated baseline is colocated_sync)"}
+# What a baseline mode leaves out, as part of its definition: a recipe asking for one of
+# these in a baseline mode is refused rather than run as something else.
+BASELINE_FIXED = {
+    "scheduler.auto_rebalance": "the baselines keep their placement",
+    "scheduler.adaptive_caps": "the baselines keep fixed concurrency caps",
+}
 
 
 @dataclass
@@ -193,7 +209,13 @@ class TrainConfig:
 
 @dataclass
 class ReflowConfig:
-    mode: str = opt("reflow", "execution mode", choices=MODES)
+    mode: str = opt(
+        "reflow",
+        "execution mode: the baselines colocated_sync, disaggregated_sync, one_step_off, async "
+        "(docs/architecture.md) or reflow",
+        choices=MODES,
+        renamed=RENAMED_MODES,
+    )
     B_max: int | None = opt(None, "max samples in flight at rollout; none = batch_size", ge=1)
     sigma: float | None = opt(
         None, "max replay fraction of a batch; none = 0.5 (reflow) or 0 (others)", ge=0, lt=1

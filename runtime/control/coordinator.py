@@ -27,7 +27,7 @@ from typing import Any
 
 from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import needs_collective
-from runtime.control import lifecycle, registration, rollout_work, telemetry, training
+from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
@@ -86,6 +86,9 @@ class Coordinator(Run):
         self.accepted += 1
         if self.state != RunState.RUNNING:
             return [(identity, p.Reply(ok=False, text=f"run is {self.state}, not RUNNING"))]
+        if colocation.is_colocated(self):
+            text = "mode=colocated_sync: every rank plays both roles in turn, there is no split"
+            return [(identity, p.Reply(ok=False, text=text))]
         try:
             target = self.layout.with_ratio(msg.rollout, msg.trainer)
         except LayoutError as exc:
@@ -167,6 +170,7 @@ class Coordinator(Run):
                 out += lifecycle.end_checkpoint(
                     self, False, f"no answer within {ctl.checkpoint_timeout_s:.0f} s"
                 )
+        out += colocation.advance(self)
         self.check_ended()
         return out
 

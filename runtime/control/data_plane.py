@@ -16,6 +16,9 @@ from runtime.control.replay_buffer import Batch, ReplayBuffer
 from runtime.control.samplers import make_replay_filter, make_sampler
 from runtime.data.sample import Request, Sample
 
+# The modes that generate batch by batch behind a barrier (the others stream).
+BARRIER_MODES = ("colocated_sync", "disaggregated_sync", "one_step_off")
+
 
 class DataPlane:
     def __init__(
@@ -79,13 +82,15 @@ class DataPlane:
     ) -> list[Request]:
         self.dispatcher.last_block = None
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
-        if self.mode in ("sync", "one_step_off"):
+        if self.mode in BARRIER_MODES:
             # Batch-at-a-time baselines: never more than one batch generated ahead of the
-            # trainer. `sync` also waits while the trainer trains (rollout idles), while
-            # `one_step_off` generates batch k+1 during step k.
+            # trainer. `disaggregated_sync` also waits while the trainer trains (rollout
+            # idles), while `one_step_off` generates batch k+1 during step k;
+            # `colocated_sync` generates the batches of its next train phase (every rank
+            # trains them: runtime/control/colocation.py).
             ahead = buffered + len(self.dispatcher.outstanding)
-            allowed = max(0, self.batch_size - ahead)
-            if self.mode == "sync" and self.batches:
+            allowed = max(0, self.batch_size * self._batches_ahead() - ahead)
+            if self.mode != "one_step_off" and self.batches:
                 allowed = 0
             # Groups already started are always finished, or the barrier could deadlock.
             slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
@@ -101,6 +106,12 @@ class DataPlane:
             horizon=horizon,
             admit=admit,
         )
+
+    def _batches_ahead(self) -> int:
+        """Batches a barrier mode may generate ahead: one, or a colocated train phase's."""
+        if self.mode != "colocated_sync":
+            return 1
+        return min(self.train.sync_every, self.train.steps - self.step)
 
     def deliver(self, t: Sample) -> bool:
         """A finished sample from a rollout worker; False (counted) if unexpected."""

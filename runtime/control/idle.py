@@ -50,12 +50,14 @@ TRAINER_CAUSES = (
     "step_report",
     "role_switch",
     "checkpoint",
+    "colocated_rollout",  # colocated_sync: every rank generating the next batches
 )
 ROLLOUT_CAUSES = (
     "B_max",
     "staleness",
     "no_prompts",
-    "sync_barrier",
+    "colocated_sync_barrier",
+    "disaggregated_sync_barrier",
     "one_step_off_barrier",
     "concurrency_cap",
     "token_budget",
@@ -65,7 +67,16 @@ ROLLOUT_CAUSES = (
     "between_requests",
 )
 # Refusals that hold a rank under its capacity by the run's rules, not its engine's.
-THROTTLES = frozenset({"B_max", "staleness", "no_prompts", "sync_barrier", "one_step_off_barrier"})
+THROTTLES = frozenset(
+    {
+        "B_max",
+        "staleness",
+        "no_prompts",
+        "colocated_sync_barrier",
+        "disaggregated_sync_barrier",
+        "one_step_off_barrier",
+    }
+)
 # The trainer's causes that mean it waited for data.
 STARVED = ("fresh_short", "rollout_held", "replay_short", "sampler_short")
 # Refusal reasons that mean rollout is held back (the trainer's "rollout_held").

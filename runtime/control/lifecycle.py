@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config.layout import Role
+from runtime.control import colocation
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.data.sample import sample_digest
@@ -72,7 +73,9 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
 
 def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
     then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
-    return stop_now(c, then_stop) if then_stop is not None else []
+    if then_stop is not None:
+        return stop_now(c, then_stop)
+    return colocation.advance(c)  # a colocated train phase waited for the checkpoint
 
 
 # --- what a checkpoint keeps of rank 0 ------------------------------------------------
@@ -101,8 +104,9 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"coordinator state format {state.get('format')!r}")
     assert not c.workers, "restore before the ranks register"
-    rollout, trainer = state["layout"]
-    c.rebalance.layout = c.layout.with_ratio(rollout, trainer)
+    if not colocation.is_colocated(c):  # colocated: resumed in a rollout phase, as it starts
+        rollout, trainer = state["layout"]
+        c.rebalance.layout = c.layout.with_ratio(rollout, trainer)
     c.data.load_state_dict(state["data"])
     c.step = int(state["step"])
     c.policy_version = int(state["policy_version"])

@@ -75,6 +75,43 @@ class Mark:
     rollout_throttled_s: float = 0.0
 
 
+class RoleTime:
+    """Rank-seconds of each role between two training steps, from the layout over time: a
+    rank counts for its role, or as ``switching`` while its switch is under way; and which
+    ranks played each role. Makes "who did what" a number for every mode (a colocated run
+    should show every rank in both roles)."""
+
+    def __init__(self, now: float) -> None:
+        self.since = now
+        self.seconds: dict[str, float] = {}
+        self.ranks: dict[str, set[int]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.seconds = {"rollout": 0.0, "trainer": 0.0, "switching": 0.0}
+        self.ranks = {"rollout": set(), "trainer": set()}
+
+    def add(self, now: float, layout: Layout, moving: Iterable[int]) -> None:
+        """The time since the last call, spent in ``layout`` with ``moving`` switching."""
+        dt, self.since = max(0.0, now - self.since), max(self.since, now)
+        moving = set(moving)
+        for rank, role in enumerate(layout.roles()):
+            if rank in moving:
+                self.seconds["switching"] += dt
+            else:
+                self.seconds[role.value] += dt
+                self.ranks[role.value].add(rank)
+
+    def take(self, now: float, layout: Layout, moving: Iterable[int]) -> dict[str, Any]:
+        self.add(now, layout, moving)
+        out = {
+            "rank_seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "ranks_by_role": {k: sorted(v) for k, v in self.ranks.items()},
+        }
+        self._reset()
+        return out
+
+
 class Rebalancer:
     """The current layout, the pending one, the switch records and the allocator."""
 
@@ -82,6 +119,8 @@ class Rebalancer:
         sch, res = cfg.scheduler, cfg.resources
         self.clock = clock
         self.layout = layout
+        self._previous = layout  # the layout before the current one (moving ranks)
+        self.role_time = RoleTime(clock())
         self.epoch = 0
         self.pending: Layout | None = None
         self.switches: list[SwitchRecord] = []
@@ -133,6 +172,7 @@ class Rebalancer:
         ranks to take it up; False when there is nothing to broadcast."""
         if self.pending is None or self.switching():
             return False
+        self._count_role_time()
         target, self.pending = self.pending, None
         record = self.switches[-1]
         if target == self.layout:
@@ -140,7 +180,7 @@ class Rebalancer:
             record.epoch = self.epoch
             return False
         self.epoch += 1
-        self.layout = target
+        self._previous, self.layout = self.layout, target
         record.epoch, record.applied_at = self.epoch, self.clock()
         record.waiting_for = set(alive)
         return True
@@ -160,7 +200,18 @@ class Rebalancer:
             if phases:
                 current.phases[rank] = dict(phases)
             if not current.waiting_for and current.done_at is None:
+                self._count_role_time()  # up to now the moved ranks were switching
                 current.done_at = self.clock()
+
+    def _moving(self) -> list[int]:
+        return self._previous.moved_ranks(self.layout) if self.switching() else []
+
+    def _count_role_time(self) -> None:
+        self.role_time.add(self.clock(), self.layout, self._moving())
+
+    def take_role_time(self) -> dict[str, Any]:
+        """Rank-seconds by role since the last call (one call per training step)."""
+        return self.role_time.take(self.clock(), self.layout, self._moving())
 
     def new_transitions(self) -> list[dict[str, Any]]:
         """Layout changes finished since the last call, for the step's metrics line."""

@@ -8,7 +8,7 @@ finished role switch and leaves (Bye). The books are
 
 from __future__ import annotations
 
-from runtime.config.layout import Role
+from runtime.config.layout import COLOCATED, Role
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
 from runtime.transport import protocol as p
@@ -44,9 +44,10 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING
-        if c.policy_version > 0:
+        if c.policy_version > 0 and c.cfg.reflow.mode != COLOCATED:
             # Resumed: the rollout engines start from the base model; the leader
             # restored the checkpoint's weights and broadcasts them before any work.
+            # (Colocated ranks load their own restored weights before they are ready.)
             return c.weight_sync()
     return []
 

@@ -17,7 +17,7 @@ accounting are per driver, that is per replica.
 from __future__ import annotations
 
 from runtime.config.layout import Role
-from runtime.control import telemetry
+from runtime.control import colocation, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
@@ -94,7 +94,7 @@ def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]
     c.generation.finished(t.sample_id, len(t.token_ids))
     if c.cfg.logging.samples:
         c.samples_log.append(telemetry.sample_record(t, msg.rank))
-    return []
+    return colocation.advance(c)  # the rollout phase may be complete
 
 
 def on_sample_failed(c: Run, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:

@@ -77,6 +77,7 @@ class Run:
         self.step = 0
         self.policy_version = 0
         self.training_started = False
+        self.phase_started_at_step = 0  # colocated_sync: the step its current phase began at
         self.started_at = clock()
         self.ended_at: float | None = None
         self.attempt = 1  # 1 + the number of resumes of this run

@@ -117,6 +117,9 @@ def summary(c: Run) -> dict[str, Any]:
         "failed_while_training": c.failed_while_training,
         "ledger_violations": len(c.ledger_violations),
         "samples": {k: ledger[k] for k in LEDGER_KEYS},
+        # generations paused across a weight sync and resumed (partial rollout)
+        "held_across_sync": c.data.dispatcher.transitions["running->held"],
+        "delivered_by_rank": c.data.stats()["delivered_by_rank"],
     }
 
 

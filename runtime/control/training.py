@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from runtime.config.layout import Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS
-from runtime.control import lifecycle, telemetry
+from runtime.control import colocation, lifecycle, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
@@ -60,6 +60,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         c.ledger_violations.append({"step": c.step, "problems": problems})
         line["ledger_problems"] = problems
     mark(c, now)
+    line.update(c.rebalance.take_role_time())
     transitions = c.rebalance.new_transitions()
     if transitions:
         line["transitions"] = transitions
@@ -78,7 +79,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     if c.step >= train.steps:
         return c.finish(RunState.COMPLETED, f"reached step {c.step}")
     out: list[Outgoing] = []
-    if c.step % train.sync_every == 0:
+    if c.step % train.sync_every == 0 and not colocation.is_colocated(c):
         # Weights first: the sync group of the current layout takes part in the
         # broadcast, then a pending layout (if any) regroups everyone.
         out = c.weight_sync() + c.apply_pending_layout()
@@ -87,7 +88,9 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         out += lifecycle.checkpoint_then_stop(c, reason)
     elif train.checkpoint_every and c.step % train.checkpoint_every == 0:
         out += lifecycle.request_checkpoint(c, then_stop=None)
-    return out
+    # colocated: back to the rollout phase, each rank syncing in place (after the
+    # checkpoint, which needs the trainer state on the device)
+    return out + colocation.advance(c)
 
 
 def mark(c: Run, now: float) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from runtime.config.layout import LayoutChange
+from runtime.config.layout import COLOCATED, LayoutChange, group_roles
 from runtime.config.schema import Config
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.rank.sides import RoleSide
@@ -83,6 +83,7 @@ class HybridWorker:
         attempt: str = "",
     ) -> None:
         self.attempt = attempt
+        self.colocated = cfg.reflow.mode == COLOCATED
         self.resume: str | None = None  # checkpoint folder rank 0 resumes from
         self.rank = rank
         self.world_size = world_size
@@ -257,12 +258,14 @@ class HybridWorker:
                     # The process group first (every rank joins it now), then the engines.
                     self.collective = self._make_collective()
                     if self.collective is not None:
-                        self.collective.regroup(msg.layout_epoch, msg.roles)
+                        self.collective.regroup(msg.layout_epoch, group_roles(self.cfg, msg.roles))
                     self.sides = self._make_sides(self.collective)
                     for side in self.sides.values():
                         side.attach(self._send, self.rank)
                     if self.resume:
                         self._restore(self.resume)
+                        if self.colocated:  # its engine starts from the base model
+                            self._load_engine_in_place()
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     self._send(p.Bye(rank=self.rank, reason=reason))
@@ -331,6 +334,8 @@ class HybridWorker:
         Every rank regroups (collectively), then the sides move state: new trainer replicas
         get theirs from the current ones, new rollout ranks the leader's weights. A side may
         prepare before the old groups go (``before_layout``): counted as state transfer."""
+        if self.colocated:
+            return self._switch_phase(change.after[self.rank])
         phases: dict[str, float] = {}
         self._enter(change.after[self.rank], phases)
         t = time.perf_counter()
@@ -350,6 +355,39 @@ class HybridWorker:
         phases["state_transfer"] = (prepared - t) + (moved - regrouped)
         phases["weight_load"] = loaded - moved
         return phases
+
+    def _switch_phase(self, role: str) -> dict[str, float]:
+        """Mode colocated_sync (runtime/control/colocation.py): every rank changes phase,
+        no group changes and no state moves between ranks. Back to rollout, the rank first
+        copies its trainer's weights of the new version to host memory (a sharded trainer:
+        every rank gathers them, collectively), then offloads the trainer, wakes its engine
+        and loads them into it: the in-place sync of a colocated engine."""
+        phases: dict[str, float] = {}
+        exported = None
+        start = time.perf_counter()
+        if role == "rollout":
+            exported = self._export_engine_weights()
+        export_s = time.perf_counter() - start
+        self._enter(role, phases)
+        start = time.perf_counter()
+        if exported is not None:
+            self._load_exported(*exported)
+            phases["weight_load"] = export_s + time.perf_counter() - start
+        return phases
+
+    def _export_engine_weights(self) -> tuple[int, object] | None:
+        export = getattr(self.sides["trainer"], "engine_weights", None)
+        return export() if export is not None else None
+
+    def _load_exported(self, version: int, weights: object) -> None:
+        load = getattr(self.sides["rollout"], "load_in_place", None)
+        if load is not None:  # a tensor-parallel member's engine is its driver's
+            load(version, weights)
+
+    def _load_engine_in_place(self) -> None:
+        exported = self._export_engine_weights()
+        if exported is not None:
+            self._load_exported(*exported)
 
     def _serve(self) -> None:
         assert self.role is not None

@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config.layout import Role
+from runtime.config.layout import COLOCATED, Role
 from runtime.config.schema import Config
 from runtime.control.coordinator import Coordinator
 from runtime.sim.events import EventQueue
-from runtime.sim.parameters import ModelProfile, WorkloadProfile
+from runtime.sim.parameters import ModelProfile, ProfileError, WorkloadProfile
 from runtime.sim.rollout_pool import RolloutPool
 from runtime.transport import protocol as p
 
@@ -88,6 +88,13 @@ class SimCluster:
     ) -> None:
         self.cfg = sim_config(cfg)
         self.model, self.workload = model, workload
+        self.colocated = self.cfg.reflow.mode == COLOCATED
+        if self.colocated and (model.colocated_sync_s is None or model.wake_s is None):
+            raise ProfileError(
+                f"model {model.name}: mode colocated_sync needs colocated_sync_s and wake_s"
+            )
+        self._colocated_sync_s = model.colocated_sync_s or 0.0
+        self._wake_s = model.wake_s or 0.0
         self.block = block
         self.heartbeat_s = heartbeat_s
         self.seed = seed
@@ -236,21 +243,33 @@ class SimCluster:
             self.events.at(self.trainer_busy_until, self._ask_batch)
         self.pool.on_weight_sync(rank, msg.policy_version)
 
+    def _switch_s(self, roles: list[str]) -> float:
+        """One rank's switch time. A colocated phase change: to the trainer, the engine
+        sleeps and the trainer wakes (one wake); back to rollout, the in-place weight sync
+        then the engine's wake (the published colocated figures, cluster-profile sec. 11).
+        Any other switch: the model's ``switch_s``."""
+        if not self.colocated:
+            return self.model.switch_s
+        if roles[0] == Role.TRAINER.value:
+            return self._wake_s
+        return self._colocated_sync_s + self._wake_s
+
     def _on_role_switch(self, rank: int, msg: p.RoleSwitch) -> None:
+        seconds = self._switch_s(list(msg.roles))
         if rank == 0:  # once per switch: rebuild the replicas of the new layout
             self.roles, self.epoch = list(msg.roles), msg.layout_epoch
             leaders = {g[0] for g in self.coord.layout.groups(Role.ROLLOUT)}
-            self.pool.relayout(leaders, frozen_for=self.model.switch_s)
-        self.events.at(self.now + self.model.switch_s, self._switch_done, rank, msg.layout_epoch)
+            self.pool.relayout(leaders, frozen_for=seconds)
+        self.events.at(self.now + seconds, self._switch_done, rank, msg.layout_epoch, seconds)
 
-    def _switch_done(self, rank: int, epoch: int) -> None:
+    def _switch_done(self, rank: int, epoch: int, seconds: float) -> None:
         self._send(
             rank,
             p.RoleSwitchDone(
                 rank=rank,
                 role=self.roles[rank],
                 layout_epoch=epoch,
-                duration_s=self.model.switch_s,
+                duration_s=seconds,
             ),
         )
         if rank == 0:

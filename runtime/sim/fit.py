@@ -60,6 +60,9 @@ def cpu_model(
         train_tok_s=train_tok_s,
         weight_sync_s=weight_sync_s,
         switch_s=0.0,
+        # CPU engines do not sleep; an in-place load costs what the measured reload did
+        colocated_sync_s=weight_sync_s,
+        wake_s=0.0,
     )
 
 

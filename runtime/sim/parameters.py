@@ -34,6 +34,11 @@ class ModelProfile:
     train_tok_s: float
     weight_sync_s: float
     switch_s: float
+    # mode colocated_sync: the in-place weight sync of a colocated engine (trainer shards
+    # gathered into the engine on the same GPUs) and one engine wake from sleep; None: the
+    # profile cannot simulate that mode
+    colocated_sync_s: float | None = None
+    wake_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -63,14 +63,17 @@ def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):
     assert "buffer: unused" in human and "replay fraction" in human
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async", "reflow"])
+@pytest.mark.parametrize(
+    "mode", ["colocated_sync", "disaggregated_sync", "one_step_off", "async", "reflow"]
+)
 def test_each_execution_mode_runs(tmp_path, runs_dir, mode):
     recipe = tmp_path / f"{mode}.yaml"
     sigma = 0.5 if mode == "reflow" else 0.0
+    # generations of ~0.3 s: long enough to be in flight across a weight sync
     recipe.write_text(
-        RECIPE.replace("train: {steps: 200", "train: {steps: 12").replace(
-            "mode: reflow, sigma: 0.5", f"mode: {mode}, sigma: {sigma}"
-        )
+        RECIPE.replace("train: {steps: 200", "train: {steps: 12")
+        .replace("mode: reflow, sigma: 0.5", f"mode: {mode}, sigma: {sigma}")
+        .replace("trainer: synthetic}", "trainer: synthetic, synthetic_token_s: 0.005}")
     )
     done = reflow("launch", str(recipe), "--local", "--wait", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -82,5 +85,21 @@ def test_each_execution_mode_runs(tmp_path, runs_dir, mode):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if mode != "reflow":
         assert all(x["batch_replay"] == 0 for x in lines)
-    if mode == "sync":  # generation waits for each step: every batch is fully fresh
+    if mode in ("colocated_sync", "disaggregated_sync"):  # every batch is fully fresh
         assert all(x["max_sample_age"] == 0 for x in lines)
+    held, by_rank = summary["held_across_sync"], summary["delivered_by_rank"]
+    if mode == "colocated_sync":
+        # every rank generates and every rank trains, in every step (sync_every 1): a
+        # rollout phase then a train phase, both over all 4 ranks, with rank-seconds in
+        # each; nothing is in flight across a weight sync
+        for x in lines:
+            assert x["ranks_by_role"] == {"rollout": [0, 1, 2, 3], "trainer": [0, 1, 2, 3]}
+            assert x["rank_seconds"]["rollout"] > 0 and x["rank_seconds"]["trainer"] > 0
+        assert sorted(by_rank) == ["0", "1", "2", "3"] and min(by_rank.values()) > 0
+        assert held == 0
+        phases = [t["ratio"] for x in lines for t in x.get("transitions", [])]
+        assert phases.count("trainer") == 12 and phases.count("rollout") >= 11
+    else:  # the split keeps its roles: rollout ranks 2 and 3, the trainer 0 and 1
+        assert all(x["ranks_by_role"] == {"rollout": [2, 3], "trainer": [0, 1]} for x in lines)
+    if mode in ("async", "reflow"):
+        assert held > 0, "no generation was held across a weight sync (partial rollout)"

@@ -261,7 +261,7 @@ def _fill(dp, clock, reqs, version):
         assert dp.deliver(traj(r, version, reward=float(r.sample_id % 2)))
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+@pytest.mark.parametrize("mode", ["colocated_sync", "disaggregated_sync", "one_step_off", "async"])
 def test_execution_modes_gate_generation(mode):
     cfg = build_config(
         {
@@ -282,14 +282,38 @@ def test_execution_modes_gate_generation(mode):
     batch = dp.next_batch()
     assert batch is not None and batch.n_unused == 4
     during = dp.request_work(1, 100)
-    # one_step_off generates the next batch while the trainer trains; sync waits.
+    # one_step_off generates the next batch while the trainer trains; the sync modes wait.
     assert len(during) == (4 if mode == "one_step_off" else 0)
     dp.finish_step(batch.batch_id, 1, 1)
     after = dp.request_work(1, 100)
     assert len(during) + len(after) == 4
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_a_colocated_rollout_phase_generates_every_batch_up_to_the_next_sync():
+    # sync_every 2: the rollout phase makes both batches of the train phase, then waits
+    # (the trainer then trains the two steps on every rank: runtime/control/colocation.py)
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4, "sync_every": 2, "steps": 4},
+            "algorithm": {"group_size": 2},
+            "reflow": {"mode": "colocated_sync", "B_max": 100, "delta": 1},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    first = dp.request_work(1, 100)
+    assert len(first) == 8 and dp.request_work(1, 100) == []
+    assert dp.last_refusal == "colocated_sync_barrier"
+    _fill(dp, clock, first, 0)
+    for step in (1, 2):
+        batch = dp.next_batch()
+        assert batch is not None and batch.n_unused == 4
+        assert dp.request_work(1, 100) == []  # nothing while a batch trains
+        dp.finish_step(batch.batch_id, step, step // 2)
+    assert len(dp.request_work(1, 100)) == 8  # the next phase's two batches
+
+
+@pytest.mark.parametrize("mode", ["colocated_sync", "disaggregated_sync", "one_step_off"])
 def test_the_batch_barrier_never_strands_a_started_group(mode):
     # b = 4, groups of 3: the barrier admits 4 requests, i.e. a group and a third. The
     # other two members of the second group must still go out, or no batch ever forms.

@@ -120,7 +120,7 @@ def test_the_allocator_does_not_count_a_throttled_rollout_rank_as_busy():
         prompts=({"text": f"p{i}"} for i in range(1000)),
         train={"steps": 4, "batch_size": 4},
         algorithm={"group_size": 2},
-        reflow={"B_max": 4, "mode": "async"},
+        reflow={"B_max": 4, "mode": "reflow", "sigma": 0.0},  # no replay, the allocator on
         scheduler={"auto_rebalance": True, "window_steps": 1},
     )
     register_all(c)

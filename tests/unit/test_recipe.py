@@ -34,7 +34,8 @@ BAD = [
     ("reflow: {tau: 0}", "reflow.tau: 0.0 is out of range (allowed: 0 < tau <= 1)"),
     (
         "reflow: {mode: turbo}",
-        "reflow.mode: 'turbo' is not one of: sync, one_step_off, async, reflow",
+        "reflow.mode: 'turbo' is not one of: "
+        "colocated_sync, disaggregated_sync, one_step_off, async, reflow",
     ),
     (
         "reflow: {mode: async, sigma: 0.5}",
@@ -118,17 +119,25 @@ def test_overrides_use_the_same_validation(tmp_path):
 def test_a_config_changed_in_code_goes_through_the_recipe_checks_again():
     cfg = build_config({"reflow": {"mode": "reflow", "sigma": 0.3}})
     assert rebuild(cfg, {}, source="x") == cfg
-    synced = rebuild(cfg, {"reflow.mode": "sync", "reflow.sigma": None}, source="--mode sync")
-    assert synced.reflow.mode == "sync" and synced.reflow.sigma == 0.0  # the mode's default
+    synced = rebuild(
+        cfg,
+        {"reflow.mode": "disaggregated_sync", "reflow.sigma": None},
+        source="--mode disaggregated_sync",
+    )
+    assert (
+        synced.reflow.mode == "disaggregated_sync" and synced.reflow.sigma == 0.0
+    )  # the mode's default
     assert cfg.reflow.mode == "reflow"  # the original is left as it was
     for changes, message in [
         (
             {"reflow.mode": "bogus"},
-            "--mode bogus: reflow.mode: 'bogus' is not one of: sync, one_step_off, async, reflow",
+            "--mode bogus: reflow.mode: 'bogus' is not one of: "
+            "colocated_sync, disaggregated_sync, one_step_off, async, reflow",
         ),
         (
-            {"reflow.mode": "sync"},  # sigma 0.3 kept: replay is off outside reflow
-            "--mode bogus: reflow.sigma: 0.3 needs mode=reflow (replay is off in mode=sync)",
+            {"reflow.mode": "disaggregated_sync"},  # sigma 0.3 kept: replay is off outside reflow
+            "--mode bogus: reflow.sigma: 0.3 needs mode=reflow "
+            "(replay is off in mode=disaggregated_sync)",
         ),
         (
             {"reflow.sigma": 1.5},
@@ -149,9 +158,39 @@ def test_yaml_1_1_exponents_are_numbers(tmp_path):
         load_recipe(write(tmp_path, "train: {lr: fast}"))
 
 
+def test_each_mode_is_what_its_definition_says():
+    # the old name says what it is now
+    renamed = r"reflow\.mode: 'sync' was renamed: use disaggregated_sync"
+    with pytest.raises(RecipeError, match=renamed):
+        build_config({"reflow": {"mode": "sync"}})
+    # a baseline keeps its placement and fixed caps: asking for more is refused, not run
+    for field in ("auto_rebalance", "adaptive_caps"):
+        with pytest.raises(RecipeError, match=f"scheduler.{field}: true is not part of mode=async"):
+            build_config({"reflow": {"mode": "async"}, "scheduler": {field: True}})
+        assert getattr(
+            build_config({"reflow": {"mode": "reflow"}, "scheduler": {field: True}}).scheduler,
+            field,
+        )
+    # colocated: every rank in a trainer replica and in a rollout replica
+    cfg = build_config({"reflow": {"mode": "colocated_sync"}})
+    assert cfg.reflow.sigma == 0.0
+    with pytest.raises(RecipeError, match="trainer_gpus_per_replica: 3 does not divide the 8"):
+        build_config(
+            {
+                "reflow": {"mode": "colocated_sync"},
+                "resources": {
+                    "nodes": 2,
+                    "trainer_gpus_per_replica": 3,
+                    "initial_ratio": "2:6",
+                    "rollout_gpus_per_replica": 1,
+                },
+            }
+        )
+
+
 def test_mode_dependent_defaults():
     assert build_config({}).reflow.sigma == 0.5
-    assert build_config({"reflow": {"mode": "sync"}}).reflow.sigma == 0.0
+    assert build_config({"reflow": {"mode": "disaggregated_sync"}}).reflow.sigma == 0.0
     cfg = build_config({"train": {"batch_size": 48}})
     assert cfg.reflow.B_max == 48
     assert cfg.resources.initial_ratio == "2:2"

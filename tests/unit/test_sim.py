@@ -116,14 +116,44 @@ def test_a_simulated_run_keeps_the_ledger_and_is_deterministic():
     assert 0 <= row["trainer_idle_ratio"] <= 1 and 0 <= row["rollout_idle_ratio"] <= 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+@pytest.mark.parametrize("mode", ["colocated_sync", "disaggregated_sync", "one_step_off", "async"])
 def test_baseline_modes_run_the_runtime_gates(mode):
     res = simulate(plan(small(), 32, mode=mode))
     assert res.summary["mode"] == mode and res.summary["steps"] == 6
     assert all(m["batch_replay"] == 0 for m in res.metrics)
-    if mode == "sync":  # one batch at a time: nothing is ever stale
+    if mode in (
+        "colocated_sync",
+        "disaggregated_sync",
+    ):  # one batch at a time: nothing is ever stale
         assert res.summary["samples"]["evicted"] == 0
         assert all(m["max_sample_age"] == 0 for m in res.metrics)
+
+
+def test_colocated_sync_uses_every_gpu_for_both_phases():
+    # The real coordinator alternates two phases of all 32 GPUs: the rollout phase makes
+    # the train phase's 2 batches (sync_every 2), every GPU trains them, and each phase
+    # change costs the profile's colocated figures (wake; in-place sync + wake)
+    res = simulate(plan(small(), 32, mode="colocated_sync"))
+    m = PROFILES.model("qwen3-8b")
+    assert res.summary["steps"] == 6 and res.summary["samples"]["lost"] == 0
+    everyone = list(range(32))
+    for line in res.metrics:
+        assert line["max_sample_age"] == 0 and line["batch_replay"] == 0
+        assert line["ranks_by_role"]["trainer"] == everyone
+        if line["step"] % 2:  # the first step of a train phase: its rollout phase before
+            assert line["ranks_by_role"]["rollout"] == everyone
+            assert line["rank_seconds"]["rollout"] > 0
+        else:  # the second: training only
+            assert line["ranks_by_role"]["rollout"] == [] and line["rank_seconds"]["rollout"] == 0
+        assert line["rank_seconds"]["trainer"] > 0
+    switches = res.summary["switches"]
+    assert [s["ratio"] for s in switches] == ["trainer", "rollout"] * 2 + ["trainer"]
+    to_train = [s["max_rank_switch_s"] for s in switches if s["ratio"] == "trainer"]
+    to_rollout = [s["max_rank_switch_s"] for s in switches if s["ratio"] == "rollout"]
+    assert set(to_train) == {m.wake_s} and set(to_rollout) == {m.colocated_sync_s + m.wake_s}
+    assert res.summary["held_across_sync"] == 0  # nothing in flight across a sync
+    async_run = simulate(plan(small(), 32, mode="async"))
+    assert async_run.summary["held_across_sync"] > 0  # the async baseline keeps partial rollout
 
 
 def test_agent_workloads_have_turns_and_tool_time():
@@ -163,11 +193,11 @@ def test_a_mode_is_checked_like_the_recipes_own():
         plan(small(), 32, mode="bogus_mode")
     assert str(info.value) == (
         "--mode bogus_mode: reflow.mode: 'bogus_mode' is not one of: "
-        "sync, one_step_off, async, reflow"
+        "colocated_sync, disaggregated_sync, one_step_off, async, reflow"
     )
     # the sigma each mode gets is the recipe rules' too: 0 outside reflow, its default in it
-    assert plan(small(), 32, mode="sync").cfg.reflow.sigma == 0.0
-    synced = small("dapo_math.yaml", 6, "reflow.mode=sync", "reflow.sigma=0")
+    assert plan(small(), 32, mode="disaggregated_sync").cfg.reflow.sigma == 0.0
+    synced = small("dapo_math.yaml", 6, "reflow.mode=disaggregated_sync", "reflow.sigma=0")
     assert plan(synced, 32, mode="reflow").cfg.reflow.sigma == 0.5
 
 
@@ -175,9 +205,14 @@ def test_a_bad_mode_on_the_command_line_is_refused_before_anything_runs():
     from tests.helpers import reflow
 
     recipe = str(REPO / "recipes" / "dapo_math.yaml")
-    allowed = "reflow.mode: 'bogus' is not one of: sync, one_step_off, async, reflow"
-    sim = reflow("simulate", recipe, "--gpus", "32", "--mode", "sync", "--mode", "bogus")
-    assert sim.returncode == 2 and sim.stdout == ""  # not after simulating sync
+    allowed = (
+        "reflow.mode: 'bogus' is not one of: "
+        "colocated_sync, disaggregated_sync, one_step_off, async, reflow"
+    )
+    sim = reflow(
+        "simulate", recipe, "--gpus", "32", "--mode", "disaggregated_sync", "--mode", "bogus"
+    )
+    assert sim.returncode == 2 and sim.stdout == ""  # not after simulating disaggregated_sync
     assert sim.stderr.strip().splitlines() == [f"reflow: --mode bogus: {allowed}"]
     # the same line a recipe's or an override's mode gets, in simulate as in launch
     for command in (["simulate", recipe, "--gpus", "32"], ["launch", recipe, "--dry-run"]):
@@ -202,14 +237,14 @@ def test_reflow_simulate_on_the_command_line():
         "--set",
         "train.sync_every=2",
         "--mode",
-        "sync",
+        "disaggregated_sync",
         "--mode",
         "reflow",
         "--json",
         check=True,
     )
     rows = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["mode"] for r in rows] == ["sync", "reflow"]
+    assert [r["mode"] for r in rows] == ["disaggregated_sync", "reflow"]
     assert all(r["steps"] == 4 and r["model"] == "qwen3-8b" and r["lost"] == 0 for r in rows)
     assert "trainer_idle_by_cause" in rows[0] and "rollout_idle_by_cause" in rows[0]
     sets = ["--set", "train.sync_every=1"]

@@ -305,9 +305,9 @@ class TorchTrainer:
         full = get_model_state_dict(
             self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
-        return self._checkpoint_format(full)
+        return self.checkpoint_format(full)
 
-    def _checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """In the dtype rollout runs (``model.dtype``); a tied ``lm_head`` left out as HF
         does."""
         dtype = getattr(torch, self.cfg.model.dtype)
@@ -382,7 +382,7 @@ class TorchTrainer:
         """Checkpoint-format tensors of a replicated model (FSDP2: :meth:`gather_weights`)."""
         if self.sharded:
             raise RuntimeError("a sharded model's weights are gathered with gather_weights")
-        return self._checkpoint_format(self.model.state_dict())
+        return self.checkpoint_format(self.model.state_dict())
 
     def publish(
         self, weights_dir: Path, weights: dict[str, torch.Tensor] | None = None, keep: int = 2

@@ -247,6 +247,22 @@ class TorchTrainerSide(BatchConsumer):
             raise RuntimeError("no weights gathered yet: a sync point comes after a step")
         return self._gathered
 
+    def engine_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """This version's full weights in host memory, for the engine of this same rank
+        (mode colocated_sync). A sharded trainer's ranks all gather them, one tensor at a
+        time (collective over the trainer group: every rank calls this together)."""
+        t = self.trainer
+        if not t.sharded:
+            return t.version, t.export_weights()
+        from torch.distributed.tensor import DTensor
+
+        out: dict[str, torch.Tensor] = {}
+        for name, value in t.model.state_dict().items():
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            out.update(t.checkpoint_format({name: full}))  # on the host, one at a time
+            del full
+        return t.version, out
+
     # --- role switches ------------------------------------------------------------------
 
     @property

@@ -15,7 +15,7 @@ bucket and one gathered tensor beyond its shard; the full state is never built.
 Names: the state dict of the trainer's model is the checkpoint's. FSDP2 adds no prefix,
 and the trainer's :class:`runtime.engines.torch.logprobs.TargetLogprobHead` keeps
 ``lm_head.weight``; a tied ``lm_head`` is left out, as Hugging Face saves it and as
-``TorchTrainer._checkpoint_format`` does, since vLLM ties it to ``embed_tokens`` itself.
+``TorchTrainer.checkpoint_format`` does, since vLLM ties it to ``embed_tokens`` itself.
 
 Transports (the same header and buckets either way, runtime/rank/collective.py): on CPU
 the gloo sync group (the rollout drivers write a file and reload it);

@@ -48,7 +48,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
@@ -63,6 +63,9 @@ from runtime.transport import protocol as p
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv, Generation
 from runtime.workloads.agents.pool import RewardPool
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a big model
@@ -445,6 +448,38 @@ class VLLMRolloutSide(RolloutSide[Future]):
             self._updating = self._call(update)
         if wait:
             self._settle()
+
+    def load_in_place(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Mode colocated_sync: this rank's trainer's weights (host memory) into its own
+        engine, as a file in memory then a reload; no process group, nothing in flight."""
+        from safetensors.torch import save_file
+
+        self._settle()
+        if not self._needs(version):
+            return
+        start = time.perf_counter()
+        folder = self.weights_root / f"v{version}"
+        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
+        save_file(weights, str(folder / "model.safetensors"))
+        write_s = time.perf_counter() - start
+        took = self._call(self.engine.update_weights(str(folder), version)).result(
+            ENGINE_CALL_TIMEOUT_S
+        )
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.sync_records.append(
+            {
+                "version": float(version),
+                "bytes": float(nbytes),
+                "receive_s": 0.0,
+                "load_s": write_s + took,
+                "gb_per_s": 0.0,
+                "loaded": 1.0,
+                "nccl": 0.0,
+            }
+        )
+        for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
+            if old.name != folder.name:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _needs(self, version: int) -> bool:
         """Whether the engine should load ``version`` (not if it has it, unless a level-2

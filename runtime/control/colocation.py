@@ -1,0 +1,69 @@
+"""Mode ``colocated_sync`` at rank 0: every rank generates, then every rank trains.
+
+This is the synchronous baseline as verl's hybrid engine runs it. The run alternates two
+layouts of the whole world (:meth:`runtime.config.layout.Layout.all_playing`):
+
+1. **Rollout phase.** Every rollout replica generates the samples of the next train
+   phase: ``sync_every`` batches of ``b`` (the data plane's ``colocated_sync`` barrier
+   hands out no more; a group the sampler rejects is replaced by new work).
+2. **Train phase.** Once they are in the buffer and nothing is in flight, every rank
+   switches to the trainer (engine asleep, trainer state back on the device) and the
+   trainer group, every rank, trains those steps.
+3. At the sync point every rank switches back: it loads its trainer's weights into its
+   own engine in place (no broadcast: ``runtime/rank/worker.py``), then offloads the
+   trainer and wakes the engine.
+
+Each phase change is a role switch of every rank, through the same books as a rebalance
+(``RoleSwitch`` / ``RoleSwitchDone`` with each phase timed, ``source="phase"``), so its
+cost shows in the step's ``transitions`` and in status. Pure logic, like the rest of
+``runtime/control``.
+"""
+
+from __future__ import annotations
+
+from runtime.config.layout import COLOCATED, Role
+from runtime.control.membership import Outgoing
+from runtime.control.run import Run
+from runtime.transport.states import RunState
+
+
+def is_colocated(c: Run) -> bool:
+    return c.cfg.reflow.mode == COLOCATED
+
+
+def phase(c: Run) -> Role:
+    """The role every rank plays now (colocated runs only)."""
+    return Role.ROLLOUT if c.layout.n_trainer_ranks == 0 else Role.TRAINER
+
+
+def rollout_quota(c: Run) -> int:
+    """Samples the current rollout phase generates: the next train phase's batches."""
+    train = c.cfg.train
+    assert train.batch_size is not None
+    return train.batch_size * min(train.sync_every, train.steps - c.step)
+
+
+def advance(c: Run) -> list[Outgoing]:
+    """Change phase when the current one is over: the rollout phase once its quota is in
+    the buffer with nothing in flight; the train phase at a sync point, once its step is
+    reported and no checkpoint is being written (a checkpoint needs the trainer state on
+    the device). Called after every event that can end a phase; idempotent."""
+    if not is_colocated(c) or c.state != RunState.RUNNING:
+        return []
+    if c.rebalance.switching() or c.rebalance.pending is not None:
+        return []
+    train = c.cfg.train
+    if phase(c) is Role.ROLLOUT:
+        if c.data.dispatcher.outstanding or len(c.data.buffer.unused) < rollout_quota(c):
+            return []
+        target = Role.TRAINER
+    else:
+        trained = c.step > c.phase_started_at_step
+        at_sync = c.step % train.sync_every == 0 and c.step < train.steps
+        if not (trained and at_sync) or c.batch_in_flight is not None or c.ckpt.busy:
+            return []
+        target = Role.ROLLOUT
+        c.idle.trainer_is("colocated_rollout", c.clock())
+    c.phase_started_at_step = c.step
+    c.rebalance.request(c.layout.all_playing(target), source="phase", ratio=target.value)
+    return c.apply_pending_layout()
