@@ -2,31 +2,41 @@
 ablations of ReFlow's parts, with the ideal-throughput bound per run.
 
     .venv/bin/python benchmarks/sim_grid.py [--syncs 10] [--out reports/sim] [--quick]
-        [--jobs N] [--set reflow.delta=2 ...]
+        [--jobs N] [--modes M,...] [--warmup-steps W] [--measure-steps K]
+        [--set reflow.delta=2 ...]
 
 Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
 recipes/apps_coding.yaml for the APPS agent, recipes/retool.yaml for ReTool's tool-calling
 math) resized to the cell's GPUs, with the model's profile from
-runtime/sim/profiles.yaml, for ``--syncs`` weight syncs (the recipe's
-``sync_every`` steps each). ``reflow`` runs with adaptive caps on; the ablations turn
-replay (sigma = 0), the allocator, or adaptive caps off. Output: a Markdown report (and
-``grid.json``) in --out, with every idle second by cause for async and reflow, plus PNG
-plots when matplotlib is installed.
+runtime/sim/profiles.yaml, for ``--syncs`` weight syncs (the recipe's ``sync_every``
+steps each), or more if the measurement protocol needs more steps. Every mode runs by its
+definition (runtime/sim/run.py ``mode_definition``: the baselines with their initial
+placement and fixed caps, ``reflow`` with replay, the allocator and adaptive caps); the
+ablations turn replay (sigma = 0), the allocator, or adaptive caps off. Every mode is
+measured the same way (``figures``: warm-up steps left out, then the measured steps; per
+workload by default). Output: a Markdown report (and ``grid.json``) in --out, with the
+speed-up of reflow over each baseline and over the strongest one per cell, every idle
+second by cause for async and reflow, plus PNG plots when matplotlib is installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.config.recipe import load_recipe
-from runtime.sim.run import figures, plan, simulate
+from runtime.config.recipe import RecipeError, load_recipe
+from runtime.config.schema import MODES
+from runtime.sim.cluster import SimStalled
+from runtime.sim.parameters import ProfileError
+from runtime.sim.run import BASELINES, figures, plan, protocol_steps, simulate, steps_needed
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("sync", "one_step_off", "async", "reflow")
 GRID = [
     *[("math", m, g) for m in ("qwen3-8b", "qwen3-14b", "qwen3-32b") for g in (16, 32, 64, 128)],
     *[("apps_agent", m, g) for m in ("qwen3-4b", "qwen3-8b", "qwen3-14b") for g in (8, 16, 32, 64)],
@@ -40,25 +50,83 @@ ABLATIONS = {
     "allocator off": ["scheduler.auto_rebalance=false"],
     "adaptive caps off": ["scheduler.adaptive_caps=false"],
 }
+# What each mode is, for the report's header (runtime/config/schema.py MODES).
+MODE_DEFINITIONS = {
+    "colocated_sync": "every rank generates the next sync_every batches, then every rank "
+    "trains them; each phase change pays a role switch, and the way back an in-place weight "
+    "sync (verl's default)",
+    "disaggregated_sync": "a rollout:trainer split with a barrier: rollout generates a "
+    "batch, then waits while the trainer trains on it",
+    "one_step_off": "the same split, rollout one batch ahead of the trainer",
+    "async": "verl's fully-async policy: streaming, partial rollout across weight syncs, "
+    "staleness bound delta in versions; no replay, no allocator, fixed caps",
+    "reflow": "async plus replay (sigma, tau), the producer/consumer allocator and "
+    "adaptive concurrency caps",
+}
 
 
-def run_cell(workload: str, model: str, gpus: int, syncs: int, mode: str, sets: list[str]):
+def train_steps(syncs: int, sync_every: int, warmup: int, measure: int) -> int:
+    """Steps of a grid run: ``syncs`` weight syncs, or the protocol's warm-up + measured
+    steps if those are more (each rounded up to whole syncs, as the protocol measures)."""
+    return max(syncs * sync_every, steps_needed(warmup, measure, sync_every))
+
+
+def run_cell(
+    workload: str,
+    model: str,
+    gpus: int,
+    syncs: int,
+    mode: str,
+    sets: list[str],
+    warmup_steps: int | None = None,
+    measure_steps: int | None = None,
+) -> dict:
     recipe = REPO / "recipes" / RECIPES[workload]
     sync_every = load_recipe(recipe, sets).train.sync_every
-    sets = [f"train.steps={syncs * sync_every}", *sets]
-    if mode == "reflow" and "scheduler.adaptive_caps=false" not in sets:
-        sets.append("scheduler.adaptive_caps=true")  # ReFlow with every part on
-    if mode != "reflow":  # the baselines keep their initial placement and fixed caps
-        sets += ["scheduler.auto_rebalance=false", "scheduler.adaptive_caps=false"]
+    warmup, measure = protocol_steps(workload, warmup_steps, measure_steps, sync_every)
+    steps = train_steps(syncs, sync_every, warmup, measure)
+    sets = [f"train.steps={steps}", *sets]
     cfg = load_recipe(recipe, sets)
-    row = figures(simulate(plan(cfg, gpus, mode=mode, model=model, workload=workload)), gpus)
+    # the mode's definition (placement, caps, replay) is plan()'s, as in `reflow simulate`
+    sim_plan = plan(cfg, gpus, mode=mode, model=model, workload=workload, sets=sets)
+    result = simulate(sim_plan)
+    row = figures(
+        result,
+        gpus,
+        workload=workload,
+        warmup_steps=warmup,
+        measure_steps=measure,
+        sync_every=sync_every,
+    )
     row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
     return row
 
 
+@dataclass(frozen=True)
+class Speedups:
+    over: dict[str, float]  # reflow's throughput over each baseline's
+    strongest: str  # the baseline with the highest throughput in the cell
+    over_strongest: float
+
+
+def speedups(tokens_per_s: Mapping[str, float]) -> Speedups | None:
+    """reflow against the baselines of one cell (mode -> protocol tokens/s; other keys,
+    such as ablations, are ignored); None without reflow or without a baseline. A tie for
+    the strongest goes to the mode listed first in MODES."""
+    if "reflow" not in tokens_per_s:
+        return None
+    base = {m: tokens_per_s[m] for m in BASELINES if m in tokens_per_s}
+    if not base:
+        return None
+    x = tokens_per_s["reflow"]
+    over = {m: x / max(v, 1e-9) for m, v in base.items()}
+    strongest = max(base, key=lambda m: base[m])  # the first of equals: dicts keep order
+    return Speedups(over, strongest, over[strongest])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--syncs", type=int, default=10, help="weight syncs per run")
+    ap.add_argument("--syncs", type=int, default=10, help="weight syncs per run (at least)")
     ap.add_argument("--out", type=Path, default=REPO / "reports" / "sim")
     ap.add_argument("--quick", action="store_true", help="two cells only")
     ap.add_argument(
@@ -66,7 +134,12 @@ def main() -> None:
         default="",
         help="only these cells, e.g. math:qwen3-8b:128,apps_agent:qwen3-8b:64",
     )
-    ap.add_argument("--no-ablations", action="store_true", help="the four modes only")
+    ap.add_argument("--modes", default=",".join(MODES), help="a comma list of modes to run")
+    ap.add_argument("--no-ablations", action="store_true", help="the modes only")
+    ap.add_argument(
+        "--warmup-steps", type=int, help="steps left out before measuring (default per workload)"
+    )
+    ap.add_argument("--measure-steps", type=int, help="steps measured (default per workload)")
     ap.add_argument("--part", default="1/1", help="K/N: every N-th cell from the K-th")
     ap.add_argument("--merge", nargs="*", type=Path, help="grid.json files to report on")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel")
@@ -78,32 +151,48 @@ def main() -> None:
         help="override a recipe field in every run, e.g. --set reflow.delta=2",
     )
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        ap.error(f"--modes {args.modes}: expected a comma list of {', '.join(MODES)}")
+    try:
+        protocol_steps(None, args.warmup_steps, args.measure_steps)
+    except RecipeError as exc:
+        ap.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     cells = QUICK if args.quick else GRID
     if args.cells:
         wanted = [tuple(c.split(":")) for c in args.cells.split(",")]
+        if any(len(c) != 3 or c[0] not in RECIPES or not c[2].isdigit() for c in wanted):
+            ap.error(f"--cells {args.cells}: expected WORKLOAD:MODEL:GPUS,...")
         cells = [(w, m, int(g)) for w, m, g in wanted]
     k, n = (int(x) for x in args.part.split("/"))
     cells = cells[k - 1 :: n]
     rows = []
     if args.merge:
         rows = [r for f in args.merge for r in json.loads(f.read_text())]
+        if any("protocol" not in r for r in rows):
+            ap.error("--merge: rows without 'protocol' (a grid.json from before it): run again")
         cells = []
     runs = []  # (label, workload, model, gpus, mode, sets)
     for workload, model, gpus in cells:
-        runs += [(mode, workload, model, gpus, mode, args.set) for mode in MODES]
+        runs += [(mode, workload, model, gpus, mode, args.set) for mode in modes]
         runs += [
             (f"reflow, {name}", workload, model, gpus, "reflow", [*args.set, *sets])
             for name, sets in ABLATIONS.items()
-            if not args.no_ablations
+            if not args.no_ablations and "reflow" in modes
         ]
+    protocol = (args.warmup_steps, args.measure_steps)
     with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
         futures = [
-            pool.submit(run_cell, w, m, g, args.syncs, mode, sets)
+            pool.submit(run_cell, w, m, g, args.syncs, mode, sets, *protocol)
             for _, w, m, g, mode, sets in runs
         ]
-        for (label, *_), future in zip(runs, futures, strict=True):
-            row = future.result()
+        for (label, w, m, g, *_), future in zip(runs, futures, strict=True):
+            try:
+                row = future.result()
+            except (RecipeError, ProfileError, SimStalled) as exc:
+                raise SystemExit(f"sim_grid: {w}:{m}:{g} {label}: {exc}") from None
             row["mode"] = label
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -119,47 +208,145 @@ def in_grid_order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: order.get((r["workload"], r["model"], r["gpus"]), -1))
 
 
+def by_cell(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in in_grid_order(rows):
+        cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+    return cells
+
+
+def cell_speedups(by: Mapping[str, dict]) -> Speedups | None:
+    return speedups({m: r["trainer_tokens_per_s"] for m, r in by.items()})
+
+
 def causes(shares: dict[str, float], top: int = 3) -> str:
     """The largest idle causes, e.g. ``fresh_short 12%, weight_sync 3%``."""
     best = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
     return ", ".join(f"{k} {v:.1%}" for k, v in best if v >= 0.0005) or "none"
 
 
-def render(rows: list[dict], syncs: int) -> str:
-    cells: dict[tuple, dict[str, dict]] = {}
-    for r in in_grid_order(rows):
-        cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+def header(rows: list[dict], syncs: int, modes: list[str]) -> list[str]:
+    """What was run and how it was measured: the protocol and each mode's definition."""
     common = sorted(set.intersection(*(set(r.get("overrides", [])) for r in rows)))
-    lines = [
-        f"Simulated {syncs} weight syncs per run ({len(rows)} runs); profiles: "
-        "runtime/sim/profiles.yaml; overrides in every run: "
-        f"{', '.join(common) or 'none'}. Speed-ups of reflow in trained tokens/s, and in "
-        "steps per hour in brackets (replayed samples are older, so often shorter: fewer "
+    protocols: dict[str, set[tuple[int, int, int]]] = {}
+    for r in rows:
+        p = r["protocol"]
+        seen = (p["warmup_steps"], p["measure_steps"], p.get("sync_every", 1))
+        protocols.setdefault(r["workload"], set()).add(seen)
+    used = "; ".join(
+        f"{w}: "
+        + ", ".join(f"{a} warm-up + {b} measured steps, syncs of {e}" for a, b, e in sorted(ps))
+        for w, ps in protocols.items()
+    )
+    defs = "; ".join(
+        f"**{m}**: {MODE_DEFINITIONS.get(m, 'see runtime/config/schema.py')}" for m in modes
+    )
+    return [
+        f"Simulated, not measured: the runtime's control plane against modelled engines "
+        f"(docs/simulator.md). {len(rows)} runs of at least {syncs} weight syncs each; "
+        "profiles: runtime/sim/profiles.yaml; overrides in every run: "
+        f"{', '.join(common) or 'none'}.",
+        "",
+        "Protocol, the same for every mode: throughput is the trainer tokens of the measured "
+        "steps over the seconds they took (mean tokens per step over mean step time), the "
+        "warm-up steps before them left out, both in whole weight-sync intervals so that "
+        "each window holds as many generation phases and syncs in every mode "
+        f"({used}). Idle ratios count from the "
+        "first step to the end of the run; X/X* is the whole run's throughput over its "
+        "ideal-throughput bound. The strongest baseline of a cell is the one with the "
+        "highest protocol throughput there.",
+        "",
+        f"Modes: {defs}. Baselines keep their initial placement and fixed concurrency caps.",
+        "",
+    ]
+
+
+def render(rows: list[dict], syncs: int) -> str:
+    cells = by_cell(rows)
+    present = {r["mode"] for r in rows}
+    modes = [m for m in MODES if m in present]
+    baselines = [m for m in BASELINES if m in present]
+    slash = " / ".join(modes)
+    lines = header(rows, syncs, modes)
+    lines += [
+        "Speed-ups of reflow in protocol tokens/s; in brackets, over the strongest baseline, "
+        "in measured steps per hour (replayed samples are older, so often shorter: fewer "
         "tokens per step).",
         "",
-        "| workload | model | GPUs | reflow tokens/s | vs sync | vs one-step-off | vs async "
-        "| trainer idle sync / async / reflow | X/X* reflow | final placement |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | model | GPUs | reflow tokens/s | reflow whole-run tokens/s | "
+        + "".join(f"vs {m} | " for m in baselines)
+        + f"strongest baseline | vs strongest | trainer idle {slash} | rollout idle {slash} "
+        "| X/X* reflow | final placement |",
+        "|---|---|---|---|---|" + "---|" * len(baselines) + "---|---|---|---|---|---|",
     ]
-    wins = step_wins = idle_wins = 0
     for (workload, model, gpus), by in cells.items():
-        rf = by["reflow"]
-        x = rf["trainer_tokens_per_s"]
-        ratios = [x / max(by[m]["trainer_tokens_per_s"], 1e-9) for m in MODES[:3]]
-        per_step = [by[m]["sim_hours"] / max(rf["sim_hours"], 1e-9) for m in MODES[:3]]
-        wins += all(q > 1 for q in ratios)
-        step_wins += all(q > 1 for q in per_step)
-        idle_wins += rf["trainer_idle_ratio"] < by["async"]["trainer_idle_ratio"]
-        idle = " / ".join(f"{by[m]['trainer_idle_ratio']:.0%}" for m in ("sync", "async", "reflow"))
-        lines.append(
-            f"| {workload} | {model} | {gpus} | {x:.0f} | "
-            + " | ".join(f"{q:.2f}x ({h:.2f}x)" for q, h in zip(ratios, per_step, strict=True))
-            + f" | {idle} | {rf['efficiency']:.2f} | {rf['placements'][-1]} |"
+        sp = cell_speedups(by)
+        rf = by.get("reflow")
+        if rf is None or sp is None:
+            continue  # run without reflow or without a baseline: nothing to compare
+        strong = by[sp.strongest]
+        per_hour = rf["protocol"]["steps_per_hour"] / max(
+            strong["protocol"]["steps_per_hour"], 1e-9
         )
-    lines += [
+        vs = "".join(f"{sp.over[m]:.2f}x | " if m in sp.over else "- | " for m in baselines)
+        t_idle = " / ".join(f"{by[m]['trainer_idle_ratio']:.0%}" if m in by else "-" for m in modes)
+        r_idle = " / ".join(f"{by[m]['rollout_idle_ratio']:.0%}" if m in by else "-" for m in modes)
+        eff = "-" if rf["efficiency"] is None else f"{rf['efficiency']:.2f}"
+        placement = rf["placements"][-1] if rf["placements"] else "-"
+        lines.append(
+            f"| {workload} | {model} | {gpus} | {rf['trainer_tokens_per_s']:.0f} | "
+            f"{rf['whole_run_tokens_per_s']:.0f} | {vs}{sp.strongest} | "
+            f"{sp.over_strongest:.2f}x ({per_hour:.2f}x) | {t_idle} | {r_idle} | {eff} | "
+            f"{placement} |"
+        )
+    lines += summary(cells)
+    lines += idle_table(cells)
+    lines += ablation_table(cells)
+    return "\n".join(lines) + "\n"
+
+
+def summary(cells: dict[tuple, dict[str, dict]]) -> list[str]:
+    """Per workload: in how many cells reflow beat its strongest baseline, by how much, and
+    which baseline was the strongest."""
+    per: dict[str, list[tuple[Speedups, dict[str, dict]]]] = {}
+    for (workload, *_), by in cells.items():
+        sp = cell_speedups(by)
+        if sp is not None:
+            per.setdefault(workload, []).append((sp, by))
+    if not per:
+        return []
+    lines = [
         "",
-        f"reflow fastest in {wins} of {len(cells)} cells by tokens/s, in {step_wins} by steps "
-        f"per hour; its trainer idle ratio is below async's in {idle_wins}.",
+        "Per workload: cells where reflow beats the strongest baseline, its speed-up over "
+        "that baseline (geometric mean, range), which baseline was the strongest (cells), "
+        "and cells where reflow's trainer idle ratio is below async's:",
+        "",
+        "| workload | cells | reflow > strongest | vs strongest: geo-mean (min-max) "
+        "| strongest baseline | trainer idle below async |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, items in per.items():
+        q = [sp.over_strongest for sp, _ in items]
+        geo = math.exp(sum(math.log(max(v, 1e-9)) for v in q) / len(q))
+        strongest: dict[str, int] = {}
+        for sp, _ in items:
+            strongest[sp.strongest] = strongest.get(sp.strongest, 0) + 1
+        names = ", ".join(f"{m} ({k})" for m, k in sorted(strongest.items(), key=lambda kv: -kv[1]))
+        with_async = [by for _, by in items if "async" in by]
+        below = sum(
+            by["reflow"]["trainer_idle_ratio"] < by["async"]["trainer_idle_ratio"]
+            for by in with_async
+        )
+        lines.append(
+            f"| {workload} | {len(items)} | {sum(v > 1 for v in q)} | "
+            f"{geo:.2f}x ({min(q):.2f}x-{max(q):.2f}x) | {names} | "
+            f"{f'{below} of {len(with_async)}' if with_async else '-'} |"
+        )
+    return lines
+
+
+def idle_table(cells: dict[tuple, dict[str, dict]]) -> list[str]:
+    lines = [
         "",
         "Idle by cause (share of trainer time since the first step, of rollout active time; "
         "the three largest causes; runtime/control/idle.py), replay share of trained "
@@ -171,7 +358,9 @@ def render(rows: list[dict], syncs: int) -> str:
     ]
     for (workload, model, gpus), by in cells.items():
         for mode in ("async", "reflow"):
-            r = by[mode]
+            r = by.get(mode)
+            if r is None:
+                continue
             bias = r.get("length_bias", {})
             ev, co = bias.get("evicted_mean_tokens"), bias.get("consumed_mean_tokens")
             lines.append(
@@ -181,17 +370,24 @@ def render(rows: list[dict], syncs: int) -> str:
                 f"| {r.get('replay_share', 0.0):.1%} | "
                 f"{'-' if ev is None else f'{ev:.0f}'} / {'-' if co is None else f'{co:.0f}'} |"
             )
-    lines += [
+    return lines
+
+
+def ablation_table(cells: dict[tuple, dict[str, dict]]) -> list[str]:
+    done = [
+        (cell, by) for cell, by in cells.items() if all(f"reflow, {a}" in by for a in ABLATIONS)
+    ]
+    if not done:
+        return []  # run with --no-ablations
+    lines = [
         "",
-        "Ablations (tokens/s relative to reflow with every part on):",
+        "Ablations (protocol tokens/s relative to reflow with every part on):",
         "",
         "| workload | model | GPUs | " + " | ".join(ABLATIONS) + " |",
         "|---|---|---|" + "---|" * len(ABLATIONS),
     ]
-    for (workload, model, gpus), by in cells.items():
+    for (workload, model, gpus), by in done:
         x = by["reflow"]["trainer_tokens_per_s"]
-        if not all(f"reflow, {a}" in by for a in ABLATIONS):
-            continue  # run with --no-ablations
         lines.append(
             f"| {workload} | {model} | {gpus} | "
             + " | ".join(
@@ -200,7 +396,7 @@ def render(rows: list[dict], syncs: int) -> str:
             )
             + " |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plots(rows: list[dict], out: Path) -> None:
@@ -212,24 +408,45 @@ def plots(rows: list[dict], out: Path) -> None:
     except ImportError:
         print("matplotlib is not installed: no plots (make bench installs it)")
         return
-    cells: dict[tuple, dict[str, dict]] = {}
-    for r in in_grid_order(rows):
-        cells.setdefault((r["workload"], r["model"], r["gpus"]), {})[r["mode"]] = r
+    cells = by_cell(rows)
+    present = {r["mode"] for r in rows}
+    modes = [m for m in MODES if m in present]
     labels = [f"{w}\n{m}\n{g}" for (w, m, g) in cells]
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(cells) * 0.9), 8))
-    width = 0.2
-    for i, mode in enumerate(MODES):
-        xs = [j + (i - 1.5) * width for j in range(len(cells))]
-        axes[0].bar(
-            xs, [by[mode]["trainer_tokens_per_s"] for by in cells.values()], width, label=mode
-        )
-        axes[1].bar(
-            xs, [by[mode]["trainer_idle_ratio"] for by in cells.values()], width, label=mode
-        )
-    for ax, title in zip(axes, ("trainer tokens/s", "trainer idle ratio"), strict=True):
+    fig, axes = plt.subplots(4, 1, figsize=(max(8, len(cells) * 0.9), 14))
+    width = 0.8 / max(len(modes), 1)
+    panels = (
+        ("trainer_tokens_per_s", "trainer tokens/s (protocol)"),
+        ("trainer_idle_ratio", "trainer idle ratio"),
+        ("rollout_idle_ratio", "rollout idle ratio"),
+    )
+    for i, mode in enumerate(modes):
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(cells))]
+        for ax, (key, _) in zip(axes, panels, strict=False):
+            ax.bar(
+                xs,
+                [by[mode][key] if mode in by else 0.0 for by in cells.values()],
+                width,
+                label=mode,
+            )
+    sps = [cell_speedups(by) for by in cells.values()]
+    bars = axes[3].bar(range(len(cells)), [sp.over_strongest if sp else 0.0 for sp in sps])
+    axes[3].axhline(1.0, color="black", linewidth=0.8)
+    for bar, sp in zip(bars, sps, strict=True):
+        if sp is not None:  # which baseline it was, on its bar
+            axes[3].annotate(
+                sp.strongest,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=5,
+                rotation=90,
+            )
+    titles = [t for _, t in panels] + ["reflow over the strongest baseline (protocol tokens/s)"]
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
         ax.set_xticks(range(len(cells)))
         ax.set_xticklabels(labels, fontsize=6)
+    for ax in axes[:3]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "throughput_idle.png", dpi=120)

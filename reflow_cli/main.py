@@ -360,15 +360,27 @@ def simulate(
         typer.Option("--set", help="override a recipe field, e.g. --set reflow.sigma=0.3"),
     ] = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+    warmup_steps: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            help="trainer steps before the measured ones (default: 5 sync intervals, "
+            "10 for agent workloads)"
+        ),
+    ] = None,
+    measure_steps: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="trainer steps measured (default as --warmup-steps)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per mode")] = False,
 ) -> None:
     """Simulate RECIPE on a cluster of --gpus GPUs: the real control plane (coordinator,
     buffer, dispatcher, schedulers, allocator) against modelled engines and a simulated
-    clock; prints throughput, idle ratios and the ideal-throughput bound per mode."""
+    clock; prints throughput (the measurement protocol of docs/simulator.md: measured
+    steps after warm-up), idle ratios and the ideal-throughput bound per mode."""
     from rich.table import Table
 
     from runtime.sim.parameters import DEFAULT_PROFILES, load_profiles
-    from runtime.sim.run import figures, plan
+    from runtime.sim.run import ProtocolError, figures, plan, protocol_steps, steps_needed
     from runtime.sim.run import simulate as run_sim
 
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
@@ -378,12 +390,28 @@ def simulate(
     # Every mode is checked before the first one runs: a bad one is refused at once, not
     # after the simulations before it.
     plans = [
-        plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs)
+        plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs, sets=overrides)
         for m in mode or [cfg.reflow.mode]
     ]
+    every = cfg.train.sync_every
+    warmup, measure = protocol_steps(plans[0].workload, warmup_steps, measure_steps, every)
+    needed = steps_needed(warmup, measure, every)
+    if cfg.train.steps < needed:  # refused before anything runs
+        raise ProtocolError(
+            f"train.steps: {cfg.train.steps} is fewer than the protocol's {needed} (warm-up "
+            f"{warmup} + measured {measure} steps, in whole syncs of {every}): --steps "
+            f"{needed}, or --warmup-steps/--measure-steps"
+        )
     rows = []
     for sim_plan in plans:
-        row = figures(run_sim(sim_plan, seed=seed, profiles_path=path), gpus)
+        row = figures(
+            run_sim(sim_plan, seed=seed, profiles_path=path),
+            gpus,
+            workload=sim_plan.workload,
+            warmup_steps=warmup,
+            measure_steps=measure,
+            sync_every=every,
+        )
         row.update(model=sim_plan.model, workload=sim_plan.workload, gpus=gpus)
         rows.append(row)
         if as_json:

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runtime.config.recipe import RecipeError, rebuild
-from runtime.config.schema import Config
+from runtime.config.schema import MODES, Config
 from runtime.sim.cluster import SimCluster, SimResult
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
 from runtime.workloads.kinds import KINDS
 
 # The workload model a recipe's agent loop maps to, when --workload is not given.
 WORKLOAD_OF_KIND = {name: k.sim_workload for name, k in KINDS.items() if k.sim_workload}
+BASELINES = tuple(m for m in MODES if m != "reflow")
+
+# The measurement protocol, the same for every mode: (warm-up, measured) RL iterations, an
+# iteration being what verl and the papers call a step: one generation batch and its
+# updates, which here is one weight-sync interval (train.sync_every trainer steps; the
+# shipped recipes' batch sizes follow "Make replay pay at cluster scale"). Agent workloads
+# vary more from iteration to iteration (turns, tool calls), so they measure longer. A
+# workload not named here gets DEFAULT_PROTOCOL.
+PROTOCOL = {"math": (5, 5), "apps_agent": (10, 10), "retool": (10, 10)}
+DEFAULT_PROTOCOL = PROTOCOL["math"]
+
+
+class ProtocolError(RecipeError):
+    """A run too short for the measurement protocol (a RecipeError: it is train.steps that
+    is too small, and the CLI prints those as one line)."""
 
 
 def model_name(cfg: Config) -> str:
@@ -29,6 +45,42 @@ class SimPlan:
     workload: str
 
 
+def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> dict[str, Any]:
+    """The config changes that make ``cfg`` run as ``mode`` (None: none, the recipe as it
+    is), as each mode is defined: a baseline keeps its initial placement and fixed concurrency
+    caps and replays nothing; ``reflow`` is async plus replay, the allocator and adaptive
+    caps. A field the user set (``sets``, the ``--set FIELD=VALUE`` items the recipe was
+    loaded with) is left as set: ``--set scheduler.adaptive_caps=false`` is an ablation of
+    reflow, and a baseline with the allocator on is refused by the recipe's own check
+    rather than silently turned off."""
+    if mode is None:  # the recipe as written (its own checks hold a baseline to its definition)
+        return {}
+    target = mode
+    if target == "reflow":
+        changes: dict[str, Any] = {
+            "scheduler.auto_rebalance": True,
+            "scheduler.adaptive_caps": True,
+        }
+        if target != cfg.reflow.mode:
+            changes["reflow.sigma"] = None  # reflow's default replay share
+    else:
+        changes = {
+            "scheduler.auto_rebalance": False,
+            "scheduler.adaptive_caps": False,
+            "reflow.sigma": 0.0,  # sigma must be 0 outside reflow
+        }
+    given = {item.split("=", 1)[0].strip() for item in sets}
+    changes = {k: v for k, v in changes.items() if k not in given and _get(cfg, k) != v}
+    if target != cfg.reflow.mode:  # --mode wins over a --set reflow.mode
+        changes["reflow.mode"] = target
+    return changes
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
 def plan(
     cfg: Config,
     gpus: int,
@@ -37,16 +89,18 @@ def plan(
     model: str | None = None,
     workload: str | None = None,
     profiles: Profiles | None = None,
+    sets: Sequence[str] = (),
 ) -> SimPlan:
-    """The recipe resized to ``gpus`` (whole nodes) with the model's replica sizes, in
-    ``mode`` if given. Both changes go through the recipe's own checks
-    (:func:`runtime.config.recipe.rebuild`): an unknown mode is the one-line error that
-    ``reflow.mode`` in a recipe or ``--set`` gets."""
-    if mode is not None and mode != cfg.reflow.mode:
-        # a baseline mode replays nothing (sigma must be 0 outside reflow); reflow gets
-        # its default share
-        sigma = None if mode == "reflow" else 0.0
-        cfg = rebuild(cfg, {"reflow.mode": mode, "reflow.sigma": sigma}, source=f"--mode {mode}")
+    """The recipe resized to ``gpus`` (whole nodes) with the model's replica sizes, run as
+    ``mode`` (default the recipe's) by that mode's definition (:func:`mode_definition`;
+    ``sets``: the ``--set`` items ``cfg`` was loaded with, which it leaves alone). Both
+    changes go through the recipe's own checks (:func:`runtime.config.recipe.rebuild`):
+    an unknown mode is the one-line error that ``reflow.mode`` in a recipe or ``--set``
+    gets."""
+    changes = mode_definition(cfg, mode, sets)
+    if changes:
+        source = f"--mode {mode}" if mode is not None else f"reflow.mode {cfg.reflow.mode}"
+        cfg = rebuild(cfg, changes, source=source)
     profiles = profiles or load_profiles()
     name = model or model_name(cfg)
     m = profiles.model(name)
@@ -79,16 +133,141 @@ def simulate(
     ).run()
 
 
-def figures(result: SimResult, gpus: int) -> dict[str, Any]:
+def protocol_steps(
+    workload: str | None,
+    warmup_steps: int | None = None,
+    measure_steps: int | None = None,
+    sync_every: int = 1,
+) -> tuple[int, int]:
+    """(warm-up, measured) trainer steps: the ones given, else the workload's defaults,
+    :data:`PROTOCOL`'s iterations of ``sync_every`` steps each."""
+    warmup, measure = (n * sync_every for n in PROTOCOL.get(workload or "", DEFAULT_PROTOCOL))
+    warmup = warmup if warmup_steps is None else warmup_steps
+    measure = measure if measure_steps is None else measure_steps
+    if warmup < 0:
+        raise ProtocolError(f"--warmup-steps {warmup}: expected >= 0")
+    if measure < 1:
+        raise ProtocolError(f"--measure-steps {measure}: expected >= 1")
+    return warmup, measure
+
+
+def whole_syncs(steps: int, sync_every: int) -> int:
+    """``steps`` rounded up to whole sync intervals."""
+    return -(-steps // sync_every) * sync_every
+
+
+def steps_needed(warmup: int, measure: int, sync_every: int) -> int:
+    """The fewest steps a run needs for the protocol: warm-up and measured steps, each in
+    whole sync intervals (a caller can refuse a short run before simulating it)."""
+    return whole_syncs(warmup, sync_every) + whole_syncs(measure, sync_every)
+
+
+def sync_interval(metrics: Sequence[dict[str, Any]]) -> int | None:
+    """``train.sync_every`` as the metrics lines show it (a step's ``policy_version`` is
+    step // sync_every): the first step that published a new version; None before one."""
+    first = [int(m["step"]) for m in metrics if m.get("policy_version", 0) >= 1]
+    return min(first, default=None)
+
+
+def protocol_window(
+    metrics: Sequence[dict[str, Any]],
+    block: int,
+    warmup: int,
+    measure: int,
+    sync_every: int = 1,
+) -> dict[str, Any]:
+    """Trainer throughput by the protocol: the trainer tokens of the ``measure`` steps after
+    the first ``warmup`` over the seconds they took, i.e. the mean tokens per step over
+    the mean step time. A step's time runs from the previous step's report to its own
+    (the ``wall_s`` of the metrics lines; the first step's from the start of the run), so
+    it holds whatever kept the trainer from the next batch: generation in a barrier mode,
+    a weight sync, a role switch. A window sum, not a mean of per-step ratios, which
+    would weigh a short step as much as a long one.
+
+    Both counts are rounded up to whole sync intervals: ``colocated_sync`` generates a
+    whole interval's batches before it trains the first, so a window that cuts an
+    interval would hold its training steps without their generation (or the reverse),
+    and every mode pays its weight sync once per interval. ``sync_every=1``: no rounding.
+    """
+    w, n = whole_syncs(warmup, sync_every), whole_syncs(measure, sync_every)
+    lines = {int(m["step"]): m for m in metrics}
+    last = w + n
+    have = max(lines, default=0)
+    if have < last:
+        rounded = (
+            f" ({warmup} and {measure} rounded up to whole syncs of {sync_every} steps)"
+            if (w, n) != (warmup, measure)
+            else ""
+        )
+        raise ProtocolError(
+            f"train.steps: the run has {have} steps, the protocol needs warm-up {w} + "
+            f"measured {n} = {last}{rounded}: more steps, or --warmup-steps/--measure-steps"
+        )
+    missing = [k for k in range(max(w, 1), last + 1) if k not in lines]
+    if missing:
+        raise ProtocolError(f"metrics: no line for steps {missing}")
+    start = lines[w]["wall_s"] if w else 0.0
+    span = lines[last]["wall_s"] - start
+    if span <= 0:
+        raise ProtocolError(f"metrics: steps {w + 1}..{last} took {span} s")
+    tokens = sum(lines[k]["tokens"] for k in range(w + 1, last + 1)) * block
+
+    def idle_s(k: int) -> float:
+        return sum(lines[k]["trainer_idle_by_cause_s"].values()) if k else 0.0
+
+    step_times = [
+        lines[k]["wall_s"] - (lines[k - 1]["wall_s"] if k > 1 else 0.0)
+        for k in range(w + 1, last + 1)
+    ]
+    return {
+        "warmup_steps": w,
+        "measure_steps": n,
+        "sync_every": sync_every,
+        "window_s": round(span, 3),
+        "tokens_per_s": tokens / span,
+        "tokens_per_step": tokens / n,
+        "step_s_mean": span / n,
+        "step_s_max": max(step_times),
+        "steps_per_hour": n * 3600 / span,
+        # the trainer's idle share of the same window (idle.py's cumulative causes)
+        "trainer_idle_ratio": (idle_s(last) - idle_s(w)) / span,
+    }
+
+
+def figures(
+    result: SimResult,
+    gpus: int,
+    *,
+    workload: str | None = None,
+    warmup_steps: int | None = None,
+    measure_steps: int | None = None,
+    sync_every: int | None = None,
+) -> dict[str, Any]:
     """Throughput, idle ratios and the ideal-throughput bound of one simulated run.
 
-    Bound: with r the tokens one rollout GPU generates per busy second, t the tokens one
-    trainer GPU trains per busy second, and a the tokens trained per token generated
-    (replay reuses samples, staleness evicts some), a split of G GPUs is balanced when
-    rollout supply meets trainer demand, which gives X* = G·r·a·t / (r·a + t).
+    ``trainer_tokens_per_s`` is the protocol's (:func:`protocol_window`: warm-up steps
+    left out, then the measured steps, both in whole sync intervals of ``sync_every``
+    steps, by default read off the metrics lines; defaults per ``workload``,
+    :data:`PROTOCOL`); ``whole_run_tokens_per_s`` all trained tokens over the whole
+    simulated time, start-up included. A run with fewer steps than the protocol needs is
+    a :class:`ProtocolError`.
+
+    Bound (whole run): with r the tokens one rollout GPU generates per busy second, t the
+    tokens one trainer GPU trains per busy second, and a the tokens trained per token
+    generated (replay reuses samples, staleness evicts some), a split of G GPUs is
+    balanced when rollout supply meets trainer demand, which gives
+    X* = G·r·a·t / (r·a + t); ``efficiency`` is the whole-run throughput over it.
     """
+    every = sync_every or sync_interval(result.metrics)
+    if every is None:
+        raise ProtocolError(
+            f"train.steps: the run has {result.summary['steps']} steps and no weight sync: "
+            "the protocol measures whole sync intervals (train.sync_every)"
+        )
+    warmup, measure = protocol_steps(workload, warmup_steps, measure_steps, every)
+    window = protocol_window(result.metrics, result.block, warmup, measure, every)
     s = result.summary
-    x = result.trained_tokens / max(result.sim_s, 1e-9)
+    whole = result.trained_tokens / max(result.sim_s, 1e-9)
     r = result.rollout_tokens / max(result.rollout_gpu_busy_s, 1e-9)
     t = result.trained_tokens / max(result.trainer_gpu_busy_s, 1e-9)
     a = result.trained_tokens / max(result.rollout_tokens, 1e-9)
@@ -97,11 +276,18 @@ def figures(result: SimResult, gpus: int) -> dict[str, Any]:
         "mode": s["mode"],
         "steps": s["steps"],
         "sim_hours": round(result.sim_s / 3600, 3),
-        "trainer_tokens_per_s": round(x, 1),
+        "trainer_tokens_per_s": round(window["tokens_per_s"], 1),
+        "whole_run_tokens_per_s": round(whole, 1),
+        "protocol": {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in window.items()
+            if k != "tokens_per_s"
+        },
+        # from the first step to the end of the run (summary.json's)
         "trainer_idle_ratio": s["trainer_idle_ratio"],
         "rollout_idle_ratio": s["rollout_idle_ratio"],
         "bound_tokens_per_s": round(bound, 1),
-        "efficiency": round(x / bound, 4) if bound else None,
+        "efficiency": round(whole / bound, 4) if bound else None,
         "trainer_idle_by_cause": s.get("trainer_idle_by_cause", {}),
         "rollout_idle_by_cause": s.get("rollout_idle_by_cause", {}),
         "replay_share": round(

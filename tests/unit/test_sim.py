@@ -111,7 +111,7 @@ def test_a_simulated_run_keeps_the_ledger_and_is_deterministic():
     assert [m["tokens"] for m in a.metrics] == [m["tokens"] for m in b.metrics]
     assert a.sim_s == b.sim_s
     assert any(m["batch_replay"] > 0 for m in a.metrics)
-    row = figures(a, 32)
+    row = figures(a, 32, warmup_steps=2, measure_steps=4)  # 3 syncs: 1 warm-up, 2 measured
     assert 0 < row["trainer_tokens_per_s"] <= row["bound_tokens_per_s"] * 1.0001
     assert 0 <= row["trainer_idle_ratio"] <= 1 and 0 <= row["rollout_idle_ratio"] <= 1
 
@@ -197,7 +197,13 @@ def test_a_mode_is_checked_like_the_recipes_own():
     )
     # the sigma each mode gets is the recipe rules' too: 0 outside reflow, its default in it
     assert plan(small(), 32, mode="disaggregated_sync").cfg.reflow.sigma == 0.0
-    synced = small("dapo_math.yaml", 6, "reflow.mode=disaggregated_sync", "reflow.sigma=0")
+    synced = small(
+        "dapo_math.yaml",
+        6,
+        "reflow.mode=disaggregated_sync",
+        "reflow.sigma=0",
+        "scheduler.auto_rebalance=false",
+    )
     assert plan(synced, 32, mode="reflow").cfg.reflow.sigma == 0.5
 
 
@@ -236,6 +242,10 @@ def test_reflow_simulate_on_the_command_line():
         "4",
         "--set",
         "train.sync_every=2",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "2",
         "--mode",
         "disaggregated_sync",
         "--mode",
@@ -247,9 +257,15 @@ def test_reflow_simulate_on_the_command_line():
     assert [r["mode"] for r in rows] == ["disaggregated_sync", "reflow"]
     assert all(r["steps"] == 4 and r["model"] == "qwen3-8b" and r["lost"] == 0 for r in rows)
     assert "trainer_idle_by_cause" in rows[0] and "rollout_idle_by_cause" in rows[0]
-    sets = ["--set", "train.sync_every=1"]
+    sets = ["--set", "train.sync_every=1", "--warmup-steps", "1", "--measure-steps", "1"]
     table = reflow("simulate", recipe, "--gpus", "32", "--steps", "2", *sets, check=True).stdout
     assert "qwen3-8b, math, 32 GPUs" in table and "X/X*" in table
+    # too short for the protocol (5 + 5 iterations of 2 steps): refused before it runs
+    short = reflow(
+        "simulate", recipe, "--gpus", "32", "--steps", "4", "--set", "train.sync_every=2"
+    )
+    assert short.returncode == 2 and short.stdout == ""
+    assert "train.steps: 4 is fewer than the protocol's 20" in short.stderr
     bad = reflow("simulate", recipe, "--gpus", "20")
     assert bad.returncode == 2 and "--gpus 20: not a multiple" in bad.stderr
 
@@ -329,7 +345,10 @@ def test_the_retool_recipe_simulates_without_a_workload_option():
     from tests.helpers import reflow
 
     recipe = str(REPO / "recipes" / "retool.yaml")
-    done = reflow("simulate", recipe, "--gpus", "16", "--steps", "4", "--json", check=True)
+    protocol = ["--warmup-steps", "2", "--measure-steps", "2", "--set", "train.sync_every=2"]
+    done = reflow(
+        "simulate", recipe, "--gpus", "16", "--steps", "4", *protocol, "--json", check=True
+    )
     (row,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert row["workload"] == "retool" and row["model"] == "qwen3-8b" and row["gpus"] == 16
     assert row["steps"] == 4 and row["lost"] == 0
