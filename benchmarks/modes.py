@@ -59,10 +59,13 @@ def launch_args(name: str, sets: list[str], *, wait: bool) -> list[str]:
     return args + (["--wait"] if wait else [])
 
 
+def mode_overrides(mode: str) -> list[str]:
+    """The demo recipe as ``mode``: its replay share (sigma 0.5) is reflow's, 0 elsewhere."""
+    return [f"reflow.mode={mode}", *([] if mode == "reflow" else ["reflow.sigma=0"])]
+
+
 def run_mode(mode: str, steps: int, runs: Path) -> Path:
-    sets = [f"train.steps={steps}", f"reflow.mode={mode}"]
-    if mode != "reflow":
-        sets.append("reflow.sigma=0")
+    sets = [f"train.steps={steps}", *mode_overrides(mode)]
     done = cli(*launch_args(f"bench-{mode}", sets, wait=True), runs=runs)
     run_dir = max(runs.glob(f"bench-{mode}-*"), key=lambda d: d.stat().st_mtime)
     if done.returncode != 0:

@@ -193,6 +193,12 @@ class TrainConfig:
         0, "steps between checkpoints (a multiple of sync_every); 0 = only at a stop", ge=0
     )
     keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
+    eval_every: int = opt(
+        0,
+        "steps between held-out evals by the trainer leader (workloads with a trainer eval, "
+        "e.g. arith: eval_reward in that step's metrics line); 0 = at the start and the end",
+        ge=0,
+    )
     seed: int = opt(0, "global seed", ge=0)
 
     # Versions are counted as the paper counts them: one per weight sync, so a delta of 1

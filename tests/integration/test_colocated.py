@@ -3,8 +3,29 @@ local ranks, every rank generating and then every rank training, each step; the 
 from each rank's trainer shards into its own engine in place (no broadcast)."""
 
 import json
+import re
+import stat
+import tempfile
+from pathlib import Path
 
 from tests.helpers import REPO, reflow
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def leftovers() -> set[str]:
+    """What a run could leave outside its folder: sockets or UUID-named files in the
+    system temp dir (vLLM's IPC endpoints), and the ranks' weight folders in /dev/shm."""
+    tmp = Path(tempfile.gettempdir())
+    found = {
+        str(p)
+        for p in tmp.iterdir()
+        if UUID.fullmatch(p.name) or (p.exists() and stat.S_ISSOCK(p.lstat().st_mode))
+    }
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        found |= {str(p) for p in shm.glob("reflow-*")}
+    return found
 
 
 def test_colocated_sync_generates_and_trains_on_every_rank(runs_dir):
@@ -27,8 +48,11 @@ def test_colocated_sync_generates_and_trains_on_every_rank(runs_dir):
         "train.strategy=fsdp2",  # sharded: every rank gathers the full weights for its engine
         "--set",
         "resources.trainer_gpus_per_replica=2",
+        "--set",
+        "train.eval_every=2",
         "--wait",
     ]
+    before = leftovers()
     done = reflow(*args, timeout=900)
     run_dir = next(runs_dir.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -46,6 +70,9 @@ def test_colocated_sync_generates_and_trains_on_every_rank(runs_dir):
         # every version), and the engines' log-probs are the trainer's
         assert x["max_sample_age"] == 0
         assert 0.98 < x["mean_ratio"] < 1.02
+    # a held-out eval every 2 steps (gathered from the shards), the last one at the end
+    assert [x["step"] for x in lines if "eval_reward" in x] == [2]
+    assert "eval_reward_start" in lines[0] and "eval_reward_end" in lines[-1]
     assert sorted(summary["delivered_by_rank"]) == ["0", "1", "2", "3"]
     assert summary["samples"]["lost"] == 0 and summary["held_across_sync"] == 0
     # each phase change is a timed role switch of all 4 ranks; back to rollout it loads
@@ -58,6 +85,9 @@ def test_colocated_sync_generates_and_trains_on_every_rank(runs_dir):
             assert s["phases_max_s"]["weight_load"] > 0
     # the engines loaded in place: no weight broadcast ran
     assert not any("weight_sync_bytes" in x for x in lines)
+    # nothing left outside the run folder: the engines' sockets were in tmp/rank<K>/
+    assert leftovers() - before == set()
+    assert all((run_dir / "tmp" / f"rank{r}").is_dir() for r in range(4))
     # the trainer side went through its offload state machine at every phase change (on
     # CPU the device work is skipped: 0 MB move)
     rank3 = (run_dir / "logs" / "rank3.log").read_text()

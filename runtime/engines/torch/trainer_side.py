@@ -182,7 +182,10 @@ class TorchTrainerSide(BatchConsumer):
         metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
         t = self.trainer
         final = t.step >= self.cfg.train.steps
-        if t.sharded and final:
+        every = self.cfg.train.eval_every
+        evaluates = workload_kind(self.cfg.workload.kind).trainer_eval
+        eval_now = evaluates and bool(every) and t.step % every == 0 and not final
+        if t.sharded and (final or eval_now):
             self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
         if c is not None:
@@ -194,6 +197,8 @@ class TorchTrainerSide(BatchConsumer):
             metrics.update(last.metrics())
         if t.step == 1 and self._eval_start is not None:
             metrics["eval_reward_start"] = self._eval_start
+        if eval_now:
+            metrics["eval_reward"] = self.evaluate()
         if final:
             t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
             if workload_kind(self.cfg.workload.kind).trainer_eval:
