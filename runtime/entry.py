@@ -7,8 +7,10 @@ process exit code is the run's outcome.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -26,7 +28,7 @@ from runtime.rank.auto_restart import restart_job, restarts_so_far
 from runtime.rank.orphans import guard_process_group
 from runtime.rank.worker import HybridWorker, WorkerError, node_name
 from runtime.store import checkpoint
-from runtime.store.run_dir import RunPaths, write_json_atomic
+from runtime.store.run_dir import RunPaths, keep_temp_files_in, write_json_atomic
 from runtime.transport.auth import CLIENT, SERVER, load_keypair
 
 if TYPE_CHECKING:
@@ -125,6 +127,10 @@ def rank_main(run_root: str) -> str:
     cfg: Config = load_recipe(paths.config)
     _setup_logging(paths, info.rank, cfg.logging.level)
     log.info("rank %d/%d on %s pid %d", info.rank, info.world_size, info.node, os.getpid())
+    # before any engine starts: its temporary files and IPC sockets stay in the run folder
+    sockets = keep_temp_files_in(paths, info.rank)
+    if sockets.is_absolute() and not sockets.is_relative_to(paths.root):
+        atexit.register(shutil.rmtree, sockets, True)  # the fallback: gone with the rank
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         # A killed local rank leaves no engine processes behind. On Slurm the job's
         # process tracking does that, and a new process group could hide a rank from it

@@ -16,6 +16,7 @@
         weights/v<N>/      the final policy (safetensors) + latest.json
         submitit/          submitit's own job files
         checkpoints/
+        tmp/rank<K>/       each rank's temporary files and its engines' IPC sockets
 """
 
 from __future__ import annotations
@@ -124,3 +125,34 @@ def fresh_private_dir(path: Path) -> Path:
     os.mkdir(path, 0o700)  # fails if someone created it meanwhile
     os.chmod(path, 0o700)  # the umask may have taken bits off; never adds any
     return path
+
+
+# A Unix socket's path holds at most 107 bytes; vLLM names its sockets
+# ``<VLLM_RPC_BASE_PATH>/<uuid4>`` (37 more bytes).
+SOCKET_PATH_MAX = 107
+_SOCKET_NAME = 37
+
+
+def keep_temp_files_in(paths: RunPaths, rank: int, env: dict[str, str] | None = None) -> Path:
+    """Point this rank's temporary files, and its engine processes' (they inherit the
+    environment), into ``tmp/rank<K>/`` of the run folder: ``TMPDIR`` for ``tempfile``,
+    and ``VLLM_RPC_BASE_PATH`` for vLLM's IPC sockets, which otherwise stay in ``/tmp``
+    after every run (about 28 a run). A run folder whose path is too long for a socket
+    name gets its sockets by a relative path from the rank's working directory when that
+    fits, else in a private folder under the system temp dir (the one case that leaves
+    files outside the run folder if the rank is killed). Returns the socket folder."""
+    env = os.environ if env is None else env
+    tmp = paths.root / "tmp" / f"rank{rank}"
+    tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sockets = tmp
+    room = SOCKET_PATH_MAX - _SOCKET_NAME
+    if len(str(sockets)) > room:
+        relative = os.path.relpath(sockets)
+        if len(relative) <= room:
+            sockets = Path(relative)
+        else:
+            sockets = Path(tempfile.mkdtemp(prefix=f"reflow-r{rank}-"))
+    env["TMPDIR"] = str(tmp)
+    env["VLLM_RPC_BASE_PATH"] = str(sockets)
+    tempfile.tempdir = None  # tempfile caches the folder it found first
+    return sockets
