@@ -362,6 +362,12 @@ class ControlConfig:
     collective_timeout_s: float = opt(
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )
+    peer_timeout_s: float = opt(
+        30.0,
+        "a weight sync drops a receiver that does not take a header or a bucket this long "
+        "(dead or hung); the others still get the weights",
+        gt=0,
+    )
     request_timeout_s: float = opt(
         1800.0,
         "a generation request out this long is requeued (lost on the way, or an engine that "

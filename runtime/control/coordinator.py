@@ -32,7 +32,7 @@ from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
 from runtime.transport import protocol as p
-from runtime.transport.states import TERMINAL, RunState
+from runtime.transport.states import TERMINAL, RunState, WorkerState
 
 __all__ = ["Coordinator", "Outgoing", "SaveCheckpoint", "WorkerInfo"]
 
@@ -140,17 +140,7 @@ class Coordinator(Run):
                 f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
                 f"for {now - w.last_seen:.1f} s"
             )
-            if self._survivable(w):
-                # Its work goes back to the front of the queue; the other rollout ranks
-                # take it. What it delivered before dying is in the buffer.
-                requeued = self.data.worker_gone(w.rank)
-                self.generation.worker_left(w.rank)
-                self.idle.forget(w.rank)
-                self.lost_ranks.append(
-                    {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
-                )
-            elif self.state in (RunState.STARTING, RunState.RUNNING):
-                out += self.finish(RunState.FAILED, why)
+            out += self.lose_rank(w, why)
         if self.state == RunState.STARTING and now - self.started_at > ctl.register_timeout_s:
             out += self.finish(
                 RunState.FAILED,
@@ -207,19 +197,64 @@ class Coordinator(Run):
                 if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):
                     self.generation.finished(r["sample_id"], None)
 
+    def lose_rank(self, w: WorkerInfo, why: str) -> list[Outgoing]:
+        """``w`` is dead or hung (marked so by the caller). A rank the run can do without
+        is absorbed: its work goes back to the front of the queue for the other rollout
+        ranks (what it delivered is in the buffer), and with process groups the live
+        ranks regroup without it at once (a new epoch, the same roles, it ``"gone"``).
+        Otherwise the run fails with the reason."""
+        if not self._survivable(w):
+            if self.state in (RunState.STARTING, RunState.RUNNING):
+                return self.finish(RunState.FAILED, why)
+            return []
+        requeued = self.data.worker_gone(w.rank)
+        self.generation.worker_left(w.rank)
+        self.idle.forget(w.rank)
+        self.lost_ranks.append(
+            {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
+        )
+        self.lost.add(w.rank)
+        self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
+        out: list[Outgoing] = [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
+        if needs_collective(self.cfg):
+            self.rebalance.request(self.layout, source="lost_rank")
+            self.rebalance.force_next = True
+            out += self.apply_pending_layout()
+        return out
+
     def _survivable(self, w: WorkerInfo) -> bool:
         """A dead rank the run can go on without: a rollout rank, the driver of another
-        rollout replica still alive (the other ranks of a replica generate nothing
-        themselves), and no process group binding it (a torch.distributed group cannot
-        shrink: its next collective would wait for the dead member)."""
+        rollout replica still alive, and its replica a single rank when process groups
+        bind it (the other ranks of a tensor-parallel replica would be left waiting in
+        their engine's collectives: a restart from the checkpoint is the remedy). Its
+        process groups are rebuilt without it (runtime/rank/collective.py)."""
         if self.state != RunState.RUNNING or self.layout.role_of(w.rank) != Role.ROLLOUT:
             return False
-        if needs_collective(self.cfg):
+        if needs_collective(self.cfg) and self.cfg.resources.rollout_gpus_per_replica > 1:
+            return False
+        if colocation.is_colocated(self):  # every rank is in the one trainer group
             return False
         return any(
             self.layout.role_of(x.rank) == Role.ROLLOUT and self.members.drives(x.rank)
             for x in self.members.alive()
         )
+
+    def _on_peer_lost(self, identity: bytes, msg: p.PeerLost) -> list[Outgoing]:
+        """The leader dropped a receiver from a weight sync: declared lost now (its
+        heartbeat may still come: a hung engine, a half-dead process). Only the leader
+        may say so, of a receiver of the current epoch's sync."""
+        if self.known(identity, msg.rank) is None:
+            return []
+        target = self.workers.get(msg.peer)
+        current = msg.layout_epoch == self.layout_epoch
+        if msg.rank != 0 or not current or msg.peer not in self.sync_receivers():
+            self.reject("bad_peer_lost")
+            return []
+        if target is None or target.gone:
+            return []
+        target.state = WorkerState.DEAD
+        why = f"rank {msg.peer} dropped from a weight sync by rank 0: {msg.reason}"
+        return self.lose_rank(target, why)
 
     # --- the end -----------------------------------------------------------------------
 
@@ -244,6 +279,7 @@ HANDLERS: dict[type[p.Message], Handler] = {
     p.Heartbeat: registration.on_heartbeat,
     p.RoleSwitchDone: registration.on_switch_done,
     p.Bye: registration.on_bye,
+    p.PeerLost: Coordinator._on_peer_lost,
     # rollout work and training steps
     p.WorkRequest: rollout_work.on_work_request,
     p.SampleDone: rollout_work.on_sample_done,

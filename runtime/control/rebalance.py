@@ -123,6 +123,9 @@ class Rebalancer:
         self.role_time = RoleTime(clock())
         self.epoch = 0
         self.pending: Layout | None = None
+        # apply the pending layout as a new epoch even if its split is the current one (a
+        # rank was lost: the live ranks regroup without it)
+        self.force_next = False
         self.switches: list[SwitchRecord] = []
         self.auto = sch.auto_rebalance
         self.allocator = ProducerConsumerAllocator(
@@ -175,7 +178,8 @@ class Rebalancer:
         self._count_role_time()
         target, self.pending = self.pending, None
         record = self.switches[-1]
-        if target == self.layout:
+        forced, self.force_next = self.force_next, False
+        if target == self.layout and not forced:
             record.applied_at = record.done_at = self.clock()
             record.epoch = self.epoch
             return False
@@ -184,6 +188,15 @@ class Rebalancer:
         record.epoch, record.applied_at = self.epoch, self.clock()
         record.waiting_for = set(alive)
         return True
+
+    def forget(self, rank: int) -> None:
+        """``rank`` is lost: a switch under way stops waiting for it."""
+        current = self.switches[-1] if self.switches else None
+        if current is not None and current.done_at is None and rank in current.waiting_for:
+            current.waiting_for.discard(rank)
+            if not current.waiting_for and current.applied_at is not None:
+                self._count_role_time()
+                current.done_at = self.clock()
 
     def switched(
         self,

@@ -9,6 +9,7 @@ finished role switch and leaves (Bye). The books are
 from __future__ import annotations
 
 from runtime.config.layout import COLOCATED, Role
+from runtime.config.schema import needs_collective
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
 from runtime.transport import protocol as p
@@ -25,6 +26,9 @@ def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
     c.accepted += 1
     if c.state in TERMINAL or c.state == RunState.STOPPING:
         return [(identity, p.Stop(reason=f"run is {c.state}"))]
+    if msg.rank in c.lost and needs_collective(c.cfg):
+        # its process groups were rebuilt without it: a rank cannot join them mid-run yet
+        return [(identity, p.Stop(reason=f"rank {msg.rank} was lost; it cannot rejoin this run"))]
     role = c.layout.role_of(msg.rank).value
     c.members.register(identity, msg, role, c.layout_epoch)
     welcome = p.Welcome(

@@ -125,6 +125,7 @@ class Run:
         self.all_metrics: list[dict[str, Any]] = []
         self.evals: dict[str, float] = {}
         self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
+        self.lost: set[int] = set()  # their ranks: "gone" in every later layout
         self.ledger_violations: list[dict[str, Any]] = []
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
@@ -197,10 +198,19 @@ class Run:
         engine reloads all its tensor-parallel shards; the other ranks of the replica run
         no engine: runtime/rank/tp_member.py)."""
         first_trainer = self.layout.groups(Role.TRAINER)[0]
-        drivers = rollout_drivers(
-            [r.value for r in self.layout.roles()], self.cfg.resources.rollout_gpus_per_replica
-        )
-        return [*first_trainer, *drivers]
+        return [*first_trainer, *self.sync_receivers()]
+
+    def sync_receivers(self) -> list[int]:
+        """The rollout drivers of the current layout that are still in the run."""
+        return rollout_drivers(self.epoch_roles(), self.cfg.resources.rollout_gpus_per_replica)
+
+    def epoch_roles(self) -> list[str]:
+        """Every rank's role in the current layout, ``"gone"`` for a rank lost to the run
+        (it is in no process group of later epochs)."""
+        return [
+            p.GONE_ROLE if rank in self.lost else role.value
+            for rank, role in enumerate(self.layout.roles())
+        ]
 
     def weight_sync(self) -> list[Outgoing]:
         """Tell the ranks of :meth:`weight_sync_ranks` to run the weight broadcast."""
@@ -226,7 +236,7 @@ class Run:
                 self.generation.worker_left(w.rank)
                 # its rollout time starts again at its first beat in the new role
                 self.idle.forget(w.rank)
-        roles = [r.value for r in target.roles()]
+        roles = self.epoch_roles()
         return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
     def finish(self, state: RunState, reason: str) -> list[Outgoing]:

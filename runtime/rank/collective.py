@@ -1,13 +1,21 @@
 """The ``torch.distributed`` edge of a rank: one process group per run, regrouped per layout.
 
-Every rank of a run with real engines joins one world group (gloo on CPU, NCCL on GPU).
-At each layout epoch all ranks build, in the same order, two subgroups:
+Every rank of a run with real engines joins one world group (gloo on CPU, NCCL on GPU),
+which is used for nothing but making the others. At each layout epoch the live ranks build,
+in the same order, the epoch's subgroups; each group is made by its members only, under a
+name of the epoch's own (:func:`epoch_group`), so a rank that has left the run (dead, hung:
+``"gone"`` in the layout's roles) is never waited for:
 
 - the **trainer group**: the trainer ranks, for data-parallel gradient all-reduce and for
   initialising a new trainer replica from the leader's model and optimizer state;
 - the **sync group**: the trainer leader (global rank 0, where the trainer pool starts)
-  plus the rollout rank driving each rollout replica's engine, for the weight broadcast
-  of each sync point.
+  plus the rollout rank driving each rollout replica's engine, for the weights of each
+  sync point: sent by the leader to each receiver point to point, so a receiver that dies
+  or hangs during a sync is dropped after ``peer_timeout_s`` (reported, see
+  :meth:`Collective.take_lost_peers`) and the others still get the weights.
+
+A trainer group whose ranks do not change (a rollout rank lost) is kept as it is: the
+trainer's model is built over its mesh.
 
 Tensors travel in fixed-size buckets (one flat tensor per bucket, per dtype). Metadata
 (names, shapes, dtypes, versions) travels as a JSON header in a ``uint8`` tensor, never
@@ -57,6 +65,35 @@ log = logging.getLogger(__name__)
 LEADER = 0  # global rank of the trainer leader: the trainer pool starts at rank 0
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
 TRANSPORTS = ("gloo", "nccl")
+MAX_HEADER_BYTES = 64 * 2**20  # a weights header names every tensor: far below this
+
+
+def epoch_group(ranks: Sequence[int], name: str, timeout: timedelta) -> Any:
+    """The process group of ``ranks``, made by its members only (None elsewhere).
+
+    ``new_group`` over the world group waits for every rank of the world, a dead one
+    included; with ``use_local_synchronization`` only the members take part, but torch
+    then names the group by a hash of its ranks, so the same ranks in a later epoch would
+    find the earlier group's rendezvous keys in the store. The group gets ``name`` (the
+    epoch's) instead: its keys live under that prefix. torch offers no argument for it,
+    so its naming function is replaced for the call (torch is pinned; the tests make
+    groups of the same ranks in successive epochs)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if dist.get_rank() not in ranks:
+        return None
+    hashed = c10d._process_group_name
+    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name)
+    try:
+        return dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
+    finally:
+        c10d._process_group_name = hashed
+
+
+def _destroy(groups: Iterable[Any]) -> None:
+    for group in groups:
+        if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
 
 
 class CollectiveError(RuntimeError):
@@ -223,6 +260,7 @@ class Collective:
         timeout_s: float,
         trainer_group_size: int = 1,
         rollout_group_size: int = 1,
+        peer_timeout_s: float | None = None,
     ) -> None:
         self.rank = rank
         self.trainer_group_size = trainer_group_size
@@ -230,10 +268,21 @@ class Collective:
         self.world_size = world_size
         self.bucket_bytes = bucket_bytes
         self.timeout = timedelta(seconds=timeout_s)
+        # how long the leader waits for one receiver to take a header or a bucket
+        self.peer_timeout = timedelta(seconds=peer_timeout_s or timeout_s)
         self.epoch = -1
+        self.sync_ranks: list[int] = []
+        self.lost_peers: dict[int, str] = {}  # receivers dropped this epoch, and why
+        self._reported: set[int] = set()
+        # sends given up on (a hung receiver): kept, with their buffers, until the group
+        # they belong to is destroyed
+        self._abandoned: list[Any] = []
         self.roles: tuple[str, ...] = ()
         self.trainer_group: Any = None
-        self.sync_group: Any = None
+        # the sync group as one 2-rank group per receiver (leader, receiver): gloo runs a
+        # group's sends on shared threads, so one receiver that stops taking data (hung)
+        # would stall the sends to all the others; apart, it stalls only its own
+        self.sync_pairs: dict[int, Any] = {}
         # FSDP2's mesh dimensions: this rank's replica group (shard) and the ranks holding
         # the same shard in the other replica groups (replicate); None off the trainer
         self.shard_group: Any = None
@@ -257,6 +306,7 @@ class Collective:
         endpoint: tuple[str, int] | None = None,
         trainer_group_size: int = 1,
         rollout_group_size: int = 1,
+        peer_timeout_s: float | None = None,
     ) -> Collective:
         timeout = timedelta(seconds=timeout_s)
         if endpoint is not None:  # known to every rank (TorchDistributedEnvironment)
@@ -285,16 +335,14 @@ class Collective:
             timeout_s=timeout_s,
             trainer_group_size=trainer_group_size,
             rollout_group_size=rollout_group_size,
+            peer_timeout_s=peer_timeout_s,
         )
 
     def regroup(self, epoch: int, roles: Sequence[str]) -> None:
-        """Build this epoch's trainer and sync groups. Every rank calls it, in epoch order."""
+        """Build this epoch's trainer and sync groups. Every live rank calls it, in epoch
+        order; a ``"gone"`` rank is in no group."""
         if epoch <= self.epoch:
             return
-        old = {self.trainer_group, self.sync_group, *self._mesh_groups}
-        for group in old:
-            if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-                dist.destroy_process_group(group)
         trainers = ranks_with(roles, "trainer")
         if LEADER not in trainers:
             raise CollectiveError(f"layout {list(roles)}: rank {LEADER} must be a trainer")
@@ -306,23 +354,40 @@ class Collective:
             )
         # a tensor-parallel rollout replica receives through its driver's engine
         sync = [LEADER, *rollout_drivers(roles, self.rollout_group_size)]
-        # new_group is collective over the world group: all ranks, same order.
-        self.trainer_group = dist.new_group(trainers, timeout=self.timeout)
-        self.sync_group = dist.new_group(sync, timeout=self.timeout)
+        keep_trainer = self.trainer_group is not None and trainers == self.trainer_ranks
+        old_pairs = list(self.sync_pairs.values())
+        _destroy(old_pairs if keep_trainer else [*old_pairs, *self._all_trainer()])
+        self._abandoned = []
+        tag = f"reflow-e{epoch}"
+        self.sync_pairs = {}
+        for peer in sync[1:]:  # the leader makes every pair, each receiver its own
+            if self.rank in (LEADER, peer):
+                self.sync_pairs[peer] = epoch_group(
+                    [LEADER, peer], f"{tag}-sync{peer}", self.timeout
+                )
+        self.sync_ranks, self.lost_peers, self._reported = sync, {}, set()
+        if not keep_trainer:
+            self._trainer_groups(trainers, size, tag)
+        self.epoch, self.roles = epoch, tuple(roles)
+
+    def _all_trainer(self) -> list[Any]:
+        return [self.trainer_group, *self._mesh_groups]
+
+    def _trainer_groups(self, trainers: list[int], size: int, tag: str) -> None:
+        self.trainer_group = epoch_group(trainers, f"{tag}-trainer", self.timeout)
         grid = trainer_grid(trainers, size)
         self._mesh_groups = []
         self.shard_group = self.replicate_group = None
-        for row in grid:  # replica groups: FSDP2 shards within each
-            g = dist.new_group(row, timeout=self.timeout)
+        for i, row in enumerate(grid):  # replica groups: FSDP2 shards within each
+            g = epoch_group(row, f"{tag}-shard{i}", self.timeout)
             self._mesh_groups.append(g)
             if self.rank in row:
                 self.shard_group = g
-        for col in zip(*grid, strict=True):  # the same shard across the replica groups
-            g = dist.new_group(list(col), timeout=self.timeout)
+        for i, col in enumerate(zip(*grid, strict=True)):  # one shard across the replicas
+            g = epoch_group(list(col), f"{tag}-replicate{i}", self.timeout)
             self._mesh_groups.append(g)
             if self.rank in col:
                 self.replicate_group = g
-        self.epoch, self.roles = epoch, tuple(roles)
 
     def trainer_mesh(self, device_type: str) -> Any:
         """This epoch's 2-D device mesh of the trainer ranks, ``("replicate", "shard")``:
@@ -351,6 +416,47 @@ class Collective:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    # --- the leader's receivers --------------------------------------------------------
+
+    def receivers(self) -> list[int]:
+        """The sync group's receivers still reachable this epoch."""
+        return [r for r in self.sync_ranks if r != LEADER and r not in self.lost_peers]
+
+    def take_lost_peers(self) -> dict[int, str]:
+        """Receivers dropped since the last call, and why (the leader reports them)."""
+        new = {r: why for r, why in self.lost_peers.items() if r not in self._reported}
+        self._reported |= set(new)
+        return new
+
+    def _send_to_receivers(self, tensor: torch.Tensor, what: str) -> None:
+        """Leader: ``tensor`` to every reachable receiver at once. One that fails, or does
+        not take it within ``peer_timeout``, is dropped for the rest of the epoch; the
+        others go on (a dead or hung receiver never holds up the sync)."""
+        works = []
+        for peer in self.receivers():
+            try:
+                works.append((peer, dist.isend(tensor, dst=peer, group=self.sync_pairs[peer])))
+            except RuntimeError as exc:
+                self._lose(peer, f"{what}: {exc}")
+        for peer, work in works:
+            try:
+                work.wait(self.peer_timeout)
+            except RuntimeError as exc:
+                self._abandoned.append((work, tensor))
+                self._lose(peer, f"{what}: {exc}")
+
+    def _lose(self, peer: int, why: str) -> None:
+        log.warning("weight sync: receiver rank %d dropped (%s)", peer, why[:300])
+        self.lost_peers[peer] = why[:1000]
+
+    def _receive(self, tensor: torch.Tensor) -> None:
+        """Receiver: ``tensor`` from the leader, within the group's timeout."""
+        try:
+            group = self.sync_pairs[self.rank]
+            dist.irecv(tensor, src=LEADER, group=group).wait(self.timeout)
+        except RuntimeError as exc:
+            raise CollectiveError(f"weights from rank {LEADER}: {exc}") from None
 
     # --- data parallelism --------------------------------------------------------------
 
@@ -408,18 +514,21 @@ class Collective:
             if not self.is_leader:
                 self._unflatten(flat, [tensors[i] for i in idx])
 
-    def broadcast_header(self, header: dict[str, Any] | None, *, group: Any) -> dict[str, Any]:
-        """The leader's JSON header, on every member (length first, then the bytes)."""
-        if self.is_leader:
-            assert header is not None
-            raw = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
-            size = torch.tensor([raw.numel()], dtype=torch.int64)
-        else:
-            size = torch.zeros(1, dtype=torch.int64)
-        dist.broadcast(size, src=LEADER, group=group)
-        if not self.is_leader:
-            raw = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(raw, src=LEADER, group=group)
+    def send_header(self, header: dict[str, Any]) -> None:
+        """Leader: a JSON header to every reachable receiver (length first, then bytes)."""
+        raw = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
+        self._send_to_receivers(torch.tensor([raw.numel()], dtype=torch.int64), "header size")
+        self._send_to_receivers(raw, "header")
+
+    def receive_header(self) -> dict[str, Any]:
+        """Receiver: the leader's JSON header."""
+        size = torch.zeros(1, dtype=torch.int64)
+        self._receive(size)
+        n = int(size.item())
+        if not 0 < n <= MAX_HEADER_BYTES:
+            raise CollectiveError(f"malformed transfer header: {n} bytes")
+        raw = torch.empty(n, dtype=torch.uint8)
+        self._receive(raw)
         try:
             out = json.loads(bytes(raw.numpy()).decode())
         except ValueError as exc:
@@ -454,7 +563,7 @@ class Collective:
             header = dataclasses.replace(
                 header, transport=transport.name, nccl=transport.rendezvous()
             )
-        self.broadcast_header(header.to_json(), group=self.sync_group)
+        self.send_header(header.to_json())
         if transport is not None:
             transport.open()
         sent = count = 0
@@ -465,7 +574,7 @@ class Collective:
             if transport is not None:
                 transport.send(flat)
             else:  # raw bytes: gloo needs no support for the dtype
-                dist.broadcast(flat.view(torch.uint8), src=LEADER, group=self.sync_group)
+                self._send_to_receivers(flat.view(torch.uint8), f"bucket {count}")
             sent += flat.numel() * flat.element_size()
             count += 1
             del flat  # before the next bucket is made: one bucket at a time
@@ -477,14 +586,14 @@ class Collective:
 
     def receive_weights_header(self) -> WeightsHeader:
         """Rollout driver: the header of the leader's next weight transfer."""
-        return WeightsHeader.from_json(self.broadcast_header(None, group=self.sync_group))
+        return WeightsHeader.from_json(self.receive_header())
 
     def receive_bucket(self, header: WeightsHeader, index: int) -> torch.Tensor:
         """Rollout driver: bucket ``index`` of a gloo transfer, as one flat tensor."""
         if header.transport != "gloo":
             raise CollectiveError(f"a {header.transport} transfer goes to the engine itself")
         raw = torch.empty(header.bucket_nbytes(index), dtype=torch.uint8)
-        dist.broadcast(raw, src=LEADER, group=self.sync_group)
+        self._receive(raw)
         return raw.view(header.tensors[header.ranges()[index].start].dtype)
 
     def receive_weights_from(self, header: WeightsHeader) -> dict[str, torch.Tensor]:

@@ -44,6 +44,8 @@ from runtime.transport.states import RunState, WorkerState
 RUN_STATES = tuple(s.value for s in RunState)
 WORKER_STATES = tuple(s.value for s in WorkerState)
 ROLES = tuple(r.value for r in Role)
+GONE_ROLE = "gone"  # a rank lost to the run (dead or hung), in no process group
+LAYOUT_ROLES = (*ROLES, GONE_ROLE)  # what a layout's roles may say of each rank
 # samples a batch layout may describe: far above the largest batches recipes use (DAPO's
 # 512 prompts x 16 = 8,192), a bound so a layout cannot ask for unbounded work
 MAX_BATCH_SAMPLES = 1 << 17
@@ -291,6 +293,25 @@ class Bye(Message):
     reason: str
 
 
+@message
+@dataclass(frozen=True)
+class PeerLost(Message):
+    """The trainer leader dropped receiver ``peer`` from a weight sync of ``layout_epoch``
+    (it failed, or took nothing for ``control.peer_timeout_s``): rank 0 declares it lost
+    at once instead of waiting for its heartbeat to time out."""
+
+    TYPE: ClassVar[str] = "peer_lost"
+    rank: int
+    peer: int
+    layout_epoch: int
+    reason: str
+
+    def check(self) -> None:
+        _require(self.peer >= 0 and self.peer != self.rank, "bad peer")
+        _require(self.layout_epoch >= 0, "bad epoch")
+        _require(len(self.reason) <= 1000, "reason too long")
+
+
 # --- coordinator -> worker -------------------------------------------------------------
 
 
@@ -353,7 +374,7 @@ class RoleSwitch(Message):
     roles: list[str]
 
     def check(self) -> None:
-        _require(all(r in ROLES for r in self.roles), "unknown role")
+        _require(all(r in LAYOUT_ROLES for r in self.roles), "unknown role")
 
 
 @message

@@ -374,18 +374,60 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     assert c.state == "RUNNING"
     assert c.lost_ranks[0]["rank"] == 3 and c.lost_ranks[0]["requeued"] == len(taken) == 4
     assert len(c.data.dispatcher.pending) >= 4  # its requests are back in the queue
-    # the last rollout rank dying ends the run; so does any death with vLLM + torch
+    # the last rollout rank dying ends the run
     clock.t += 16.0
     beat(c, 0, clock)
     beat(c, 1, clock)
     c.tick()
     assert c.state == "FAILED" and "rank 2" in c.reason
-    real = make(clock)
-    register_all(real)
-    train_step(real, 1, {})
-    clock.t += 20.0
-    real.tick()
-    assert real.state == "FAILED" and real.lost_ranks == []
+    # with process groups, a lost rank of a tensor-parallel replica fails the run too
+    tp = make(clock, resources={"gpus_per_node": 4, "rollout_gpus_per_replica": 2})
+    register_all(tp)
+    clock.t += 16.0
+    for r in (0, 1, 2):
+        beat(tp, r, clock)
+    tp.tick()
+    assert tp.state == "FAILED" and tp.lost_ranks == []
+
+
+def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
+    # vLLM + torch (process groups), 3:1: rank 3 falls silent
+    prompts = ({"text": f"p{i}"} for i in itertools.count())
+    c = make(clock, prompts=prompts, resources={"gpus_per_node": 4, "initial_ratio": "3:1"})
+    register_all(c)
+    train_step(c, 1, {})
+    clock.t += 16.0
+    for r in (0, 1, 2):
+        beat(c, r, clock)
+    out = c.tick()
+    assert c.state == "RUNNING" and c.lost_ranks[0]["rank"] == 3
+    switches = {to: m for to, m in out if isinstance(m, p.RoleSwitch)}
+    assert set(switches) == {ident(0), ident(1), ident(2)}  # the live ranks regroup
+    assert switches[ident(0)].roles == ["trainer", "rollout", "rollout", "gone"]
+    assert switches[ident(0)].layout_epoch == 1 == c.layout_epoch
+    assert any(to == ident(3) and isinstance(m, p.Stop) for to, m in out)
+    assert c.weight_sync_ranks() == [0, 1, 2]  # no sync waits for it
+    for r in (0, 1, 2):
+        done = p.RoleSwitchDone(rank=r, role=c.epoch_roles()[r], layout_epoch=1, duration_s=0.1)
+        c.handle(ident(r), done)
+    assert not c.rebalance.switching()
+    # the leader reports a receiver it dropped: only the leader, of a current receiver
+    bad = [
+        p.PeerLost(rank=1, peer=2, layout_epoch=1, reason="x"),  # not the leader
+        p.PeerLost(rank=0, peer=3, layout_epoch=1, reason="x"),  # not a receiver now
+        p.PeerLost(rank=0, peer=2, layout_epoch=0, reason="x"),  # an old epoch
+    ]
+    for msg in bad:
+        c.handle(ident(msg.rank), msg)
+    assert c.rejected["bad_peer_lost"] == 3 and len(c.lost_ranks) == 1
+    out = c.handle(ident(0), p.PeerLost(rank=0, peer=2, layout_epoch=1, reason="bucket 3: closed"))
+    assert [x["rank"] for x in c.lost_ranks] == [3, 2]
+    assert "dropped from a weight sync by rank 0: bucket 3: closed" in c.lost_ranks[1]["reason"]
+    (regroup,) = {m.layout_epoch: m for _, m in out if isinstance(m, p.RoleSwitch)}.values()
+    assert regroup.roles == ["trainer", "rollout", "gone", "gone"]
+    # a lost rank cannot register again into groups rebuilt without it
+    ((_, refused),) = c.handle(ident(3), p.Hello(rank=3, world_size=4, node="n", pid=999))
+    assert isinstance(refused, p.Stop) and "cannot rejoin" in refused.reason
 
 
 def test_an_engine_that_fails_every_generation_fails_the_run(clock):

@@ -28,6 +28,7 @@ EXAMPLES = [
         rank=0, step=3, policy_version=3, batch_id=-1, metrics={"loss": 0.1}, blobs=(b"\x00" * 8,)
     ),
     p.Bye(rank=3, reason="done"),
+    p.PeerLost(rank=0, peer=3, layout_epoch=2, reason="bucket 0: connection closed"),
     p.WorkRequest(rank=2, slots=4, in_tools=3),
     p.SampleDone(
         rank=2,

@@ -233,8 +233,11 @@ class TorchTrainerSide(BatchConsumer):
 
     def _stream_weights(self) -> None:
         """The ranks of the leader's replica group together (collective)."""
-        assert self.streamer is not None
+        assert self.streamer is not None and self.collective is not None
         record = self.streamer.stream(self.trainer.model, self.trainer.version)
+        c = self.collective
+        for peer, why in c.take_lost_peers().items():  # rank 0 declares them lost now
+            self._send(p.PeerLost(rank=self.rank, peer=peer, layout_epoch=c.epoch, reason=why))
         if record.leader:
             log.debug(
                 "weights v%d streamed: %d B in %.3f s (%.2f GB/s)",
