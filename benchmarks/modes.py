@@ -60,8 +60,10 @@ def launch_args(name: str, sets: list[str], *, wait: bool) -> list[str]:
 
 
 def mode_overrides(mode: str) -> list[str]:
-    """The demo recipe as ``mode``: its replay share (sigma 0.5) is reflow's, 0 elsewhere."""
-    return [f"reflow.mode={mode}", *([] if mode == "reflow" else ["reflow.sigma=0"])]
+    """The demo recipe as ``mode``: its replay share (sigma 0.5) is reflow's, 0 elsewhere,
+    and its 2:2 split does not apply to colocated_sync (every rank plays both roles)."""
+    sets = [f"reflow.mode={mode}", *([] if mode == "reflow" else ["reflow.sigma=0"])]
+    return sets + (["resources.initial_ratio=null"] if mode == "colocated_sync" else [])
 
 
 def run_mode(mode: str, steps: int, runs: Path) -> Path:

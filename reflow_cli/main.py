@@ -391,7 +391,7 @@ def simulate(
     # after the simulations before it.
     plans = [
         plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs, sets=overrides)
-        for m in mode or [cfg.reflow.mode]
+        for m in mode or [None]  # None: the recipe as written
     ]
     every = cfg.train.sync_every
     warmup, measure = protocol_steps(plans[0].workload, warmup_steps, measure_steps, every)

@@ -230,6 +230,15 @@ def initial_layout(cfg: Config) -> Layout:
     mode ``colocated_sync``, every rank generating (the first phase)."""
     res = cfg.resources
     assert res.initial_ratio is not None
+    if cfg.reflow.mode == COLOCATED:
+        everyone = Layout(
+            cfg.world_size,
+            res.gpus_per_node,
+            res.trainer_gpus_per_replica,
+            res.rollout_gpus_per_replica,
+            0,
+        )
+        return everyone
     rollout, trainer = parse_ratio(res.initial_ratio)
     layout = Layout.from_ratio(
         rollout,
@@ -239,7 +248,7 @@ def initial_layout(cfg: Config) -> Layout:
         trainer_group_size=res.trainer_gpus_per_replica,
         rollout_group_size=res.rollout_gpus_per_replica,
     )
-    return layout.all_playing(Role.ROLLOUT) if cfg.reflow.mode == COLOCATED else layout
+    return layout
 
 
 def group_roles(cfg: Config, roles: Sequence[str]) -> list[str]:

@@ -214,6 +214,10 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+class _Skip(Exception):
+    """No split to check (mode colocated_sync)."""
+
+
 def _check_mode(cfg: Config) -> None:
     """What a mode's definition rules out (runtime.config.schema.BASELINE_FIXED), and what
     colocation needs: every rank in a trainer replica and in a rollout replica."""
@@ -249,7 +253,16 @@ def check_feasible(cfg: Config) -> None:
             "resources.trainer_gpus_per_replica",
             f"{res.trainer_gpus_per_replica} exceeds the {world} ranks of the allocation",
         )
-    if res.initial_ratio is None:
+    if rf.mode == "colocated_sync":
+        # every rank generates, then every rank trains: no split (the run starts generating)
+        if res.initial_ratio is not None:
+            raise _FieldError(
+                "resources.initial_ratio",
+                f"{res.initial_ratio!r} does not apply to mode=colocated_sync (every rank plays "
+                "both roles in turn): leave it unset (null)",
+            )
+        res.initial_ratio = f"{world}:0"
+    elif res.initial_ratio is None:
         try:
             rollout, trainer = default_split(
                 world,
@@ -262,6 +275,8 @@ def check_feasible(cfg: Config) -> None:
         res.initial_ratio = f"{rollout}:{trainer}"
     try:
         rollout, trainer = parse_ratio(res.initial_ratio)
+        if rf.mode == "colocated_sync":
+            raise _Skip
         check_split(
             rollout,
             trainer,
@@ -269,6 +284,8 @@ def check_feasible(cfg: Config) -> None:
             trainer_group_size=res.trainer_gpus_per_replica,
             rollout_group_size=res.rollout_gpus_per_replica,
         )
+    except _Skip:
+        pass
     except LayoutError as exc:
         raise _FieldError("resources.initial_ratio", str(exc)) from None
     if rf.sigma is None:
@@ -309,6 +326,21 @@ def check_feasible(cfg: Config) -> None:
             f"{train.checkpoint_every} is not a multiple of sync_every={train.sync_every} "
             "(checkpoints are taken at sync points)",
         )
+    ctl = cfg.control
+    if ctl.peer_timeout_s >= ctl.heartbeat_timeout_s:
+        raise _FieldError(
+            "control.peer_timeout_s",
+            f"{ctl.peer_timeout_s} must be below heartbeat_timeout_s={ctl.heartbeat_timeout_s} "
+            "(the leader waiting on a hung receiver would be declared dead first)",
+        )
+    if train.eval_every:
+        from runtime.workloads.kinds import workload_kind
+
+        if not workload_kind(cfg.workload.kind).trainer_eval:
+            raise _FieldError(
+                "train.eval_every",
+                f"workload.kind {cfg.workload.kind!r} has no held-out eval by the trainer",
+            )
     alg = cfg.algorithm
     for name in ("tis_cap", "mismatch_mask"):
         if getattr(alg, name) is not None and not alg.recompute_old_logprobs:

@@ -363,9 +363,10 @@ class ControlConfig:
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )
     peer_timeout_s: float = opt(
-        30.0,
+        5.0,
         "a weight sync drops a receiver that does not take a header or a bucket this long "
-        "(dead or hung); the others still get the weights",
+        "(dead or hung; the others still get the weights); below heartbeat_timeout_s, since "
+        "the leader does not beat while it waits",
         gt=0,
     )
     request_timeout_s: float = opt(

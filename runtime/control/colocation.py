@@ -37,10 +37,12 @@ def phase(c: Run) -> Role:
 
 
 def rollout_quota(c: Run) -> int:
-    """Samples the current rollout phase generates: the next train phase's batches."""
+    """Samples the current rollout phase generates: the batches of the steps up to the next
+    sync point (a run resumed between sync points finishes its interval)."""
     train = c.cfg.train
     assert train.batch_size is not None
-    return train.batch_size * min(train.sync_every, train.steps - c.step)
+    to_sync = train.sync_every - c.step % train.sync_every
+    return train.batch_size * min(to_sync, train.steps - c.step)
 
 
 def advance(c: Run) -> list[Outgoing]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config.layout import LayoutError, Role
-from runtime.config.schema import needs_collective
+from runtime.config.schema import BASELINES, needs_collective
 from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
@@ -93,6 +93,9 @@ class Coordinator(Run):
             target = self.layout.with_ratio(msg.rollout, msg.trainer)
         except LayoutError as exc:
             return [(identity, p.Reply(ok=False, text=str(exc)))]
+        why = self.without_lost(target)
+        if why:
+            return [(identity, p.Reply(ok=False, text=why))]
         self.rebalance.request(target)
         self.rebalance.allocator.changed(self.step)  # a manual placement restarts the cooldown
         text = f"rebalance to {target.ratio} accepted; applied at the next sync point"
@@ -101,6 +104,9 @@ class Coordinator(Run):
 
     def _on_allocator(self, identity: bytes, msg: p.AllocatorRequest) -> list[Outgoing]:
         self.accepted += 1
+        if msg.auto and self.cfg.reflow.mode in BASELINES:
+            text = f"mode={self.cfg.reflow.mode} keeps its placement: no allocator"
+            return [(identity, p.Reply(ok=False, text=text))]
         self.rebalance.auto = msg.auto
         text = f"automatic rebalancing {'on' if msg.auto else 'off'}"
         return [(identity, p.Reply(ok=True, text=text))]
@@ -140,7 +146,8 @@ class Coordinator(Run):
                 f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
                 f"for {now - w.last_seen:.1f} s"
             )
-            out += self.lose_rank(w, why)
+            out += self.lose_rank(w, why, regroup=False)
+        out += self.regroup_without_lost()  # once for every rank lost in this tick
         if self.state == RunState.STARTING and now - self.started_at > ctl.register_timeout_s:
             out += self.finish(
                 RunState.FAILED,
@@ -197,7 +204,7 @@ class Coordinator(Run):
                 if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):
                     self.generation.finished(r["sample_id"], None)
 
-    def lose_rank(self, w: WorkerInfo, why: str) -> list[Outgoing]:
+    def lose_rank(self, w: WorkerInfo, why: str, regroup: bool = True) -> list[Outgoing]:
         """``w`` is dead or hung (marked so by the caller). A rank the run can do without
         is absorbed: its work goes back to the front of the queue for the other rollout
         ranks (what it delivered is in the buffer), and with process groups the live
@@ -213,13 +220,13 @@ class Coordinator(Run):
         self.lost_ranks.append(
             {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
         )
-        self.lost.add(w.rank)
         self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
         out: list[Outgoing] = [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
         if needs_collective(self.cfg):
-            self.rebalance.request(self.layout, source="lost_rank")
-            self.rebalance.force_next = True
-            out += self.apply_pending_layout()
+            self.lost.add(w.rank)  # "gone" in every later epoch's roles
+            self.rebalance.regroup_due = True
+            if regroup:
+                out += self.regroup_without_lost()
         return out
 
     def _survivable(self, w: WorkerInfo) -> bool:
@@ -246,8 +253,10 @@ class Coordinator(Run):
         if self.known(identity, msg.rank) is None:
             return []
         target = self.workers.get(msg.peer)
-        current = msg.layout_epoch == self.layout_epoch
-        if msg.rank != 0 or not current or msg.peer not in self.sync_receivers():
+        # a report from an earlier epoch counts while the peer is still a receiver (rank 0
+        # may have moved on while the leader was syncing)
+        known = msg.layout_epoch <= self.layout_epoch
+        if msg.rank != 0 or not known or msg.peer not in self.sync_receivers():
             self.reject("bad_peer_lost")
             return []
         if target is None or target.gone:

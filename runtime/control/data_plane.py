@@ -111,7 +111,8 @@ class DataPlane:
         """Batches a barrier mode may generate ahead: one, or a colocated train phase's."""
         if self.mode != "colocated_sync":
             return 1
-        return min(self.train.sync_every, self.train.steps - self.step)
+        to_sync = self.train.sync_every - self.step % self.train.sync_every
+        return min(to_sync, self.train.steps - self.step)
 
     def deliver(self, t: Sample) -> bool:
         """A finished sample from a rollout worker; False (counted) if unexpected."""

@@ -28,7 +28,10 @@ def request_stop(c: Run, reason: str) -> list[Outgoing]:
         return []
     if c.state == RunState.RUNNING and c.training_started:
         c.reason = f"stopping after a checkpoint: {reason}"
-        if c.batch_in_flight is not None:
+        # colocated, every rank generating: the trainer state is off the device, so the
+        # checkpoint is taken after the train phase's next step
+        generating = colocation.is_colocated(c) and colocation.phase(c).value == "rollout"
+        if c.batch_in_flight is not None or generating:
             c.ckpt.stop_after_step = reason
             return []
         return checkpoint_then_stop(c, reason)

@@ -91,19 +91,31 @@ class RoleTime:
         self.seconds = {"rollout": 0.0, "trainer": 0.0, "switching": 0.0}
         self.ranks = {"rollout": set(), "trainer": set()}
 
-    def add(self, now: float, layout: Layout, moving: Iterable[int]) -> None:
-        """The time since the last call, spent in ``layout`` with ``moving`` switching."""
+    def restart(self, now: float) -> None:
+        """Count from ``now`` (the run starts: registration and engine start-up left out)."""
+        self.since = now
+        self._reset()
+
+    def add(
+        self, now: float, layout: Layout, moving: Iterable[int], lost: Iterable[int] = ()
+    ) -> None:
+        """The time since the last call, spent in ``layout`` with ``moving`` switching (a
+        ``lost`` rank plays no role)."""
         dt, self.since = max(0.0, now - self.since), max(self.since, now)
-        moving = set(moving)
+        moving, lost = set(moving), set(lost)
         for rank, role in enumerate(layout.roles()):
+            if rank in lost:
+                continue
             if rank in moving:
                 self.seconds["switching"] += dt
             else:
                 self.seconds[role.value] += dt
                 self.ranks[role.value].add(rank)
 
-    def take(self, now: float, layout: Layout, moving: Iterable[int]) -> dict[str, Any]:
-        self.add(now, layout, moving)
+    def take(
+        self, now: float, layout: Layout, moving: Iterable[int], lost: Iterable[int] = ()
+    ) -> dict[str, Any]:
+        self.add(now, layout, moving, lost)
         out = {
             "rank_seconds": {k: round(v, 4) for k, v in self.seconds.items()},
             "ranks_by_role": {k: sorted(v) for k, v in self.ranks.items()},
@@ -126,6 +138,8 @@ class Rebalancer:
         # apply the pending layout as a new epoch even if its split is the current one (a
         # rank was lost: the live ranks regroup without it)
         self.force_next = False
+        self.regroup_due = False  # a rank was lost: the live ranks regroup without it
+        self.lost: set[int] = set()  # the run's lost ranks (Run.lost, the same set)
         self.switches: list[SwitchRecord] = []
         self.auto = sch.auto_rebalance
         self.allocator = ProducerConsumerAllocator(
@@ -189,6 +203,13 @@ class Rebalancer:
         record.waiting_for = set(alive)
         return True
 
+    def drop_pending(self, why: str) -> None:
+        """The pending layout cannot be taken any more (a rank it needs was lost)."""
+        self.pending, self.force_next = None, False
+        record = self.switches[-1]
+        record.applied_at = record.done_at = None
+        record.source = f"{record.source}, dropped: {why}"
+
     def forget(self, rank: int) -> None:
         """``rank`` is lost: a switch under way stops waiting for it."""
         current = self.switches[-1] if self.switches else None
@@ -220,11 +241,11 @@ class Rebalancer:
         return self._previous.moved_ranks(self.layout) if self.switching() else []
 
     def _count_role_time(self) -> None:
-        self.role_time.add(self.clock(), self.layout, self._moving())
+        self.role_time.add(self.clock(), self.layout, self._moving(), self.lost)
 
     def take_role_time(self) -> dict[str, Any]:
         """Rank-seconds by role since the last call (one call per training step)."""
-        return self.role_time.take(self.clock(), self.layout, self._moving())
+        return self.role_time.take(self.clock(), self.layout, self._moving(), self.lost)
 
     def new_transitions(self) -> list[dict[str, Any]]:
         """Layout changes finished since the last call, for the step's metrics line."""

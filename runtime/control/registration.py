@@ -48,6 +48,7 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING
+        c.rebalance.role_time.restart(c.clock())
         if c.policy_version > 0 and c.cfg.reflow.mode != COLOCATED:
             # Resumed: the rollout engines start from the base model; the leader
             # restored the checkpoint's weights and broadcasts them before any work.

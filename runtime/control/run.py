@@ -126,6 +126,7 @@ class Run:
         self.evals: dict[str, float] = {}
         self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
         self.lost: set[int] = set()  # their ranks: "gone" in every later layout
+        self.rebalance.lost = self.lost
         self.ledger_violations: list[dict[str, Any]] = []
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
@@ -217,6 +218,36 @@ class Run:
         msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
         return self.members.send(msg, self.weight_sync_ranks())
 
+    def regroup_without_lost(self) -> list[Outgoing]:
+        """A new epoch of the same layout once a rank is lost, so the live ranks rebuild
+        their process groups without it: at once, unless a switch is under way or a
+        rebalance is pending (that one's epoch leaves it out too; then nothing more)."""
+        rb = self.rebalance
+        if not rb.regroup_due or rb.switching() or self.state != RunState.RUNNING:
+            return []
+        if rb.pending is None:
+            rb.request(self.layout, source="lost_rank")
+            rb.force_next = True
+        if rb.pending.ratio != self.layout.ratio and self.training_started:
+            return []  # a user's rebalance: applied at the next sync point, as always
+        return self.apply_pending_layout()
+
+    def without_lost(self, target: Layout) -> str:
+        """Why ``target`` cannot be taken with the ranks lost so far ("" if it can): a lost
+        rank cannot train, and some live rank must drive a rollout replica."""
+        if not self.lost:
+            return ""
+        trainers = [r for r in self.lost if target.role_of(r) == Role.TRAINER]
+        if trainers:
+            return f"ranks {trainers} were lost: they cannot be trainer ranks"
+        size = self.cfg.resources.rollout_gpus_per_replica
+        live = [r for r in target.ranks(Role.ROLLOUT) if r not in self.lost]
+        if not rollout_drivers(
+            [Role.ROLLOUT.value if r in live else "x" for r in range(target.world_size)], size
+        ):
+            return "no live rank would drive a rollout replica"
+        return ""
+
     def apply_pending_layout(self) -> list[Outgoing]:
         """Apply a pending layout at a synchronization point.
 
@@ -224,10 +255,20 @@ class Run:
         step reports at multiples of ``sync_every`` are.
         """
         alive = self.members.alive()
+        pending = self.rebalance.pending
+        if pending is not None and self.without_lost(pending):  # e.g. the allocator's pick
+            self.rebalance.drop_pending(self.without_lost(pending))
+            return []
+        forced = self.rebalance.force_next
         if not self.rebalance.apply_pending(w.rank for w in alive):
             return []
+        self.rebalance.regroup_due = False  # this epoch leaves every lost rank out
         target = self.layout
         for w in alive:
+            if forced and w.role == target.role_of(w.rank).value:
+                # no role changes: a beat of the new epoch may stand in for its report
+                w.state = WorkerState.SWITCHING
+                continue
             if w.role != target.role_of(w.rank).value:
                 w.state = WorkerState.SWITCHING
                 # A rank leaving the rollout pool drops its in-flight generations; their

@@ -360,12 +360,21 @@ class Collective:
         self._abandoned = []
         tag = f"reflow-e{epoch}"
         self.sync_pairs = {}
+        self.sync_ranks, self.lost_peers, self._reported = sync, {}, set()
         for peer in sync[1:]:  # the leader makes every pair, each receiver its own
-            if self.rank in (LEADER, peer):
+            if self.rank == peer:
                 self.sync_pairs[peer] = epoch_group(
                     [LEADER, peer], f"{tag}-sync{peer}", self.timeout
                 )
-        self.sync_ranks, self.lost_peers, self._reported = sync, {}, set()
+            elif self.rank == LEADER:
+                # a receiver that died before rank 0 knew (it is still in this epoch's
+                # roles) never comes: dropped after the peer timeout, not the group's
+                try:
+                    self.sync_pairs[peer] = epoch_group(
+                        [LEADER, peer], f"{tag}-sync{peer}", self.peer_timeout
+                    )
+                except RuntimeError as exc:
+                    self._lose(peer, f"pair group: {exc}")
         if not keep_trainer:
             self._trainer_groups(trainers, size, tag)
         self.epoch, self.roles = epoch, tuple(roles)

@@ -73,6 +73,8 @@ def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> 
     changes = {k: v for k, v in changes.items() if k not in given and _get(cfg, k) != v}
     if target != cfg.reflow.mode:  # --mode wins over a --set reflow.mode
         changes["reflow.mode"] = target
+        # the split is the new mode's (colocated_sync has none): from rollout_fraction
+        changes["resources.initial_ratio"] = None
     return changes
 
 

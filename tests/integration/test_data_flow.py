@@ -74,6 +74,9 @@ def test_each_execution_mode_runs(tmp_path, runs_dir, mode):
         RECIPE.replace("train: {steps: 200", "train: {steps: 12")
         .replace("mode: reflow, sigma: 0.5", f"mode: {mode}, sigma: {sigma}")
         .replace("trainer: synthetic}", "trainer: synthetic, synthetic_token_s: 0.005}")
+        .replace(
+            'initial_ratio: "2:2", ', "" if mode == "colocated_sync" else 'initial_ratio: "2:2", '
+        )
     )
     done = reflow("launch", str(recipe), "--local", "--wait", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -111,6 +111,7 @@ def test_a_rebalance_moves_whole_tp2_replicas(tmp_path, runs_dir):
 PROMPT = [BOS, 7, 14, 9, 17]
 
 
+@pytest.mark.slow  # ~1 min, `make test-slow`: CI time went to the colocated and lost-rank runs
 def test_a_tp2_vllm_engine_generates_and_reloads_every_shard(tmp_path, monkeypatch):
     """The CPU build runs two tensor-parallel workers when each gets its own core list (it
     cannot bind them itself on one NUMA node); the driver's binding comes from

@@ -390,6 +390,14 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     assert tp.state == "FAILED" and tp.lost_ranks == []
 
 
+def test_a_baseline_mode_refuses_the_allocator_mid_run(clock):
+    c = make(clock, reflow={"mode": "async", "sigma": 0.0})
+    register_all(c)
+    ((_, reply),) = c.handle(b"cli", p.AllocatorRequest(auto=True))
+    assert not reply.ok and "mode=async keeps its placement" in reply.text
+    assert not c.auto_rebalance
+
+
 def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     # vLLM + torch (process groups), 3:1: rank 3 falls silent
     prompts = ({"text": f"p{i}"} for i in itertools.count())
@@ -415,16 +423,22 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     bad = [
         p.PeerLost(rank=1, peer=2, layout_epoch=1, reason="x"),  # not the leader
         p.PeerLost(rank=0, peer=3, layout_epoch=1, reason="x"),  # not a receiver now
-        p.PeerLost(rank=0, peer=2, layout_epoch=0, reason="x"),  # an old epoch
+        p.PeerLost(rank=0, peer=2, layout_epoch=7, reason="x"),  # an epoch to come
     ]
     for msg in bad:
         c.handle(ident(msg.rank), msg)
     assert c.rejected["bad_peer_lost"] == 3 and len(c.lost_ranks) == 1
-    out = c.handle(ident(0), p.PeerLost(rank=0, peer=2, layout_epoch=1, reason="bucket 3: closed"))
+    # from the epoch before (the leader was syncing while rank 0 moved on): it counts, as
+    # rank 2 is still a receiver
+    out = c.handle(ident(0), p.PeerLost(rank=0, peer=2, layout_epoch=0, reason="bucket 3: closed"))
     assert [x["rank"] for x in c.lost_ranks] == [3, 2]
     assert "dropped from a weight sync by rank 0: bucket 3: closed" in c.lost_ranks[1]["reason"]
     (regroup,) = {m.layout_epoch: m for _, m in out if isinstance(m, p.RoleSwitch)}.values()
     assert regroup.roles == ["trainer", "rollout", "gone", "gone"]
+    # no rebalance may make a lost rank a trainer or leave no live rollout driver
+    for ratio, why in (((2, 2), "no live rank would drive"), ((1, 3), "ranks [2] were lost")):
+        ((_, reply),) = c.handle(b"cli", p.RebalanceRequest(rollout=ratio[0], trainer=ratio[1]))
+        assert not reply.ok and why in reply.text
     # a lost rank cannot register again into groups rebuilt without it
     ((_, refused),) = c.handle(ident(3), p.Hello(rank=3, world_size=4, node="n", pid=999))
     assert isinstance(refused, p.Stop) and "cannot rejoin" in refused.reason

@@ -181,11 +181,24 @@ def test_each_mode_is_what_its_definition_says():
                 "resources": {
                     "nodes": 2,
                     "trainer_gpus_per_replica": 3,
-                    "initial_ratio": "2:6",
                     "rollout_gpus_per_replica": 1,
                 },
             }
         )
+    # no split applies: a ratio is refused, and one trainer replica may span every rank
+    # (FSDP over the whole world, as verl colocates)
+    with pytest.raises(RecipeError, match="initial_ratio: '2:2' does not apply to mode=colocated"):
+        build_config({"reflow": {"mode": "colocated_sync"}, "resources": {"initial_ratio": "2:2"}})
+    whole = build_config(
+        {"reflow": {"mode": "colocated_sync"}, "resources": {"trainer_gpus_per_replica": 4}}
+    )
+    assert whole.resources.trainer_gpus_per_replica == whole.world_size == 4
+
+
+def test_an_eval_interval_needs_a_workload_with_a_trainer_eval():
+    assert build_config({"train": {"eval_every": 10}}).train.eval_every == 10  # arith
+    with pytest.raises(RecipeError, match=r"train\.eval_every: workload\.kind 'code_agent' has no"):
+        build_config({"train": {"eval_every": 10}, "workload": {"kind": "code_agent"}})
 
 
 def test_mode_dependent_defaults():
