@@ -91,8 +91,11 @@ def read_run(folder: Path) -> Run:
         raise BadInput(f"{cfg_path}: cannot read ({exc.strerror})") from None
     except (yaml.YAMLError, TypeError, KeyError, ValueError):
         raise BadInput(f"{cfg_path}: no reflow.mode / train.seed") from None
-    lines = read_metrics(folder / "metrics.jsonl")
     run = Run(mode, seed, str(folder), 0, 0.0, [])
+    if not (folder / "metrics.jsonl").exists():  # it failed before its first step
+        run.problem = "no metrics.jsonl: the run ended before its first step"
+        return run
+    lines = read_metrics(folder / "metrics.jsonl")
     if not lines:
         run.problem = "metrics.jsonl has no steps"
         return run

@@ -175,6 +175,15 @@ def test_failed_and_replaced_runs_are_left_out(folder):
     assert "learn-async-s3-x: state FAILED (test)" in report
 
 
+def test_a_run_that_failed_before_its_first_step_is_left_out(folder):
+    dead = make_run(folder, "async", 4, 2.0, 0.9, 0.9, state="FAILED", name="learn-async-s4-x")
+    (dead / "metrics.jsonl").unlink()  # e.g. its engines could not start
+    run = learning.read_run(dead)  # what a run just launched gives: no crash, left out
+    assert run.problem == "no metrics.jsonl: the run ended before its first step"
+    runs, _ = learning.find_runs(folder)  # and a report on the folder skips it
+    assert all(r.seed != 4 for r in runs)
+
+
 def test_report_only_writes_the_report(folder, capsys):
     learning.main(["--report-only", str(folder)])
     md = (folder / "learning.md").read_text()
