@@ -255,7 +255,8 @@ def check_feasible(cfg: Config) -> None:
         )
     if rf.mode == "colocated_sync":
         # every rank generates, then every rank trains: no split (the run starts generating)
-        if res.initial_ratio is not None:
+        # (the resolved config of a run says f"{world}:0": every rank generating first)
+        if res.initial_ratio not in (None, f"{world}:0"):
             raise _FieldError(
                 "resources.initial_ratio",
                 f"{res.initial_ratio!r} does not apply to mode=colocated_sync (every rank plays "

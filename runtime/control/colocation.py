@@ -45,6 +45,15 @@ def rollout_quota(c: Run) -> int:
     return train.batch_size * min(to_sync, train.steps - c.step)
 
 
+def rank_share(c: Run, rank: int) -> int:
+    """Requests ``rank`` may hold at once in a rollout phase: its even share of the phase's
+    quota, as verl splits a batch over its rollout workers (pulled work would otherwise go
+    to whichever rank asks first, and the phase would wait on one engine)."""
+    drivers = max(1, len(c.layout.groups(Role.ROLLOUT)))
+    share = -(-rollout_quota(c) // drivers)
+    return max(0, share - c.data.dispatcher.running_at(rank))
+
+
 def advance(c: Run) -> list[Outgoing]:
     """Change phase when the current one is over: the rollout phase once its quota is in
     the buffer with nothing in flight; the train phase at a sync point, once its step is

@@ -41,6 +41,8 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
         in_tools = tools_waiting(c, msg, running)
         generating = running - in_tools
         slots = gen.grant(msg.rank, msg.slots, generating)
+        if colocation.is_colocated(c):
+            slots = min(slots, colocation.rank_share(c, msg.rank))
         if slots < msg.slots:
             c.data.dispatcher.blocked["concurrency_cap"] += 1
 
