@@ -265,7 +265,9 @@ class HybridWorker:
                     if self.resume:
                         self._restore(self.resume)
                         if self.colocated:  # its engine starts from the base model
-                            self._load_engine_in_place()
+                            exported = export_engine_weights(self.sides)
+                            if exported is not None:
+                                load_in_place(self.sides, *exported)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     self._send(p.Bye(rank=self.rank, reason=reason))
@@ -357,37 +359,21 @@ class HybridWorker:
         return phases
 
     def _switch_phase(self, role: str) -> dict[str, float]:
-        """Mode colocated_sync (runtime/control/colocation.py): every rank changes phase,
-        no group changes and no state moves between ranks. Back to rollout, the rank first
-        copies its trainer's weights of the new version to host memory (a sharded trainer:
-        every rank gathers them, collectively), then offloads the trainer, wakes its engine
-        and loads them into it: the in-place sync of a colocated engine."""
+        """Mode colocated_sync (runtime/control/colocation.py): no group or state moves.
+        Back to rollout the rank copies its trainer's new weights to the host (sharded:
+        every rank gathers them), offloads the trainer, wakes its engine, loads them."""
         phases: dict[str, float] = {}
         exported = None
         start = time.perf_counter()
         if role == "rollout":
-            exported = self._export_engine_weights()
+            exported = export_engine_weights(self.sides)
         export_s = time.perf_counter() - start
         self._enter(role, phases)
         start = time.perf_counter()
         if exported is not None:
-            self._load_exported(*exported)
+            load_in_place(self.sides, *exported)
             phases["weight_load"] = export_s + time.perf_counter() - start
         return phases
-
-    def _export_engine_weights(self) -> tuple[int, object] | None:
-        export = getattr(self.sides["trainer"], "engine_weights", None)
-        return export() if export is not None else None
-
-    def _load_exported(self, version: int, weights: object) -> None:
-        load = getattr(self.sides["rollout"], "load_in_place", None)
-        if load is not None:  # a tensor-parallel member's engine is its driver's
-            load(version, weights)
-
-    def _load_engine_in_place(self) -> None:
-        exported = self._export_engine_weights()
-        if exported is not None:
-            self._load_exported(*exported)
 
     def _serve(self) -> None:
         assert self.role is not None
@@ -481,6 +467,19 @@ class HybridWorker:
             self.stop_reason = msg.reason
         else:
             log.warning("ignoring unexpected %s", msg.TYPE)
+
+
+def export_engine_weights(sides: dict[str, RoleSide]) -> tuple[int, object] | None:
+    """Mode colocated_sync: the trainer side's weights of its version, for this rank's own
+    engine (None: a trainer side with no weights to give)."""
+    export = getattr(sides["trainer"], "engine_weights", None)
+    return export() if export is not None else None
+
+
+def load_in_place(sides: dict[str, RoleSide], version: int, weights: object) -> None:
+    load = getattr(sides["rollout"], "load_in_place", None)
+    if load is not None:  # a tensor-parallel member's engine is its driver's
+        load(version, weights)
 
 
 def node_name() -> str:
