@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config.recipe import RecipeError, load_recipe
-from runtime.config.schema import MODES
+from runtime.config.schema import BASELINES, MODES
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
-from runtime.sim.run import BASELINES, figures, plan, protocol_steps, simulate, steps_needed
+from runtime.sim.run import figures, plan, protocol_steps, simulate, steps_needed
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = [

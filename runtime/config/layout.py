@@ -230,15 +230,14 @@ def initial_layout(cfg: Config) -> Layout:
     mode ``colocated_sync``, every rank generating (the first phase)."""
     res = cfg.resources
     assert res.initial_ratio is not None
-    if cfg.reflow.mode == COLOCATED:
-        everyone = Layout(
+    if cfg.reflow.mode == COLOCATED:  # no split: every rank generates first
+        return Layout(
             cfg.world_size,
             res.gpus_per_node,
             res.trainer_gpus_per_replica,
             res.rollout_gpus_per_replica,
             0,
         )
-        return everyone
     rollout, trainer = parse_ratio(res.initial_ratio)
     layout = Layout.from_ratio(
         rollout,

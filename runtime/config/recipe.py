@@ -214,10 +214,6 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-class _Skip(Exception):
-    """No split to check (mode colocated_sync)."""
-
-
 def _check_mode(cfg: Config) -> None:
     """What a mode's definition rules out (runtime.config.schema.BASELINE_FIXED), and what
     colocation needs: every rank in a trainer replica and in a rollout replica."""
@@ -276,17 +272,14 @@ def check_feasible(cfg: Config) -> None:
         res.initial_ratio = f"{rollout}:{trainer}"
     try:
         rollout, trainer = parse_ratio(res.initial_ratio)
-        if rf.mode == "colocated_sync":
-            raise _Skip
-        check_split(
-            rollout,
-            trainer,
-            world_size=world,
-            trainer_group_size=res.trainer_gpus_per_replica,
-            rollout_group_size=res.rollout_gpus_per_replica,
-        )
-    except _Skip:
-        pass
+        if rf.mode != "colocated_sync":  # colocated has no split to check
+            check_split(
+                rollout,
+                trainer,
+                world_size=world,
+                trainer_group_size=res.trainer_gpus_per_replica,
+                rollout_group_size=res.rollout_gpus_per_replica,
+            )
     except LayoutError as exc:
         raise _FieldError("resources.initial_ratio", str(exc)) from None
     if rf.sigma is None:

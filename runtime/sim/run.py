@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.recipe import RecipeError, rebuild
-from runtime.config.schema import MODES, Config
+from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
 from runtime.workloads.kinds import KINDS
 
 # The workload model a recipe's agent loop maps to, when --workload is not given.
 WORKLOAD_OF_KIND = {name: k.sim_workload for name, k in KINDS.items() if k.sim_workload}
-BASELINES = tuple(m for m in MODES if m != "reflow")
 
 # The measurement protocol, the same for every mode: (warm-up, measured) RL iterations, an
 # iteration being what verl and the papers call a step: one generation batch and its
