@@ -342,5 +342,5 @@ def join_collective(
         timeout_s=cfg.control.collective_timeout_s,
         trainer_group_size=cfg.resources.trainer_gpus_per_replica,
         rollout_group_size=cfg.resources.rollout_gpus_per_replica,
-        peer_timeout_s=cfg.control.peer_timeout_s,
+        peer_timeout_s=cfg.control.peer_wait_s,
     )

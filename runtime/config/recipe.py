@@ -321,7 +321,7 @@ def check_feasible(cfg: Config) -> None:
             "(checkpoints are taken at sync points)",
         )
     ctl = cfg.control
-    if ctl.peer_timeout_s >= ctl.heartbeat_timeout_s:
+    if ctl.peer_timeout_s is not None and ctl.peer_timeout_s >= ctl.heartbeat_timeout_s:
         raise _FieldError(
             "control.peer_timeout_s",
             f"{ctl.peer_timeout_s} must be below heartbeat_timeout_s={ctl.heartbeat_timeout_s} "

@@ -362,11 +362,12 @@ class ControlConfig:
     collective_timeout_s: float = opt(
         300.0, "torch.distributed timeout: a rank that never joins a collective fails it", gt=0
     )
-    peer_timeout_s: float = opt(
-        5.0,
+    peer_timeout_s: float | None = opt(
+        None,
         "a weight sync drops a receiver that does not take a header or a bucket this long "
-        "(dead or hung; the others still get the weights); below heartbeat_timeout_s, since "
-        "the leader does not beat while it waits",
+        "(dead or hung; the others still get the weights); none = a third of "
+        "heartbeat_timeout_s. Below heartbeat_timeout_s, since the leader does not beat "
+        "while it waits",
         gt=0,
     )
     request_timeout_s: float = opt(
@@ -378,6 +379,14 @@ class ControlConfig:
     step_timeout_s: float = opt(
         3600.0, "a batch in training this long without a step report fails the run", gt=0
     )
+
+    @property
+    def peer_wait_s(self) -> float:
+        """The weight sync's wait on one receiver: ``peer_timeout_s``, or a third of the
+        heartbeat timeout (so a user who shortens the heartbeat gets a valid recipe)."""
+        if self.peer_timeout_s is not None:
+            return self.peer_timeout_s
+        return self.heartbeat_timeout_s / 3
 
 
 @dataclass

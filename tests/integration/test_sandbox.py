@@ -10,6 +10,7 @@ import platform
 import shutil
 import socket
 import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -113,6 +114,20 @@ def test_tmp_is_private(sandbox):
     r = sandbox.run_python(f"open('/tmp/{name}', 'w').write('x'); print('wrote')")
     assert r.ok and "wrote" in r.stdout  # its own /tmp is writable...
     assert not os.path.exists(f"/tmp/{name}")  # ...and not the host's
+
+
+def test_a_private_tmpdir_does_not_stop_the_sandboxed_uid(sandbox, tmp_path, monkeypatch):
+    # A rank's TMPDIR is its run folder's tmp/rank<K>/ (0700, under a private runs folder):
+    # the program's own uid could not reach code placed there (bwrap: "Can't find source
+    # path ... Permission denied"). The sandbox puts its folders where that uid can reach.
+    private = tmp_path / "run" / "tmp" / "rank1"
+    private.mkdir(parents=True, mode=0o700)
+    (tmp_path / "run").chmod(0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    result = sandbox.run_python("print(6 * 7)")
+    assert result.stdout == "42\n", result.stderr
+    assert not list(private.iterdir())
 
 
 def test_root_home_is_not_visible(sandbox):

@@ -92,6 +92,17 @@ def test_bad_recipe_gets_one_exact_line(tmp_path, text, message):
     assert "\n" not in str(info.value)
 
 
+def test_the_peer_wait_follows_a_shortened_heartbeat_unless_set(tmp_path):
+    # A recipe that only shortens the heartbeat (as the fault tests do) must load: the
+    # weight sync's wait on a receiver defaults to a third of it.
+    cfg = load_recipe(write(tmp_path, "control: {heartbeat_timeout_s: 3}"))
+    assert cfg.control.peer_timeout_s is None and cfg.control.peer_wait_s == 1.0
+    cfg = load_recipe(write(tmp_path, "control: {heartbeat_timeout_s: 3, peer_timeout_s: 2}"))
+    assert cfg.control.peer_wait_s == 2.0
+    with pytest.raises(RecipeError, match=r"control\.peer_timeout_s: 3\.0 must be below"):
+        load_recipe(write(tmp_path, "control: {heartbeat_timeout_s: 3, peer_timeout_s: 3}"))
+
+
 def test_not_yaml_and_missing_file(tmp_path):
     path = write(tmp_path, "train: {steps: [1,\n")
     with pytest.raises(RecipeError, match=r"x\.yaml: not valid YAML \(line \d+\)"):

@@ -111,12 +111,27 @@ class Sandbox:
             )
         return lines
 
+    def _scratch_root(self) -> str | None:
+        """Where a run's code and work folders go. With a uid switch the program's uid
+        must reach them, but a rank's ``TMPDIR`` lies in its run folder, which is private
+        (0700, like the folder above it often is): take the first temp folder whose every
+        ancestor other users may pass through. ``None``: the usual temp folder."""
+        if self.uids is None:
+            return None
+        for candidate in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+            if _reachable_by_others(Path(candidate)):
+                return candidate
+        raise SandboxError(
+            "no temp folder another uid can reach for the sandbox (TMPDIR, /tmp, /var/tmp)"
+        )
+
     def run_python(
         self, source: str, stdin: str = "", limits: SandboxLimits | None = None
     ) -> RunResult:
         limits = limits or self.limits
-        code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-"))
-        work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-"))
+        scratch = self._scratch_root()
+        code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-", dir=scratch))
+        work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-", dir=scratch))
         try:
             code_dir.chmod(0o755)
             (code_dir / "main.py").write_text(source, encoding="utf-8")
@@ -302,6 +317,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
         log.error("sandbox: process %d survived SIGKILL", proc.pid)
+
+
+def _reachable_by_others(folder: Path) -> bool:
+    """Writable by us, and every folder down to it searchable by any uid."""
+    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+        return False
+    real = folder.resolve()
+    return all(os.stat(part).st_mode & 0o001 for part in (real, *real.parents))
 
 
 def _become_subreaper() -> None:
