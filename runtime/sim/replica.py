@@ -157,7 +157,9 @@ class RolloutReplica:
             self._drop_stale()
         # full to the last block: the next decode step would overflow, so preempt now
         while len(self.running) > 1 and self.kv_used() > self.capacity - 1e-6:
-            newest = max(self.running.values(), key=lambda s: s.order)
+            # running is filled in admission order (a re-admitted sequence goes back in
+            # at the end), so its last entry is the newest: no scan of every sequence
+            newest = next(reversed(self.running.values()))
             self.running.pop(newest.rid)
             self._sum_prompt -= newest.prompt
             self._sum_start -= newest.start
