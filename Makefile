@@ -41,13 +41,14 @@ demo: install
 # min here: fewer steps leave the reward where it started), each run simulated with
 # parameters fitted from it; the paper's grid in simulation, with the recipes' staleness
 # bound (delta = 1) and with delta = 2; and learning quality over 3 seeds per mode (12 demo
-# runs, 1.5-2 h here); tables and plots go to reports/.
+# runs of 60 steps, an eval every 10: 1.5-2 h here; 200 steps would take 5-6 h on 2 cores);
+# tables and plots go to reports/.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --out reports/sim
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --set reflow.delta=2 --out reports/sim-delta2
-	$(BIN)/python benchmarks/learning.py --steps 200 --set train.eval_every=20 --out reports/learning
+	$(BIN)/python benchmarks/learning.py --steps 60 --set train.eval_every=10 --out reports/learning
 
 test: install
 	$(BIN)/pytest -m "not gpu and not slow" --durations=15
