@@ -225,4 +225,7 @@ def _kill_job(paths: RunPaths) -> None:
     elif job["backend"] == "slurm":
         import subprocess
 
-        subprocess.run(["scancel", str(job["job_id"])], check=False)
+        try:
+            subprocess.run(["scancel", str(job["job_id"])], check=False, timeout=30)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"scancel {job['job_id']} did not answer within 30 s") from None

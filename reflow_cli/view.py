@@ -84,7 +84,7 @@ def status_view(s: dict[str, Any]) -> Group:
     if s.get("stale"):
         parts.append(Text("coordinator not answering: last saved status shown", "dim"))
     table = Table(box=None, pad_edge=False)
-    for col in ("rank", "node", "pid", "role", "state", "heartbeat age"):
+    for col in ("rank", "node", "pid", "role", "state", "heartbeat age", "waiting on"):
         table.add_column(col, justify="right" if col in ("rank", "pid") else "left")
     for w in s.get("workers", []):
         age = w.get("heartbeat_age_s")
@@ -95,8 +95,17 @@ def status_view(s: dict[str, Any]) -> Group:
             str(w.get("role")),
             str(w.get("state")),
             f"{age:.1f} s" if isinstance(age, (int, float)) else "-",
+            w.get("waiting_on") or "",
         )
     parts.append(table)
+    for wait in s.get("waits") or []:
+        parts.append(
+            Text(
+                f"rank 0 waits on {wait['what']} from ranks {wait['from']} for "
+                f"{wait['for_s']:.1f} s (bound: {wait['bound']})",
+                "dim",
+            )
+        )
     buffer = s.get("buffer") or {}
     if buffer:
         evicted = buffer.get("evicted") or {}

@@ -146,6 +146,8 @@ class Coordinator(Run):
                 f"rank {w.rank} ({w.role}, pid {w.pid} on {w.node}) sent no heartbeat "
                 f"for {now - w.last_seen:.1f} s"
             )
+            if w.waiting_on:
+                why += f"; its last beat said: waiting on {w.waiting(now)}"
             out += self.lose_rank(w, why, regroup=False)
         out += self.regroup_without_lost()  # once for every rank lost in this tick
         if self.state == RunState.STARTING and now - self.started_at > ctl.register_timeout_s:
@@ -185,7 +187,8 @@ class Coordinator(Run):
             return self.finish(
                 RunState.FAILED,
                 f"no step report for batch {self.batch_in_flight} within "
-                f"{ctl.step_timeout_s:.0f} s (control.step_timeout_s)",
+                f"{ctl.step_timeout_s:.0f} s (control.step_timeout_s) from the trainer leader "
+                f"(trainer ranks {self.layout.ranks(Role.TRAINER)})",
             )
         return []
 

@@ -37,6 +37,14 @@ class WorkerInfo:
     beat_at: float = 0.0  # when rollout_time arrived
     failures_in_a_row: int = 0  # generations that failed since its last delivered sample
     to_ack: list[int] = field(default_factory=list)  # sample ids for its next HeartbeatAck
+    waiting_on: str = ""  # what its last heartbeat said it was about to wait on
+    waiting_since: float = 0.0  # when that heartbeat came
+
+    def waiting(self, now: float) -> str:
+        """``"<what> (for <s> s)"``, or "" when its last beat reported no wait."""
+        if not self.waiting_on:
+            return ""
+        return f"{self.waiting_on} (for {now - self.waiting_since:.1f} s)"
 
     @property
     def gone(self) -> bool:
@@ -199,6 +207,7 @@ class Membership:
                 "state": w.state,
                 "layout_epoch": w.layout_epoch,
                 "heartbeat_age_s": round(now - w.last_seen, 3),
+                "waiting_on": w.waiting(now) or None,
                 "rollout_driver": (
                     self.driver_of(w.rank) if w.role == Role.ROLLOUT.value else None
                 ),

@@ -69,6 +69,8 @@ def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
         w.state, w.role, w.layout_epoch = WorkerState(msg.state), msg.role, msg.layout_epoch
     w.rollout_time = (msg.rollout_active_s, msg.rollout_busy_s)
     w.beat_at = now = c.clock()
+    if msg.waiting_on != w.waiting_on:
+        w.waiting_on, w.waiting_since = msg.waiting_on, now
     if msg.role == Role.ROLLOUT.value and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         c.generation.observe(msg.rank, msg.engine)
         c.engine_profile.observe(msg.rank, now, msg.engine)

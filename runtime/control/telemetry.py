@@ -148,6 +148,7 @@ def status(c: Run) -> dict[str, Any]:
         "attempt": c.attempt,
         "resumed": resumed_brief(c),
         "checkpoint": c.ckpt.status(),
+        "waits": rank0_waits(c, now),
         "idle": {
             "trainer_idle_ratio": round(c.trainer_idle_ratio(now), 4),
             "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
@@ -170,6 +171,48 @@ def status(c: Run) -> dict[str, Any]:
         "ledger_violations": c.ledger_violations[-5:],
         "updated_at": c.wall(),
     }
+
+
+def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
+    """What rank 0 is waiting on now, for whom, since when, and what bounds the wait (the
+    ranks' own waits are each worker's ``waiting_on``)."""
+    ctl = c.cfg.control
+    out: list[dict[str, Any]] = []
+    if c.batch_in_flight is not None:
+        trainers = c.layout.ranks(Role.TRAINER)
+        out.append(
+            {
+                "what": f"the step report of batch {c.batch_in_flight}",
+                "from": [0],  # the trainer leader reports for its group
+                "trained_by": trainers,
+                "for_s": round(now - c.batch_sent_at, 3),
+                "bound": f"control.step_timeout_s={ctl.step_timeout_s:g} (the run fails)",
+            }
+        )
+    switch = c.rebalance.switches[-1] if c.rebalance.switching() else None
+    if switch is not None and switch.applied_at is not None:
+        out.append(
+            {
+                "what": f"the ranks taking up layout epoch {switch.epoch} ({switch.ratio})",
+                "from": sorted(switch.waiting_for),
+                "for_s": round(now - switch.applied_at, 3),
+                "bound": (
+                    f"control.heartbeat_timeout_s={ctl.heartbeat_timeout_s:g} of silence "
+                    "(a rank in a switch still beats when it is done)"
+                ),
+            }
+        )
+    pending = c.ckpt.pending
+    if pending is not None:
+        out.append(
+            {
+                "what": f"the trainer's half of the checkpoint of step {pending['step']}",
+                "from": [0],
+                "for_s": round(now - pending["requested_at"], 3),
+                "bound": f"control.checkpoint_timeout_s={ctl.checkpoint_timeout_s:g}",
+            }
+        )
+    return out
 
 
 def sample_record(t: Sample, rank: int) -> dict[str, Any]:

@@ -14,14 +14,21 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import IO
 
 from runtime.embedded.arith import Problem, eval_problems, reward, sample_problem
 from runtime.embedded.tiny_qwen3 import EOS, PAD, build_model, build_tokenizer, save_pretrained
 
 # 80 steps give ~20% greedy accuracy on held-out problems: non-zero, with room for RL.
 SFT = {"steps": 80, "batch": 64, "lr": 3e-3, "seed": 0, "version": 1}
+
+
+# A build of an embedded model takes seconds to a minute on a laptop; ten minutes of waiting
+# for another process's build means that process is stuck.
+BUILD_WAIT_S = 600.0
 
 
 def cache_root() -> Path:
@@ -59,7 +66,7 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Every rank of a first run asks at once: one builds, the others wait on the lock.
     with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_within(lock, BUILD_WAIT_S, f"{path.name} (built by another process)")
         if _complete(path):
             return path
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".build-"))
@@ -72,6 +79,22 @@ def cached_build(prefix: str, settings: dict, build) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _lock_within(lock: IO[str], seconds: float, what: str) -> None:
+    """Take ``lock`` exclusively, waiting at most ``seconds`` for its holder (a builder
+    that hangs, or a stuck one on a shared file system, must not hang every rank)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{lock.name}: waited {seconds:g} s for the build of {what}"
+                ) from None
+            time.sleep(0.2)
 
 
 def _complete(path: Path) -> bool:

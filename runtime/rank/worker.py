@@ -13,12 +13,13 @@ cannot go out now (no connection: ``zmq.Again``) is not dropped either: it is re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,7 @@ class HybridWorker:
         self.resend_after_s = 5 * cfg.control.heartbeat_interval_s
         self.rollout_active_s = 0.0
         self.rollout_busy_s = 0.0
+        self.waiting_on = ""  # what a blocking call under way waits on (see _waiting)
         self.preempted = False
         self.preempt_handler: object = None
 
@@ -153,7 +155,8 @@ class HybridWorker:
             except Exception as exc:
                 # An engine or collective failure: tell rank 0 why (it fails the run at
                 # once instead of waiting for the heartbeat timeout), then leave.
-                reason = f"rank {self.rank}: {type(exc).__name__}: {exc}"[:1000]
+                during = f" while waiting on {self.waiting_on}" if self.waiting_on else ""
+                reason = f"rank {self.rank}{during}: {type(exc).__name__}: {exc}"[:1000]
                 log.exception("%s", reason)
                 self._send(p.Bye(rank=self.rank, reason=reason))
                 raise WorkerError(reason) from exc
@@ -171,19 +174,18 @@ class HybridWorker:
             ctx.term()
         return self.stop_reason or ""
 
-    def _engine_stats(self) -> dict[str, float]:
-        """The rollout engine's load for rank 0's generation scheduler, while rollout."""
-        side = self.sides.get("rollout")
-        if self.role != "rollout" or side is None or not hasattr(side, "engine_stats"):
-            return {}
-        return side.engine_stats()
+    def _beat(self) -> None:
+        self._send(heartbeat(self))
 
-    def _paused_s(self) -> float:
-        """Seconds the rollout engine was paused for weight syncs while busy: a pause with
-        nothing in the engine held nothing (both totals only grow, so does their min)."""
-        side = self.sides.get("rollout")
-        paused = side.paused_s if isinstance(side, RolloutSide) else 0.0
-        return min(paused, self.rollout_busy_s)
+    @contextlib.contextmanager
+    def _waiting(self, what: str) -> Iterator[None]:
+        """A blocking call ahead: rank 0 hears what it waits on, and for whom, before it
+        starts (heartbeats stop while it blocks); a failure inside names it (so the label
+        stays set when the call raises: the rank's report of the failure reads it)."""
+        self.waiting_on = what[: p.MAX_WAIT_LABEL]
+        self._beat()
+        yield
+        self.waiting_on = ""
 
     def _send(self, msg: p.Message) -> bool:
         """Send now if we can. Results and step reports are also kept until acknowledged
@@ -399,18 +401,7 @@ class HybridWorker:
             last_tick = now
             if now >= next_beat:
                 self._resend_unacked(now)
-                self._send(
-                    p.Heartbeat(
-                        rank=self.rank,
-                        role=self.role,
-                        state=self.sides[self.role].state,
-                        layout_epoch=self.layout_epoch,
-                        rollout_active_s=self.rollout_active_s,
-                        rollout_busy_s=self.rollout_busy_s,
-                        engine=self._engine_stats(),
-                        rollout_paused_s=self._paused_s(),
-                    )
-                )
+                self._beat()
                 next_beat = now + self.heartbeat_interval
             if now - self.last_ack > lost_after:
                 raise WorkerError(
@@ -428,7 +419,11 @@ class HybridWorker:
             self._on_ack(msg)
             assert self.role is not None
             self.sides[self.role].on_message(msg)
-        elif isinstance(msg, (p.Work, p.Batch, p.BatchWait, p.WeightSync)):
+        elif isinstance(msg, (p.Batch, p.WeightSync)):
+            assert self.role is not None
+            with self._waiting(wait_label(msg, self.rank, self.roles)):
+                self.sides[self.role].on_message(msg)
+        elif isinstance(msg, (p.Work, p.BatchWait)):
             assert self.role is not None
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, p.RoleSwitch):
@@ -439,7 +434,8 @@ class HybridWorker:
             start = time.perf_counter()
             old_role = self.role
             change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
-            phases = self._switch(change)
+            with self._waiting(wait_label(msg, self.rank, change.after)):
+                phases = self._switch(change)
             self.layout_epoch, self.roles = msg.layout_epoch, change.after
             took = time.perf_counter() - start
             log.info(
@@ -461,12 +457,51 @@ class HybridWorker:
                 )
             )
         elif isinstance(msg, p.Checkpoint):
-            self._checkpoint(msg.step)
+            with self._waiting(wait_label(msg, self.rank, self.roles)):
+                self._checkpoint(msg.step)
         elif isinstance(msg, p.Stop):
             log.info("rank %d stopping: %s", self.rank, msg.reason)
             self.stop_reason = msg.reason
         else:
             log.warning("ignoring unexpected %s", msg.TYPE)
+
+
+def heartbeat(w: HybridWorker) -> p.Heartbeat:
+    """The rank's heartbeat now: liveness, rollout times, engine load, and any wait ahead."""
+    assert w.role is not None
+    side = w.sides.get("rollout")
+    engine = side.engine_stats() if w.role == "rollout" and hasattr(side, "engine_stats") else {}
+    # seconds paused for weight syncs while busy: a pause with nothing in the engine held
+    # nothing (both totals only grow, so does their min)
+    paused = side.paused_s if isinstance(side, RolloutSide) else 0.0
+    return p.Heartbeat(
+        rank=w.rank,
+        role=w.role,
+        state=w.sides[w.role].state,
+        layout_epoch=w.layout_epoch,
+        rollout_active_s=w.rollout_active_s,
+        rollout_busy_s=w.rollout_busy_s,
+        engine=engine,
+        rollout_paused_s=min(paused, w.rollout_busy_s),
+        waiting_on=w.waiting_on,
+    )
+
+
+def wait_label(msg: p.Message, rank: int, roles: Sequence[str]) -> str:
+    """What handling ``msg`` makes this rank wait on, and for whom (the ranks it joins)."""
+    trainers = [r for r, role in enumerate(roles) if role == "trainer"]
+    if isinstance(msg, p.Batch):
+        return f"training batch {msg.batch_id} with trainer ranks {trainers}"
+    if isinstance(msg, p.WeightSync):
+        receivers = [r for r, role in enumerate(roles) if role == "rollout"]
+        peers = f"to rollout ranks {receivers}" if rank == 0 else "from rank 0"
+        return f"weight sync of version {msg.policy_version} {peers}"
+    if isinstance(msg, p.RoleSwitch):
+        live = [r for r, role in enumerate(roles) if role != p.GONE_ROLE]
+        return f"role switch to layout epoch {msg.layout_epoch} with ranks {live}"
+    if isinstance(msg, p.Checkpoint):
+        return f"checkpoint of step {msg.step} with trainer ranks {trainers}"
+    return msg.TYPE
 
 
 def export_engine_weights(sides: dict[str, RoleSide]) -> tuple[int, object] | None:

@@ -133,6 +133,14 @@ SOCKET_PATH_MAX = 107
 _SOCKET_NAME = 37
 
 
+def _short_temp(room: int) -> str:
+    """The temp folder for sockets: the usual one, unless it is too long for a socket name
+    itself (a rank started by a restart inherits TMPDIR from the rank that started it,
+    which is that rank's ``tmp/rank<K>/``): then ``/tmp``."""
+    usual = tempfile.gettempdir()
+    return usual if len(usual) + len("/reflow-r000-12345678") <= room else "/tmp"
+
+
 def keep_temp_files_in(paths: RunPaths, rank: int, env: dict[str, str] | None = None) -> Path:
     """Point this rank's temporary files, and its engine processes' (they inherit the
     environment), into ``tmp/rank<K>/`` of the run folder: ``TMPDIR`` for ``tempfile``,
@@ -151,7 +159,7 @@ def keep_temp_files_in(paths: RunPaths, rank: int, env: dict[str, str] | None = 
         if len(relative) <= room:
             sockets = Path(relative)
         else:
-            sockets = Path(tempfile.mkdtemp(prefix=f"reflow-r{rank}-"))
+            sockets = Path(tempfile.mkdtemp(prefix=f"reflow-r{rank}-", dir=_short_temp(room)))
     env["TMPDIR"] = str(tmp)
     env["VLLM_RPC_BASE_PATH"] = str(sockets)
     tempfile.tempdir = None  # tempfile caches the folder it found first

@@ -41,6 +41,8 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
 )
 from runtime.transport.states import RunState, WorkerState
 
+MAX_WAIT_LABEL = 200  # characters of a heartbeat's waiting_on
+
 RUN_STATES = tuple(s.value for s in RunState)
 WORKER_STATES = tuple(s.value for s in WorkerState)
 ROLES = tuple(r.value for r in Role)
@@ -104,10 +106,20 @@ class Heartbeat(Message):
     # rollout engine load (runtime/engines/vllm/stat_logger.py); {} if none
     engine: dict[str, float]
     rollout_paused_s: float = 0.0
+    # what the rank is about to block on, and for whom (e.g. "training batch 7 with
+    # trainer ranks [0, 1]"): sent just before the wait, "" once it is over; rank 0 shows
+    # it in status and names it if the rank then goes silent
+    waiting_on: str = ""
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
         _require(self.state in WORKER_STATES, "unknown worker state")
+        _require(
+            isinstance(self.waiting_on, str)
+            and len(self.waiting_on) <= MAX_WAIT_LABEL
+            and self.waiting_on.isprintable(),
+            f"waiting_on must be printable text of at most {MAX_WAIT_LABEL} characters",
+        )
         times = (self.rollout_active_s, self.rollout_busy_s, self.rollout_paused_s)
         _require(
             all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times),

@@ -69,6 +69,11 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
     wait_for(run, lambda s: s.get("attempt") == 2, 300)
     first = json.loads((run_dir / "summary.attempt1.json").read_text())
     assert first["state"] == "FAILED" and "restart 1 of 1" in first["reason"], first["reason"]
+    # the survivor says what it was blocked in when the dead peer broke it (a step's
+    # collectives or the weight sync), and with whom
+    assert "while waiting on " in first["reason"] and "ranks [0, 1" in first["reason"], first[
+        "reason"
+    ]
     saved = max(c["step"] for c in first["checkpoints"] if c["ok"])
     final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 900)
     assert final["state"] == "COMPLETED", final.get("reason")

@@ -301,7 +301,10 @@ def test_a_batch_in_training_too_long_fails_the_run_with_the_reason(clock):
     clock.t += 101.0
     c.tick()
     assert c.state == "FAILED"
-    why = f"no step report for batch {batch.batch_id} within 100 s (control.step_timeout_s)"
+    why = (
+        f"no step report for batch {batch.batch_id} within 100 s (control.step_timeout_s) "
+        "from the trainer leader (trainer ranks [0, 1])"
+    )
     assert c.reason == why
 
 

@@ -149,6 +149,7 @@ def header(**fields):
                     rollout_busy_s=0.0,
                     engine={},
                     rollout_paused_s=0.0,
+                    waiting_on="",
                 )
             ],
             "unknown role",
@@ -167,6 +168,7 @@ def header(**fields):
                         rollout_busy_s=busy,
                         engine={},
                         rollout_paused_s=paused,
+                        waiting_on="",
                     )
                 ],
                 why,

@@ -45,12 +45,29 @@ def test_with_no_short_path_the_sockets_get_a_private_temp_folder(tmp_path, monk
     deep = tmp_path / ("d" * 80) / ("e" * 80)
     deep.mkdir(parents=True)
     monkeypatch.chdir("/")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes it
+    short = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # pytest's tmp_path is long
+    monkeypatch.setattr(tempfile, "tempdir", str(short))  # where mkdtemp makes it
     sockets = keep_temp_files_in(RunPaths(deep), 1, {})
     try:
-        assert sockets.is_absolute() and sockets.parent == tmp_path
+        assert sockets.is_absolute() and sockets.parent == short
         assert sockets.name.startswith("reflow-r1-") and os.access(sockets, os.W_OK)
         assert oct(sockets.stat().st_mode & 0o777) == "0o700"
     finally:
-        sockets.rmdir()
+        shutil.rmtree(short)
     assert Path(deep / "tmp" / "rank1").is_dir()
+
+
+def test_an_inherited_long_tmpdir_does_not_make_the_socket_fallback_too_long(tmp_path, monkeypatch):
+    # A restarted run's ranks are started by a rank whose TMPDIR is its own tmp/rank<K>/
+    # in a deep run folder: the fallback folder must not go under that (vLLM's sockets
+    # there were too long: "ipc path ... is longer than 107 characters").
+    deep = tmp_path / ("d" * 80) / ("e" * 80)
+    deep.mkdir(parents=True)
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(tempfile, "tempdir", str(deep / "tmp" / "rank0"))
+    sockets = keep_temp_files_in(RunPaths(deep), 3, {})
+    try:
+        assert sockets.parent == Path("/tmp") and sockets.name.startswith("reflow-r3-")
+        assert len(f"{sockets}/{'0' * 36}") <= SOCKET_PATH_MAX
+    finally:
+        sockets.rmdir()

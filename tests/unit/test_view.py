@@ -46,3 +46,39 @@ def test_status_view_shows_the_attempt_and_checkpoints():
     )
     text = console.export_text()
     assert "attempt 2 (resumed from step-00000008); last checkpoint: step 12; 1 failed" in text
+
+
+def test_status_view_says_who_waits_on_whom():
+    from rich.console import Console
+
+    from reflow_cli.view import status_view
+
+    console = Console(width=200, record=True)
+    label = "training batch 7 with trainer ranks [0, 1] (for 3.2 s)"
+    worker = {"rank": 1, "node": "n", "pid": 5, "role": "trainer", "state": "busy"}
+    console.print(
+        status_view(
+            {
+                "run": "r",
+                "state": "RUNNING",
+                "step": 6,
+                "total_steps": 40,
+                "workers": [{**worker, "heartbeat_age_s": 3.2, "waiting_on": label}],
+                "layout": {},
+                "waits": [
+                    {
+                        "what": "the step report of batch 7",
+                        "from": [0],
+                        "for_s": 3.4,
+                        "bound": "control.step_timeout_s=3600 (the run fails)",
+                    }
+                ],
+            }
+        )
+    )
+    text = console.export_text()
+    assert label in text
+    assert (
+        "rank 0 waits on the step report of batch 7 from ranks [0] for 3.4 s "
+        "(bound: control.step_timeout_s=3600 (the run fails))"
+    ) in text

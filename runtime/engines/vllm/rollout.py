@@ -46,9 +46,11 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Coroutine
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a big model
 
 
@@ -299,7 +302,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
         self._thread.start()
         model_path = resolve_model_path(cfg)
         self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank, rank=rank)
-        self._call(self.engine.start(0)).result()
+        # bounded like registration: a rank whose engine never comes up is not ready
+        start_s = cfg.control.register_timeout_s
+        self._await(self.engine.start(0), start_s, "engine start (control.register_timeout_s)")
         from runtime.data.codec import codec_for
 
         record = None
@@ -316,6 +321,16 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     def _call(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _await(self, coro: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
+        """Run ``coro`` on the engine's loop and wait at most ``seconds`` for it; a timeout
+        says which engine call did not finish (a bare TimeoutError says nothing)."""
+        fut = self._call(coro)
+        try:
+            return fut.result(seconds)
+        except FutureTimeout:
+            fut.cancel()
+            raise TimeoutError(f"vLLM {what} did not finish within {seconds:g} s") from None
 
     # --- the engine behind the pull loop (runtime/rank/rollout_loop.py) ------------------
 
@@ -350,7 +365,8 @@ class VLLMRolloutSide(RolloutSide[Future]):
         for fut in running.values():
             fut.cancel()  # an agent between turns must not start the next one
         if ids:
-            self._call(self.engine.abort(ids)).result()
+            what = f"abort of {len(ids)} requests"
+            self._await(self.engine.abort(ids), ENGINE_CALL_TIMEOUT_S, what)
 
     def observe(self, msg: p.Message, now: float) -> None:
         if isinstance(msg, p.WeightSync):
@@ -360,7 +376,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     def activate(self) -> None:
         start = time.perf_counter()
-        self._call(self.engine.wake_up()).result(ENGINE_CALL_TIMEOUT_S)
+        self._await(self.engine.wake_up(), ENGINE_CALL_TIMEOUT_S, "wake_up")
         self.last_switch = {"wake_s": time.perf_counter() - start}
         self.active = True
 
@@ -373,10 +389,12 @@ class VLLMRolloutSide(RolloutSide[Future]):
         start = time.perf_counter()
         level = self.sleep_level()
         # leaving the rollout pool is leaving the sync group: its NCCL group is stale
-        self._call(self.engine.leave_transfer_group(self._transfer_timeout_s)).result(
-            self._transfer_timeout_s + 5
+        self._await(
+            self.engine.leave_transfer_group(self._transfer_timeout_s),
+            self._transfer_timeout_s + 5,
+            "leaving the NCCL weight group",
         )
-        self._call(self.engine.sleep(level)).result(ENGINE_CALL_TIMEOUT_S)
+        self._await(self.engine.sleep(level), ENGINE_CALL_TIMEOUT_S, f"sleep (level {level})")
         self.last_switch = {
             "sleep_s": time.perf_counter() - start,
             "sleep_level": float(level),
@@ -462,8 +480,10 @@ class VLLMRolloutSide(RolloutSide[Future]):
         folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
         save_file(weights, str(folder / "model.safetensors"))
         write_s = time.perf_counter() - start
-        took = self._call(self.engine.update_weights(str(folder), version)).result(
-            ENGINE_CALL_TIMEOUT_S
+        took = self._await(
+            self.engine.update_weights(str(folder), version),
+            ENGINE_CALL_TIMEOUT_S,
+            f"in-place load of version {version}",
         )
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.sync_records.append(
