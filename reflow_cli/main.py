@@ -239,13 +239,31 @@ def _print_summary(paths) -> None:
     )
 
 
-def _watch(paths) -> dict:
+# How long `--wait`/`--watch` follows a run whose rank 0 does not answer while Slurm cannot
+# be asked whether its job lives (a queued job has a live squeue entry, so it is not this).
+UNANSWERED_WATCH_S = 600.0
+
+
+def _watch(paths, unanswered_s: float = UNANSWERED_WATCH_S, poll_s: float = 1.0) -> dict:
     status = launching.read_status(paths)
+    silent_since: float | None = None
     with Live(status_view(status), console=out, refresh_per_second=2) as live:
         while status.get("state") not in launching.TERMINAL:
-            time.sleep(1.0)
+            time.sleep(poll_s)
             status = launching.read_status(paths)
             live.update(status_view(status))
+            # read_status asked Slurm already: "UNKNOWN" is a squeue/sacct that did not answer
+            unknown = (status.get("slurm") or {}).get("state") == "UNKNOWN"
+            if not (status.get("stale") and unknown):
+                silent_since = None
+            elif silent_since is None:
+                silent_since = time.monotonic()
+            elif time.monotonic() - silent_since > unanswered_s:
+                raise UserError(
+                    f"run {paths.name}: rank 0 has not answered for {unanswered_s:g} s and "
+                    "Slurm cannot say whether the job lives; stopped watching "
+                    f"(`reflow status {paths.name}` later)"
+                )
     return status
 
 

@@ -90,12 +90,12 @@ def status_view(s: dict[str, Any]) -> Group:
         age = w.get("heartbeat_age_s")
         table.add_row(
             str(w.get("rank")),
-            str(w.get("node")),
+            Text(str(w.get("node"))),  # Text: what a rank sent is not read as markup
             str(w.get("pid")),
             str(w.get("role")),
             str(w.get("state")),
             f"{age:.1f} s" if isinstance(age, (int, float)) else "-",
-            w.get("waiting_on") or "",
+            Text(str(w.get("waiting_on") or "")),
         )
     parts.append(table)
     for wait in s.get("waits") or []:

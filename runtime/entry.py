@@ -219,7 +219,12 @@ def rank_main(run_root: str) -> str:
         server.fail(str(exc))  # rank 0's own side failed (e.g. a collective with a dead rank)
         reason = failure = str(exc)
     if server is not None:
-        server.join(cfg.control.stop_grace_s + 5)
+        if not server.join(cfg.control.stop_grace_s + 5):
+            log.warning(
+                "rank 0's control thread did not end within %.0f s (control.stop_grace_s + 5);"
+                " leaving without it",
+                cfg.control.stop_grace_s + 5,
+            )
         state, why = server.coordinator.state, server.coordinator.reason
         log.info("run ended %s: %s", state, why)
         if state == "FAILED":

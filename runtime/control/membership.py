@@ -207,7 +207,7 @@ class Membership:
                 "state": w.state,
                 "layout_epoch": w.layout_epoch,
                 "heartbeat_age_s": round(now - w.last_seen, 3),
-                "waiting_on": w.waiting(now) or None,
+                "waiting_on": (w.waiting(now) or None) if not w.gone else None,
                 "rollout_driver": (
                     self.driver_of(w.rank) if w.role == Role.ROLLOUT.value else None
                 ),

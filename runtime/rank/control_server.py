@@ -159,9 +159,14 @@ class ControlServer:
                 self._flush_metrics()
             except Exception:
                 log.exception("writing metrics failed")
-            self._metrics.close()
+            # status and summary first: closing a metrics backend may wait on the network
+            # (wandb's finish), and the run's record must not wait for it
             self._snapshot()
             write_json_atomic(self.paths.summary, self.coordinator.summary())
+            try:
+                self._metrics.close()
+            except Exception:  # the run is over; its record is written: say why, go on
+                log.exception("closing the metrics backends failed")
             self._sock.close(linger=500)
             self._auth.stop()
             self._ctx.term()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from runtime.config.layout import COLOCATED, LayoutChange, group_roles
+from runtime.config.layout import COLOCATED, LayoutChange, group_roles, rollout_drivers
 from runtime.config.schema import Config
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.rank.sides import RoleSide
@@ -180,8 +180,9 @@ class HybridWorker:
     @contextlib.contextmanager
     def _waiting(self, what: str) -> Iterator[None]:
         """A blocking call ahead: rank 0 hears what it waits on, and for whom, before it
-        starts (heartbeats stop while it blocks); a failure inside names it (so the label
-        stays set when the call raises: the rank's report of the failure reads it)."""
+        starts (heartbeats stop while it blocks); a failure inside names it: the label
+        stays set when the call raises, for the rank's report of the failure (nothing
+        between here and :meth:`run` catches it; code that did would clear it)."""
         self.waiting_on = what[: p.MAX_WAIT_LABEL]
         self._beat()
         yield
@@ -421,7 +422,8 @@ class HybridWorker:
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, (p.Batch, p.WeightSync)):
             assert self.role is not None
-            with self._waiting(wait_label(msg, self.rank, self.roles)):
+            tp = self.cfg.resources.rollout_gpus_per_replica
+            with self._waiting(wait_label(msg, self.rank, self.roles, tp)):
                 self.sides[self.role].on_message(msg)
         elif isinstance(msg, (p.Work, p.BatchWait)):
             assert self.role is not None
@@ -487,14 +489,18 @@ def heartbeat(w: HybridWorker) -> p.Heartbeat:
     )
 
 
-def wait_label(msg: p.Message, rank: int, roles: Sequence[str]) -> str:
+def wait_label(msg: p.Message, rank: int, roles: Sequence[str], rollout_group_size: int = 1) -> str:
     """What handling ``msg`` makes this rank wait on, and for whom (the ranks it joins)."""
     trainers = [r for r, role in enumerate(roles) if role == "trainer"]
     if isinstance(msg, p.Batch):
         return f"training batch {msg.batch_id} with trainer ranks {trainers}"
     if isinstance(msg, p.WeightSync):
-        receivers = [r for r, role in enumerate(roles) if role == "rollout"]
-        peers = f"to rollout ranks {receivers}" if rank == 0 else "from rank 0"
+        if rank == 0:  # the leader sends to each replica's driving rank
+            peers = f"to rollout ranks {rollout_drivers(roles, rollout_group_size)}"
+        elif rank in trainers:  # a sharded trainer's ranks gather with the leader
+            peers = "gathering with rank 0"
+        else:
+            peers = "from rank 0"
         return f"weight sync of version {msg.policy_version} {peers}"
     if isinstance(msg, p.RoleSwitch):
         live = [r for r, role in enumerate(roles) if role != p.GONE_ROLE]

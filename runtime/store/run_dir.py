@@ -133,12 +133,12 @@ SOCKET_PATH_MAX = 107
 _SOCKET_NAME = 37
 
 
-def _short_temp(room: int) -> str:
+def _short_temp(room: int, rank: int) -> str:
     """The temp folder for sockets: the usual one, unless it is too long for a socket name
     itself (a rank started by a restart inherits TMPDIR from the rank that started it,
     which is that rank's ``tmp/rank<K>/``): then ``/tmp``."""
     usual = tempfile.gettempdir()
-    return usual if len(usual) + len("/reflow-r000-12345678") <= room else "/tmp"
+    return usual if len(usual) + len(f"/reflow-r{rank}-12345678") <= room else "/tmp"
 
 
 def keep_temp_files_in(paths: RunPaths, rank: int, env: dict[str, str] | None = None) -> Path:
@@ -159,7 +159,7 @@ def keep_temp_files_in(paths: RunPaths, rank: int, env: dict[str, str] | None = 
         if len(relative) <= room:
             sockets = Path(relative)
         else:
-            sockets = Path(tempfile.mkdtemp(prefix=f"reflow-r{rank}-", dir=_short_temp(room)))
+            sockets = Path(tempfile.mkdtemp(prefix=f"reflow-r{rank}-", dir=_short_temp(room, rank)))
     env["TMPDIR"] = str(tmp)
     env["VLLM_RPC_BASE_PATH"] = str(sockets)
     tempfile.tempdir = None  # tempfile caches the folder it found first

@@ -5,6 +5,7 @@ results until rank 0 has acknowledged them."""
 from __future__ import annotations
 
 import itertools
+import json
 import time
 
 import pytest
@@ -192,3 +193,21 @@ def test_a_rank_keeps_results_until_rank_0_acknowledges_them(tmp_path):
     w._on_ack(p.HeartbeatAck(step=4, policy_version=4, acked=[7]))
     w._resend_unacked(now + 3 * (w.resend_after_s + 1))
     assert len(w._sock.sent) == 4 and w._unacked == {} and w._step_report is None
+
+
+def test_a_metrics_backend_that_fails_to_close_does_not_cost_the_run_its_summary(served):
+    srv, socks = served
+    summary = srv.paths.summary
+
+    def close() -> None:  # e.g. wandb's finish, on the network
+        raise RuntimeError("the metrics service hung up")
+
+    srv._metrics.close = close
+    assert not summary.exists()
+    srv.request_stop("test over")
+    _wait(lambda: ControlClient(srv.paths).status()["state"] == "STOPPING")
+    for r, sock in enumerate(socks):  # the ranks leave when told
+        sock.send_multipart(p.encode(p.Bye(rank=r, reason="test over")))
+    assert srv.join(10)  # the failing close did not end the thread early or hang it
+    done = json.loads(summary.read_text())
+    assert done["state"] == "STOPPED", done["reason"]

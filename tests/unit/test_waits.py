@@ -9,6 +9,7 @@ import pytest
 
 from runtime.rank.worker import wait_label
 from runtime.transport import protocol as p
+from runtime.transport.states import WorkerState
 from tests.unit.test_coordinator import Clock, ident, make, register_all, take_batch
 
 pytestmark = pytest.mark.unit
@@ -134,3 +135,66 @@ def test_an_engine_call_that_never_finishes_times_out_naming_the_call():
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), side._loop).result(5)
         side._loop.call_soon_threadsafe(side._loop.stop)
         thread.join(5)
+
+
+def test_rank0_lists_a_switch_under_way_with_the_ranks_it_waits_for():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    c.handle(b"cli", p.RebalanceRequest(rollout=3, trainer=1))  # applied at once: no step yet
+    clock.t += 2.0
+    c.handle(ident(2), p.RoleSwitchDone(rank=2, role="rollout", layout_epoch=1, duration_s=0.1))
+    (wait,) = c.status()["waits"]
+    assert wait["what"] == "the ranks taking up layout epoch 1 (3:1)"
+    assert wait["from"] == [0, 1, 3] and wait["for_s"] == 2.0
+    assert wait["bound"].startswith("control.heartbeat_timeout_s=15 of silence")
+
+
+def test_rank0_lists_a_checkpoint_it_waits_for():
+    from runtime.control import lifecycle
+
+    clock = Clock()
+    c = make(clock, train={"steps": 8, "checkpoint_every": 0})
+    register_all(c)
+    c.ckpt.save = lambda *args, **kwargs: None  # a saver, so a checkpoint can be asked for
+    lifecycle.request_checkpoint(c, None)
+    clock.t += 4.0
+    waits = [w for w in c.status()["waits"] if "checkpoint" in w["what"]]
+    assert waits == [
+        {
+            "what": f"the trainer's half of the checkpoint of step {c.step}",
+            "from": [0],
+            "for_s": 4.0,
+            "bound": "control.checkpoint_timeout_s=300",
+        }
+    ]
+
+
+def test_a_lost_rank_shows_no_wait():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    c.handle(ident(3), beat(3, "weight sync of version 2 from rank 0"))
+    c.members.workers[3].state = WorkerState.DEAD  # rank 0's verdict on a silent rank
+    assert worker(c, 3)["waiting_on"] is None
+
+
+def test_a_wait_label_with_markup_is_shown_as_text():
+    from rich.console import Console
+
+    from reflow_cli.view import status_view
+
+    console = Console(width=200, record=True)
+    worker_row = {"rank": 2, "node": "[bold]n", "pid": 5, "role": "rollout", "state": "busy"}
+    status = {"run": "r", "state": "RUNNING", "step": 1, "total_steps": 4, "layout": {}}
+    status["workers"] = [{**worker_row, "heartbeat_age_s": 1.0, "waiting_on": "x [/] y"}]
+    console.print(status_view(status))  # rich markup in a rank's text would raise here
+    text = console.export_text()
+    assert "x [/] y" in text and "[bold]n" in text
+
+
+def test_a_tensor_parallel_rollout_names_only_the_replicas_driving_ranks():
+    roles = ("trainer", "trainer", "rollout", "rollout", "rollout", "rollout")
+    sync = p.WeightSync(policy_version=4, layout_epoch=2)
+    assert wait_label(sync, 0, roles, 2) == "weight sync of version 4 to rollout ranks [2, 4]"
+    assert wait_label(sync, 1, roles, 2) == "weight sync of version 4 gathering with rank 0"

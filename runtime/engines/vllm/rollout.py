@@ -329,6 +329,8 @@ class VLLMRolloutSide(RolloutSide[Future]):
         try:
             return fut.result(seconds)
         except FutureTimeout:
+            if fut.done():  # the call's own TimeoutError (the same class on Python 3.11)
+                raise
             fut.cancel()
             raise TimeoutError(f"vLLM {what} did not finish within {seconds:g} s") from None
 
@@ -510,7 +512,15 @@ class VLLMRolloutSide(RolloutSide[Future]):
         """Until the weight update in flight (if any) is done; its error raised here."""
         if self._updating is not None:
             pending, self._updating = self._updating, None
-            pending.result(ENGINE_CALL_TIMEOUT_S + self._transfer_timeout_s)
+            bound = ENGINE_CALL_TIMEOUT_S + self._transfer_timeout_s
+            try:
+                pending.result(bound)
+            except FutureTimeout:
+                if pending.done():
+                    raise
+                raise TimeoutError(
+                    f"vLLM weight update in flight did not finish within {bound:g} s"
+                ) from None
 
     def _record(
         self, header: WeightsHeader, nbytes: int, receive_s: float, load_s: float, loaded: bool
