@@ -19,7 +19,9 @@ from tests.integration.test_spine import pid_alive
 
 
 def test_a_killed_and_a_hung_rollout_rank_are_absorbed_with_real_engines(runs_dir):
-    steps = 14
+    # room for both losses: a run that reaches its last step before the hung rank's
+    # detection (peer timeout at the next sync, or the heartbeat timeout) proves nothing
+    steps = 20
     args = [
         "launch",
         str(REPO / "recipes" / "demo.yaml"),
@@ -46,7 +48,7 @@ def test_a_killed_and_a_hung_rollout_rank_are_absorbed_with_real_engines(runs_di
         s = wait_for(run, lambda s: len(s["lost_ranks"]) == 1 or s["state"] != "RUNNING", 300)
         assert s["state"] == "RUNNING", s.get("reason")
         at = s["step"]
-        wait_for(run, lambda s: s["step"] >= at + 2 or s["state"] != "RUNNING", 300)
+        wait_for(run, lambda s: s["step"] >= at + 1 or s["state"] != "RUNNING", 300)
         os.kill(pids[2], signal.SIGSTOP)
         stopped = pids[2]
         s = wait_for(run, lambda s: len(s["lost_ranks"]) == 2 or s["state"] != "RUNNING", 300)
