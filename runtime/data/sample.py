@@ -20,7 +20,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Phase(str, Enum):
@@ -47,6 +47,71 @@ class Request:
     prompt: dict[str, Any]
     dispatched_at: float = 0.0
     admitted_version: int = 0
+    # What a rollout rank had generated of it when the run stopped (a checkpoint keeps it):
+    # the rank that runs it next continues from there instead of from the prompt.
+    resume: PartialRollout | None = None
+
+
+class Turn(NamedTuple):
+    """One model turn of a trajectory: response tokens ``[start, end)``, how it ended
+    (``stop``, ``length``, or ``abort``: cut off by a stop, to be continued) and the stop
+    string that ended it, if any (a tool call's close tag)."""
+
+    start: int
+    end: int
+    finish: str
+    stop: str | None
+
+
+def token_versions(spans: Sequence[tuple[int, int, int]], n: int) -> list[int | None]:
+    """The policy version of each of the first ``n`` response tokens, from version spans
+    ``(version, first, end)``; None for a token no span covers."""
+    out: list[int | None] = [None] * n
+    for version, first, end in spans:
+        for i in range(max(first, 0), min(end, n)):
+            out[i] = version
+    return out
+
+
+@dataclass(slots=True, kw_only=True)
+class PartialRollout:
+    """An unfinished trajectory of one request, as a rollout rank reports it at a stop:
+    the response so far (model and environment tokens, the model's log-probs, version spans
+    as in :class:`Sample`) and its model turns, the last one possibly cut off (``abort``).
+    A resumed run replays the finished turns and continues the cut one from its last token
+    (runtime/workloads/agents/base.py), so none of them is generated again."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    versions: list[tuple[int, int, int]]
+    turns: list[Turn]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def partial_state(r: PartialRollout) -> dict[str, Any]:
+    """A partial rollout as plain data (msgpack-able), on the wire and in checkpoints."""
+    return {
+        "token_ids": list(r.token_ids),
+        "logprobs": list(r.logprobs),
+        "loss_mask": list(r.loss_mask),
+        "versions": [list(v) for v in r.versions],
+        "turns": [list(t) for t in r.turns],
+    }
+
+
+def partial_from_state(d: dict[str, Any]) -> PartialRollout:
+    return PartialRollout(
+        token_ids=[int(x) for x in d["token_ids"]],
+        logprobs=[float(x) for x in d["logprobs"]],
+        loss_mask=[int(x) for x in d["loss_mask"]],
+        versions=[(int(a), int(b), int(c)) for a, b, c in d["versions"]],
+        turns=[
+            Turn(int(a), int(b), str(f), None if s is None else str(s)) for a, b, f, s in d["turns"]
+        ],
+    )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -156,11 +221,13 @@ def request_state(r: Request) -> dict[str, Any]:
         "prompt": r.prompt,
         "dispatched_at": r.dispatched_at,
         "admitted_version": r.admitted_version,
+        "resume": None if r.resume is None else partial_state(r.resume),
     }
 
 
 def request_from_state(d: dict[str, Any]) -> Request:
-    return Request(**d)
+    resume = d.get("resume")
+    return Request(**{**d, "resume": None if resume is None else partial_from_state(resume)})
 
 
 def sample_digest(t: Sample) -> str:

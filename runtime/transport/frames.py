@@ -9,7 +9,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Sequence
 
-from runtime.data.sample import Batch, Request, Sample
+from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn
 from runtime.transport import protocol as p
 
 _LITTLE = sys.byteorder == "little"
@@ -44,25 +44,75 @@ def _ints(values: Sequence[int]) -> list[int]:
 
 
 def work_message(requests: Iterable[Request], policy_version: int) -> p.Work:
-    return p.Work(
-        policy_version=policy_version,
-        requests=[
-            {
-                "sample_id": r.sample_id,
-                "group_id": r.group_id,
-                "prompt_id": r.prompt_id,
-                "prompt": r.prompt,
-            }
-            for r in requests
-        ],
-    )
+    entries: list[dict] = []
+    blobs: list[bytes] = []
+    for r in requests:
+        entry = {
+            "sample_id": r.sample_id,
+            "group_id": r.group_id,
+            "prompt_id": r.prompt_id,
+            "prompt": r.prompt,
+        }
+        if r.resume is not None:  # its tokens and log-probs: the next two frames
+            entry["resume"] = partial_entry(r.sample_id, r.resume)
+            blobs += partial_frames(r.resume)
+        entries.append(entry)
+    return p.Work(policy_version=policy_version, requests=entries, blobs=tuple(blobs))
 
 
 def requests(msg: p.Work) -> list[Request]:
     """The requests of a ``Work`` answer (the rollout rank's copy: no dispatch time)."""
-    return [
-        Request(r["sample_id"], r["group_id"], r["prompt_id"], r["prompt"]) for r in msg.requests
-    ]
+    out, frame = [], 0
+    for r in msg.requests:
+        resume = None
+        if r.get("resume") is not None:
+            resume = partial(r["resume"], msg.blobs[frame], msg.blobs[frame + 1])
+            frame += 2
+        out.append(
+            Request(r["sample_id"], r["group_id"], r["prompt_id"], r["prompt"], resume=resume)
+        )
+    return out
+
+
+def partial_entry(sample_id: int, r: PartialRollout) -> p.PartialEntry:
+    return {
+        "sample_id": sample_id,
+        "versions": [list(v) for v in r.versions],
+        "loss_mask": _ints(r.loss_mask),
+        "turns": [
+            {"start": t.start, "end": t.end, "finish": t.finish, "stop": t.stop} for t in r.turns
+        ],
+    }
+
+
+def partial_frames(r: PartialRollout) -> list[bytes]:
+    return [pack(r.token_ids, "i"), pack(r.logprobs, "f")]
+
+
+def partial(e: p.PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
+    return PartialRollout(
+        token_ids=unpack(tokens, "i"),
+        logprobs=unpack(logprobs, "f"),
+        loss_mask=list(e["loss_mask"]),
+        versions=[(v[0], v[1], v[2]) for v in e["versions"]],
+        turns=[Turn(t["start"], t["end"], t["finish"], t["stop"]) for t in e["turns"]],
+    )
+
+
+def parked_message(rank: int, partials: dict[int, PartialRollout]) -> p.Parked:
+    """A rollout rank's report at a stop: its partial rollouts by sample id."""
+    blobs: list[bytes] = []
+    for r in partials.values():
+        blobs += partial_frames(r)
+    entries = [partial_entry(sid, r) for sid, r in partials.items()]
+    return p.Parked(rank=rank, partials=entries, blobs=tuple(blobs))
+
+
+def parked(msg: p.Parked) -> dict[int, PartialRollout]:
+    return {
+        e["sample_id"]: partial(e, msg.blobs[2 * i], msg.blobs[2 * i + 1])
+        for i, e in enumerate(msg.partials)
+    }
 
 
 # --- a rollout rank -> rank 0 --------------------------------------------------------------

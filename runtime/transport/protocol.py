@@ -270,6 +270,87 @@ class SampleDone(Message):
         _require(self.finished_at >= self.started_at, "finished before it started")
 
 
+FINISHES = ("stop", "length", "abort")  # how a model turn ends (abort: cut off by a stop)
+MAX_STOP_STRING = 200  # characters of the stop string that ended a turn
+
+
+class PartialTurn(TypedDict):
+    """One model turn of a partial rollout (runtime.data.sample.Turn)."""
+
+    start: int
+    end: int
+    finish: str
+    stop: str | None
+
+
+class PartialEntry(TypedDict):
+    """One partial rollout (runtime.data.sample.PartialRollout) of a :class:`Parked` or a
+    ``Work`` request: its fields; its token ids and log-probs are two frames. A map with
+    exactly these keys."""
+
+    sample_id: int
+    versions: list[list[int]]
+    loss_mask: list[int]
+    turns: list[PartialTurn]
+
+
+def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
+    """What a partial rollout must satisfy: a sample's shape (tokens, log-probs, spans, a
+    0/1 mask), and model turns in order that cover exactly the masked tokens, only the last
+    one cut off. Decoded by the envelope, or (inside ``Work``) checked for types here."""
+    _require(isinstance(e, dict) and isinstance(e.get("sample_id"), int), "bad partial entry")
+    mask, turns = e.get("loss_mask"), e.get("turns")
+    _require(isinstance(mask, list) and isinstance(turns, list), "bad partial entry")
+    _require(
+        isinstance(e.get("versions"), list)
+        and all(isinstance(v, list) and all(type(x) is int for x in v) for v in e["versions"]),
+        "bad partial spans",
+    )
+    _require(all(type(m) is int for m in mask), "loss_mask values")
+    _check_sample(tokens, logprobs, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)
+    n = len(mask)
+    _require(0 < len(turns) <= 4096, "no model turns, or too many")
+    covered = [0] * n
+    end = 0
+    for i, t in enumerate(turns):
+        _require(
+            isinstance(t, dict)
+            and set(t) == {"start", "end", "finish", "stop"}
+            and type(t["start"]) is int
+            and type(t["end"]) is int
+            and t["finish"] in FINISHES
+            and (t["stop"] is None or isinstance(t["stop"], str)),
+            "bad turn",
+        )
+        _require(end <= t["start"] < t["end"] <= n, "turns out of order or outside the tokens")
+        _require(t["finish"] != "abort" or i == len(turns) - 1, "only the last turn is cut off")
+        _require(t["stop"] is None or len(t["stop"]) <= MAX_STOP_STRING, "stop string too long")
+        covered[t["start"] : t["end"]] = [1] * (t["end"] - t["start"])
+        end = t["end"]
+    _require(covered == mask, "the turns are not the model's tokens")
+
+
+@message
+@dataclass(frozen=True)
+class Parked(Message):
+    """A rollout rank's answer to :class:`Park`: what it had generated of each request in
+    flight, one entry and two frames (token ids int32, log-probs float32) per partial.
+    A request it had not started, or had nothing of, is left out (rank 0 requeues it from
+    its prompt, as every request not reported)."""
+
+    TYPE: ClassVar[str] = "parked"
+    rank: int
+    partials: list[PartialEntry]
+
+    def check(self) -> None:
+        _require(len(self.blobs) == 2 * len(self.partials), "frames do not match partials")
+        seen: set[int] = set()
+        for i, e in enumerate(self.partials):
+            check_partial(self.blobs[2 * i], self.blobs[2 * i + 1], e)
+            _require(e["sample_id"] not in seen, "a partial repeats")
+            seen.add(e["sample_id"])
+
+
 @message
 @dataclass(frozen=True)
 class SampleFailed(Message):
@@ -406,14 +487,17 @@ class WeightSync(Message):
 @message
 @dataclass(frozen=True)
 class Work(Message):
-    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt}]``
-    (runtime.data.sample.Request; runtime/transport/frames.py converts)."""
+    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt, resume}]``
+    (runtime.data.sample.Request; runtime/transport/frames.py converts). ``resume``, when
+    present, is a :class:`PartialEntry` whose token ids and log-probs are the next two
+    frames, in request order."""
 
     TYPE: ClassVar[str] = "work"
     policy_version: int
     requests: list[dict[str, Any]]
 
     def check(self) -> None:
+        frames = 0
         for r in self.requests:
             _require(
                 isinstance(r.get("sample_id"), int)
@@ -422,6 +506,13 @@ class Work(Message):
                 and isinstance(r.get("prompt"), dict),
                 "bad request entry",
             )
+            resume = r.get("resume")
+            if resume is not None:  # a partial rollout to continue: the next two frames
+                _require(len(self.blobs) >= frames + 2, "frames do not match partials")
+                _require(resume.get("sample_id") == r["sample_id"], "partial of another request")
+                check_partial(self.blobs[frames], self.blobs[frames + 1], resume)
+                frames += 2
+        _require(len(self.blobs) == frames, "frames do not match partials")
 
 
 class BatchSample(TypedDict):
@@ -521,6 +612,17 @@ class Checkpoint(Message):
 
     def check(self) -> None:
         _require(self.step >= 1, "checkpoint step must be positive")
+
+
+@message
+@dataclass(frozen=True)
+class Park(Message):
+    """To the rollout replicas' drivers when the run stops after a checkpoint: stop
+    generating and report what you have of each request in flight (:class:`Parked`), so
+    the checkpoint keeps it and a resumed run continues it instead of regenerating it."""
+
+    TYPE: ClassVar[str] = "park"
+    step: int
 
 
 @message

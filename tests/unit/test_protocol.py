@@ -89,6 +89,22 @@ EXAMPLES = [
     p.Reply(ok=True, text="fine"),
     p.Checkpoint(step=10),
     p.CheckpointSaved(rank=0, step=10, ok=False, error="disk full"),
+    p.Park(step=10),
+    p.Parked(
+        rank=2,
+        partials=[
+            {
+                "sample_id": 5,
+                "versions": [[0, 0, 3]],
+                "loss_mask": [1, 0, 1],
+                "turns": [
+                    {"start": 0, "end": 1, "finish": "stop", "stop": "</code>"},
+                    {"start": 2, "end": 3, "finish": "abort", "stop": None},
+                ],
+            }
+        ],
+        blobs=(b"\x01\x00\x00\x00" * 3, b"\x00\x00\x80\xbf" * 3),
+    ),
 ]
 
 
