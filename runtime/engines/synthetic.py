@@ -32,7 +32,7 @@ from typing import Any
 from runtime.config.layout import is_rollout_driver
 from runtime.config.schema import Config
 from runtime.data.lengths import synthetic_lengths
-from runtime.data.sample import Request, Sample
+from runtime.data.sample import PartialRollout, Request, Sample, Turn
 from runtime.rank.rollout_loop import RolloutSide, Spans
 from runtime.rank.sides import BatchConsumer
 from runtime.transport import frames as wire
@@ -91,7 +91,32 @@ class SyntheticRollout(RolloutSide[_Generation]):
 
     def start(self, req: Request, now: float) -> _Generation:
         n = self.lengths.draw(self.rng, self.version)
-        return _Generation(req, n, now, now + n * self.token_time_s, Spans(self.version))
+        done = len(req.resume) if req.resume is not None else 0  # continued, not redone
+        n = max(n, done + 1)
+        return _Generation(req, n, now, now + (n - done) * self.token_time_s, Spans(self.version))
+
+    def park(self) -> dict[int, PartialRollout]:
+        """A stop: each generation's tokens so far (the ones before a resume included)."""
+        now = time.monotonic()
+        out: dict[int, PartialRollout] = {}
+        for sid, g in self.loop.drop().items():
+            prefix = g.request.resume
+            done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
+            head = len(prefix) if prefix is not None else 0
+            if head + done == 0:
+                continue
+            tokens = [self.rng.randrange(VOCAB) for _ in range(done)]
+            spans = Spans(0)
+            spans.spans = [list(s) for s in g.spans.spans]
+            versions = _after(prefix, spans.close(done))
+            out[sid] = PartialRollout(
+                token_ids=(list(prefix.token_ids) if prefix else []) + tokens,
+                logprobs=(list(prefix.logprobs) if prefix else []) + [-math.log(VOCAB)] * done,
+                loss_mask=[1] * (head + done),
+                versions=versions,
+                turns=[Turn(0, head + done, "abort", None)],
+            )
+        return out
 
     def reap(self, now: float) -> None:
         running = self.loop.running
@@ -99,14 +124,18 @@ class SyntheticRollout(RolloutSide[_Generation]):
             g = running.pop(sid)
             req = g.request
             rate = float(req.prompt.get("success_rate", 0.5))
+            prefix = req.resume
+            head = len(prefix) if prefix is not None else 0
+            new = g.n_tokens - head
             self.loop.finished(
                 Sample(
                     sample_id=sid,
                     group_id=req.group_id,
                     prompt_id=req.prompt_id,
-                    versions=g.spans.close(g.n_tokens),
-                    token_ids=[self.rng.randrange(VOCAB) for _ in range(g.n_tokens)],
-                    logprobs=[-math.log(VOCAB)] * g.n_tokens,
+                    versions=_after(prefix, g.spans.close(new)),
+                    token_ids=(list(prefix.token_ids) if prefix else [])
+                    + [self.rng.randrange(VOCAB) for _ in range(new)],
+                    logprobs=(list(prefix.logprobs) if prefix else []) + [-math.log(VOCAB)] * new,
                     reward=float(self.rng.random() < rate),
                     n_valid=g.n_tokens,
                     worker=self.rank,
@@ -115,6 +144,24 @@ class SyntheticRollout(RolloutSide[_Generation]):
                 )
             )
             self.delivered += 1
+
+
+def _after(
+    prefix: PartialRollout | None, spans: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]]:
+    """A continuation's version spans after its prefix's (one span per version)."""
+    if prefix is None:
+        return spans
+    k = len(prefix)
+    out = list(prefix.versions)
+    for v, a, b in spans:
+        if b <= a and out:
+            continue
+        if out and out[-1][0] == v and out[-1][2] == a + k:
+            out[-1] = (v, out[-1][1], b + k)
+        else:
+            out.append((v, a + k, b + k))
+    return out
 
 
 class SyntheticTrainer(BatchConsumer):

@@ -12,7 +12,8 @@ drives a :class:`RolloutLoop` from its event clock):
   takes;
 - generations in flight are kept across a weight sync: held, then resumed under the new
   weights (partial rollout), each stretch under one policy a version span
-  (:class:`Spans`); only leaving the rollout pool drops them (rank 0 requeues them);
+  (:class:`Spans`); leaving the rollout pool drops them (rank 0 requeues them); a stop
+  (``Park``) cuts them off and reports what each had (``Parked``), for the checkpoint;
 - finished samples and failures go to an outbox that any thread may fill (vLLM's event
   loop does) and the rank's own thread sends (the worker keeps each result until rank 0
   acknowledges it).
@@ -26,7 +27,7 @@ import time
 from collections import deque
 from typing import Generic, TypeVar
 
-from runtime.data.sample import Request, Sample
+from runtime.data.sample import PartialRollout, Request, Sample
 from runtime.rank.sides import LinkedSide, PullGate, Send
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -138,6 +139,7 @@ class RolloutSide(LinkedSide, Generic[H]):
         self.loop: RolloutLoop[H] = RolloutLoop(rank, retry_s=self.retry_s)
         # seconds the engine was paused for weight syncs, holding requests (heartbeats)
         self.paused_s = 0.0
+        self.parked = False  # a stop took what ran here: nothing starts again
 
     # --- the engine --------------------------------------------------------------------
 
@@ -157,6 +159,13 @@ class RolloutSide(LinkedSide, Generic[H]):
 
     def abort(self, running: dict[int, H]) -> None:
         """Stop generating what was dropped (by default nothing runs outside the loop)."""
+
+    def park(self) -> dict[int, PartialRollout]:
+        """A stop: stop everything in flight (``self.loop.drop()``) and return what was
+        generated of each request, by sample id (finished ones go to the outbox as usual;
+        an engine that cannot say gives nothing back, and rank 0 requeues those)."""
+        self.abort(self.loop.drop())
+        return {}
 
     def observe(self, msg: p.Message, now: float) -> None:
         """Any message from rank 0, before the loop handles it."""
@@ -178,14 +187,22 @@ class RolloutSide(LinkedSide, Generic[H]):
     def on_message(self, msg: p.Message) -> None:
         now = time.monotonic()
         self.observe(msg, now)
-        if isinstance(msg, p.Work):
+        if isinstance(msg, p.Work) and not self.parked:
             running = self.loop.running
             for req in self.loop.take(msg, now):
                 running[req.sample_id] = self.start(req, now)
+        elif isinstance(msg, p.Park) and not self.parked:
+            # The run stops after a checkpoint: what is in flight goes into it. Finished
+            # samples go first (one connection keeps the order), then the partials.
+            self.parked = True
+            partials = self.park()
+            self.reap(now)
+            self.loop.flush()
+            self.loop.send(wire.parked_message(self.rank, partials))
 
     def step(self) -> None:
         now = time.monotonic()
         self.reap(now)
         self.loop.flush()
-        if self.active:
+        if self.active and not self.parked:
             self.loop.pull(self.free_slots(), now, self.episodes_in_tools())

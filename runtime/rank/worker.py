@@ -420,7 +420,7 @@ class HybridWorker:
             self._on_ack(msg)
             assert self.role is not None
             self.sides[self.role].on_message(msg)
-        elif isinstance(msg, (p.Batch, p.WeightSync)):
+        elif isinstance(msg, (p.Batch, p.WeightSync, p.Park)):
             assert self.role is not None
             tp = self.cfg.resources.rollout_gpus_per_replica
             with self._waiting(wait_label(msg, self.rank, self.roles, tp)):
@@ -507,6 +507,8 @@ def wait_label(msg: p.Message, rank: int, roles: Sequence[str], rollout_group_si
         return f"role switch to layout epoch {msg.layout_epoch} with ranks {live}"
     if isinstance(msg, p.Checkpoint):
         return f"checkpoint of step {msg.step} with trainer ranks {trainers}"
+    if isinstance(msg, p.Park):
+        return f"its requests in flight, cut off for the checkpoint of step {msg.step}"
     return msg.TYPE
 
 

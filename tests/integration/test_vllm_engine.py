@@ -109,6 +109,44 @@ def test_abort_ends_a_request(engine):
     assert finish == "abort" and len(tokens) < 380
 
 
+def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
+    """What a stop keeps (runtime/workloads/agents/base.py): the tokens of a generation cut
+    off by an abort, with their log-probs; continued after the resume on prompt + those
+    tokens, the turn is the one an uninterrupted generation would be: every log-prob the
+    model's on the whole sequence, and its length budget the turn's."""
+    import time
+
+    from runtime.workloads.agents.base import AgentEnv
+
+    eng, run, loop = engine
+
+    class LongTurns:  # no early EOS, so that the stop lands inside the turn
+        async def generate_turn(self, request_id, prompt_ids, max_tokens, stop):
+            return await eng.generate_turn(request_id, prompt_ids, max_tokens, stop, True)
+
+    cfg = build_config({"model": {"max_seq_len": 512}, "workload": {"max_response_tokens": 300}})
+    env = AgentEnv(cfg, None, LongTurns(), None, None)
+    ep = env.episode("cut", {"prompt_ids": PROMPT})
+    fut = asyncio.run_coroutine_threadsafe(env.generate(ep, "cut"), loop)
+    time.sleep(0.3)
+    run(eng.abort(["cut"]))
+    cut = fut.result(60)
+    assert cut.finish == "abort" and 0 < len(cut.tokens) < 300, len(cut.tokens)
+    partial = ep.partial()
+    assert partial is not None and partial.token_ids == cut.tokens
+
+    resumed = AgentEnv(cfg, None, LongTurns(), None, None)
+    resumed.resume("cut", partial)
+    again = resumed.episode("cut", {"prompt_ids": PROMPT})
+    whole = run(resumed.generate(again, "cut"))
+    k = len(cut.tokens)
+    assert whole.tokens[:k] == cut.tokens and whole.logprobs[:k] == cut.logprobs
+    assert len(whole.tokens) == 300 and whole.finish == "length"
+    ref = hf_logprobs(weights[0], PROMPT, whole.tokens)
+    assert max(abs(a - b) for a, b in zip(whole.logprobs, ref, strict=True)) < 1e-3
+    assert again.info["resumed_tokens"] == k
+
+
 def test_sleep_levels_on_cpu_are_a_state_and_the_engine_generates_after_waking(engine):
     """The CPU build has no sleep mode: the role-switch state machine still runs (level,
     weights kept), the device work is skipped."""

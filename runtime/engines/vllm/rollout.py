@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
-from runtime.data.sample import Request, Sample
+from runtime.data.sample import PartialRollout, Request, Sample
 from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.devices import replica_devices, visible_devices
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a big model
+# At a stop, how long an episode waiting on a tool call or a reward may finish it before it
+# is cancelled (it keeps the turns it had; the call runs again after the resume).
+PARK_GRACE_S = 5.0
 
 
 def _prepare_env() -> None:
@@ -370,6 +373,37 @@ class VLLMRolloutSide(RolloutSide[Future]):
             what = f"abort of {len(ids)} requests"
             self._await(self.engine.abort(ids), ENGINE_CALL_TIMEOUT_S, what)
 
+    def park(self) -> dict[int, PartialRollout]:
+        """A stop: what runs is cut off where it is (generations aborted, tool calls
+        cancelled after a grace period) and handed back as partial rollouts."""
+        running = self.loop.drop()
+        what = f"parking {len(running)} requests in flight"
+        return self._await(self._park(running), ENGINE_CALL_TIMEOUT_S, what)
+
+    async def _park(self, running: dict[int, Future]) -> dict[int, PartialRollout]:
+        env = self.env
+        env.parking = True  # no generation starts from here on
+        turns = range(self.cfg.workload.max_turns)
+        ids = [f"s{sid}" for sid in running] + [f"s{sid}-t{t}" for sid in running for t in turns]
+        if ids:
+            await self.engine.abort(ids)  # each generation returns what it had, cut off
+        waiting = [asyncio.wrap_future(f) for f in running.values()]
+        if waiting:  # an episode in a tool call gets a moment, then is cancelled
+            await asyncio.wait(waiting, timeout=PARK_GRACE_S)
+        for f in running.values():
+            f.cancel()
+        await asyncio.sleep(0)  # the cancelled tasks unwind
+        out: dict[int, PartialRollout] = {}
+        for sid, f in running.items():
+            rid = f"s{sid}"
+            finished = f.done() and not f.cancelled() and f.exception() is None and f.result()
+            ep = env.episodes.get(rid)
+            partial = ep.partial() if ep is not None and not finished else None
+            if partial is not None:
+                out[sid] = partial
+            env.forget(rid)
+        return out
+
     def observe(self, msg: p.Message, now: float) -> None:
         if isinstance(msg, p.WeightSync):
             self._receive_weights(wait=False)
@@ -565,12 +599,19 @@ class VLLMRolloutSide(RolloutSide[Future]):
         # the buckets' receive includes their load_weights: one operation on this path
         self._record(header, nbytes, paused - finish_s, finish_s, loaded=True)
 
-    async def _run(self, req: Request) -> None:
+    async def _run(self, req: Request) -> bool:
+        """One episode; True once its sample is in the outbox."""
         prompt = req.prompt
         started = time.monotonic()
-        ep = await self.agent.run(self.env, f"s{req.sample_id}", prompt)
-        if ep is None:  # aborted on leaving the rollout pool; rank 0 requeued it
-            return
+        rid = f"s{req.sample_id}"
+        self.env.resume(rid, req.resume)
+        try:
+            ep = await self.agent.run(self.env, rid, prompt)
+        finally:
+            if not self.env.parking:  # a stop reads what it had generated first
+                self.env.forget(rid)
+        if ep is None:  # aborted: leaving the rollout pool (requeued), or a stop (parked)
+            return False
         self.loop.finished(
             Sample(
                 sample_id=req.sample_id,
@@ -589,3 +630,4 @@ class VLLMRolloutSide(RolloutSide[Future]):
                 finished_at=time.monotonic(),
             )
         )
+        return True

@@ -1,4 +1,13 @@
-"""What an agent builds (:class:`Episode`) and what it may use (:class:`AgentEnv`)."""
+"""What an agent builds (:class:`Episode`) and what it may use (:class:`AgentEnv`).
+
+An episode cut off by a stop is kept (runtime.data.sample.PartialRollout) and continued
+after the resume: the agent runs again from its prompt and :meth:`AgentEnv.generate`
+replays the model turns the partial holds instead of generating them, as long as the
+episode's context is the one they were generated on (the environment's tokens between
+turns, recomputed by the agent, are compared with the partial's), and continues the turn
+that was cut from its last token. Where the environment answers otherwise (a tool whose
+output changed), the rest of the partial is dropped and generated anew: a turn is only
+ever trained on the context it was generated on."""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ from typing import Any, Protocol
 
 from runtime.config.schema import Config
 from runtime.data.codec import Codec
+from runtime.data.sample import PartialRollout, Turn
 
 
 @dataclass
@@ -34,11 +44,18 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     spans: list[tuple[int, int, int]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)  # the model's turns, in order
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    # A resumed episode: what it had generated before the stop, replayed turn by turn.
+    replay: PartialRollout | None = None
+    cut: Generation | None = None  # the turn a stop cut off (an aborted generation)
 
     def add_model(self, g: Generation) -> None:
         offset = len(self.token_ids)
+        if g.tokens:
+            stop = g.stop_reason if isinstance(g.stop_reason, str) else None
+            self.turns.append(Turn(offset, offset + len(g.tokens), g.finish, stop))
         self.token_ids += g.tokens
         self.logprobs += g.logprobs
         self.loss_mask += [1] * len(g.tokens)
@@ -58,6 +75,28 @@ class Episode:
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.token_ids
+
+    def partial(self) -> PartialRollout | None:
+        """What this episode has generated so far, the turn a stop cut off included; None
+        if nothing. A resumed episode still inside its replay keeps the whole replay."""
+        rec = self.replay
+        if rec is not None and len(self.token_ids) <= len(rec):
+            return rec
+        tokens, logprobs = list(self.token_ids), list(self.logprobs)
+        mask, spans, turns = list(self.loss_mask), list(self.spans), list(self.turns)
+        cut = self.cut
+        if cut is not None and cut.tokens:
+            offset = len(tokens)
+            tokens += cut.tokens
+            logprobs += cut.logprobs
+            mask += [1] * len(cut.tokens)
+            spans += [(v, offset + a, offset + b) for v, a, b in cut.spans if b > a]
+            turns.append(Turn(offset, len(tokens), "abort", None))
+        if not turns:
+            return None
+        return PartialRollout(
+            token_ids=tokens, logprobs=logprobs, loss_mask=mask, versions=spans, turns=turns
+        )
 
     def model_ids(self) -> list[int]:
         return [t for t, m in zip(self.token_ids, self.loss_mask, strict=True) if m]
@@ -82,6 +121,10 @@ class AgentEnv:
         self._record, self.pool = record, pool
         self.generating = 0  # episodes inside a generate call now
         self.in_tools = 0  # episodes waiting on the sandbox or a reward now
+        self.episodes: dict[str, Episode] = {}  # by request id, while they run
+        self._resume: dict[str, PartialRollout] = {}  # partials to continue, by request id
+        # A stop is taking what runs: no generation starts (each ends as cut off).
+        self.parking = False
 
     def record(self, prompt: dict[str, Any]) -> dict[str, Any]:
         """The dataset record behind a prompt (file prompts carry only its index)."""
@@ -89,19 +132,50 @@ class AgentEnv:
             return self._record(prompt["index"])
         return prompt
 
+    def resume(self, request_id: str, partial: PartialRollout | None) -> None:
+        """The next episode of ``request_id`` continues ``partial`` (None: from its prompt)."""
+        if partial is not None:
+            self._resume[request_id] = partial
+
+    def episode(self, request_id: str, prompt: dict[str, Any]) -> Episode:
+        """A new episode of ``request_id`` (an agent's first call), kept while it runs."""
+        ep = Episode(list(prompt["prompt_ids"]), replay=self._resume.pop(request_id, None))
+        self.episodes[request_id] = ep
+        return ep
+
+    def forget(self, request_id: str) -> None:
+        self.episodes.pop(request_id, None)
+        self._resume.pop(request_id, None)
+
     async def generate(
         self, episode: Episode, request_id: str, stop: list[str] | None = None
     ) -> Generation | None:
-        """One model turn on the episode's context; None when no room is left."""
+        """One model turn on the episode's context (replayed, or continued, from its
+        partial after a resume); None when no room is left."""
         room = self.cfg.model.max_seq_len - len(episode.context)
         max_tokens = min(self.cfg.workload.max_response_tokens, room)
         if max_tokens < 1:
             return None
+        prefix = _replayed(episode)
+        if prefix is not None and prefix.finish != "abort":
+            return prefix  # a whole turn generated before the stop, on this same context
+        if self.parking:
+            return Generation([], [], [], "abort")
+        done = len(prefix.tokens) if prefix is not None else 0
+        if done >= max_tokens:  # the cut turn had used its budget: it ends here
+            assert prefix is not None
+            return Generation(prefix.tokens, prefix.logprobs, prefix.spans, "length")
+        context = episode.context + (prefix.tokens if prefix is not None else [])
         self.generating += 1
         try:
-            return await self.generator.generate_turn(request_id, episode.context, max_tokens, stop)
+            g = await self.generator.generate_turn(request_id, context, max_tokens - done, stop)
         finally:
             self.generating -= 1
+        if prefix is not None:
+            g = _joined(prefix, g)
+        if g.finish == "abort":
+            episode.cut = g
+        return g
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``fn(*args)`` in the reward pool: (value, None) or (None, why it failed)."""
@@ -116,3 +190,44 @@ class Agent(Protocol):
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
         """The scored episode, or None when generation was aborted (rank 0 requeues)."""
         ...
+
+
+def _replayed(ep: Episode) -> Generation | None:
+    """The turn of a resumed episode's partial that starts where the episode is now, if
+    the episode's tokens so far are the partial's; else the replay ends here (None)."""
+    rec = ep.replay
+    if rec is None:
+        return None
+    n = len(ep.token_ids)
+    turn = next((t for t in rec.turns if t.start == n), None)
+    if turn is None or rec.token_ids[:n] != ep.token_ids:
+        if n < len(rec):  # the environment answered otherwise: the rest is not valid here
+            ep.info["resume_diverged_at"] = n
+        ep.replay = None
+        return None
+    a, b = turn.start, turn.end
+    spans = [(v, max(x, a) - a, min(y, b) - a) for v, x, y in rec.versions if x < b and y > a]
+    if turn.finish == "abort":
+        ep.replay = None  # the rest of the turn is generated now
+    ep.info["resumed_tokens"] = ep.info.get("resumed_tokens", 0) + b - a
+    return Generation(rec.token_ids[a:b], rec.logprobs[a:b], spans, turn.finish, turn.stop)
+
+
+def _joined(head: Generation, tail: Generation) -> Generation:
+    """A cut turn and its continuation as one turn (spans of one version merged)."""
+    k = len(head.tokens)
+    spans = list(head.spans)
+    for v, a, b in tail.spans:
+        if b <= a:
+            continue
+        if spans and spans[-1][0] == v and spans[-1][2] == a + k:
+            spans[-1] = (v, spans[-1][1], b + k)
+        else:
+            spans.append((v, a + k, b + k))
+    return Generation(
+        head.tokens + tail.tokens,
+        head.logprobs + tail.logprobs,
+        spans,
+        tail.finish,
+        tail.stop_reason,
+    )

@@ -53,7 +53,7 @@ class CodeAgent:
         tests, fn_name = record["tests"], record.get("fn_name") or None
         total = parse_tests(tests, fn_name=fn_name).total
         public, hidden = split_tests(total, w.public_tests)
-        ep = Episode(list(prompt["prompt_ids"]))
+        ep = env.episode(request_id, prompt)
         program = ""
         for turn in range(w.max_turns):
             g = await env.generate(ep, f"{request_id}-t{turn}")

@@ -11,7 +11,7 @@ from runtime.workloads.agents.base import AgentEnv, Episode
 
 class SingleTurnAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
-        ep = Episode(list(prompt["prompt_ids"]))
+        ep = env.episode(request_id, prompt)
         g = await env.generate(ep, request_id)
         if g is None or g.finish == "abort":
             return None

@@ -33,7 +33,7 @@ def tool_output_text(result: Any, error: str | None) -> str:
 class ToolAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
         w = env.cfg.workload
-        ep = Episode(list(prompt["prompt_ids"]))
+        ep = env.episode(request_id, prompt)
         calls = 0
         for turn in range(w.max_turns):
             g = await env.generate(ep, f"{request_id}-t{turn}", stop=[w.tool_close])
