@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# How long the checkpoint before a stop waits for the rollout drivers' partial rollouts
+# (runtime/control/lifecycle.py): an abort and a few seconds' grace for tool calls.
+PARK_TIMEOUT_S = 60.0
+
 # (step, policy_version, coordinator state) -> where it was saved; raises on failure
 SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]
 
@@ -87,8 +91,15 @@ class Checkpoints:
         return out
 
     def status(self) -> dict[str, Any]:
+        pending = self.pending
+        if pending is not None:  # as JSON: the drivers still to report as a list
+            pending = {
+                k: sorted(v) if isinstance(v, set) else v
+                for k, v in pending.items()
+                if k != "trainer"
+            }
         return {
-            "pending": self.pending,
+            "pending": pending,
             "last": next((c for c in reversed(self.records) if c["ok"]), None),
             "failed": sum(1 for c in self.records if not c["ok"]),
         }

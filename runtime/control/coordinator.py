@@ -169,6 +169,10 @@ class Coordinator(Run):
                 out += lifecycle.end_checkpoint(
                     self, False, f"no answer within {ctl.checkpoint_timeout_s:.0f} s"
                 )
+            else:  # a stop's checkpoint waits for the rollout drivers' partials, bounded
+                parking = self.ckpt.pending.get("parking") or set()
+                parking -= {w.rank for w in self.members if w.gone}  # lost: it never will
+                out += lifecycle.end_when_parked(self, give_up=lifecycle.parking_overdue(self, now))
         out += colocation.advance(self)
         self.check_ended()
         return out
@@ -299,6 +303,7 @@ HANDLERS: dict[type[p.Message], Handler] = {
     p.BatchRequest: training.on_batch_request,
     p.StepDone: training.on_step_done,
     p.CheckpointSaved: lifecycle.on_checkpoint_saved,
+    p.Parked: lifecycle.on_parked,
     # clients (reflow status / rebalance / allocator / stop)
     p.StatusRequest: Coordinator._on_status_request,
     p.RebalanceRequest: Coordinator._on_rebalance,

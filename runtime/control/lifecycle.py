@@ -12,9 +12,12 @@ from typing import Any
 
 from runtime.config.layout import Role
 from runtime.control import colocation
+from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
-from runtime.data.sample import sample_digest
+from runtime.control.sample_check import sample_problem
+from runtime.data.sample import PartialRollout, Request, Sample, sample_digest
+from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
 
@@ -46,13 +49,97 @@ def stop_now(c: Run, reason: str) -> list[Outgoing]:
 
 
 def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
-    if c.ckpt.saved(c.step):
-        return stop_now(c, reason)  # this step is saved already
+    if c.ckpt.saved(c.step) and not c.data.dispatcher.outstanding:
+        return stop_now(c, reason)  # this step is saved already, and nothing is in flight
     if c.ckpt.pending is not None:  # one is being written: stop after it
         c.ckpt.pending["then_stop"] = reason
-        return []
+        return park_rollouts(c)
     out = request_checkpoint(c, then_stop=reason)
-    return out if c.ckpt.pending is not None else stop_now(c, reason)
+    if c.ckpt.pending is None:
+        return stop_now(c, reason)
+    return out + park_rollouts(c)
+
+
+def park_rollouts(c: Run) -> list[Outgoing]:
+    """The checkpoint before a stop keeps what is in flight: every rollout replica's
+    driver is told to stop generating and report its partial rollouts (``Parked``), and
+    the coordinator's half of the checkpoint waits for them (at most ``PARK_TIMEOUT_S``;
+    a rank that does not answer has its requests saved from their prompts, as before)."""
+    pending = c.ckpt.pending
+    if pending is None or "parking" in pending:
+        return []
+    live = {w.rank for w in c.members.alive()}
+    drivers = [r for r in c.layout.ranks(Role.ROLLOUT) if c.members.drives(r) and r in live]
+    pending["parking"] = set(drivers)
+    pending["parked_at"] = c.clock()
+    return c.members.send(p.Park(step=pending["step"]), drivers) if drivers else []
+
+
+def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
+    """A driver's partial rollouts: each one checked against the request it says it is
+    part of (outstanding at that rank, the run's vocabulary, lengths, log-probs and
+    versions) and kept with it; the rest are refused, counted, and saved from the prompt."""
+    if c.known(identity, msg.rank) is None:
+        return []
+    pending = c.ckpt.pending
+    if pending is None or msg.rank not in pending.get("parking", ()):
+        c.reject("unexpected_parked")
+        return []
+    dispatcher = c.data.dispatcher
+    for sid, partial in wire.parked(msg).items():
+        entry = dispatcher.outstanding.get(sid)
+        why = "not_outstanding_there" if entry is None or entry[1] != msg.rank else None
+        if why is None:
+            assert entry is not None
+            why = partial_problem(c, entry[0], partial)
+        if why is not None:
+            dispatcher.partials[f"refused_{why}"] += 1
+            continue
+        dispatcher.keep_partial(sid, msg.rank, partial)
+    pending["parking"].discard(msg.rank)
+    return end_when_parked(c)
+
+
+def partial_problem(c: Run, request: Request, partial: PartialRollout) -> str | None:
+    """Why ``partial`` cannot be part of ``request``'s generation (as a finished sample
+    would be checked); None if it can."""
+    stand_in = Sample(
+        sample_id=request.sample_id,
+        group_id=request.group_id,
+        prompt_id=request.prompt_id,
+        versions=partial.versions,
+        prompt_token_ids=list(request.prompt.get("prompt_ids") or ()),
+        token_ids=partial.token_ids,
+        logprobs=partial.logprobs,
+        loss_mask=partial.loss_mask,
+        n_valid=sum(partial.loss_mask),
+        reward=0.0,
+    )
+    return sample_problem(stand_in, request, policy_version=c.policy_version, bounds=c.bounds)
+
+
+def end_when_parked(c: Run, *, give_up: bool = False) -> list[Outgoing]:
+    """The coordinator's half of a stop's checkpoint, once the trainer's half is in and
+    every driver has reported (``give_up``: the ones that did not, never will)."""
+    pending = c.ckpt.pending
+    if pending is None:
+        return []
+    if give_up and pending.get("parking"):
+        c.data.dispatcher.partials["ranks_not_reported"] += len(pending["parking"])
+        pending["parking"] = set()
+    if pending.get("parking") or "trainer" not in pending:
+        return []
+    ok, error = pending.pop("trainer")
+    return end_checkpoint(c, ok, error)
+
+
+def parking_overdue(c: Run, now: float) -> bool:
+    pending = c.ckpt.pending
+    return (
+        pending is not None
+        and bool(pending.get("parking"))
+        and now - pending["parked_at"] > PARK_TIMEOUT_S
+    )
 
 
 def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
@@ -75,7 +162,18 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
 
 
 def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
+    pending = c.ckpt.pending
+    if pending is not None and pending.get("parking") and trainer_ok:
+        pending["trainer"] = (trainer_ok, error)  # the partial rollouts are not all in yet
+        return []
+    parked = pending is not None and "parking" in pending
     then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
+    if parked:  # what the checkpoint kept of the requests in flight
+        d = c.data.dispatcher
+        c.ckpt.records[-1]["partial_rollouts"] = {
+            "requests": sum(1 for r, _ in d.outstanding.values() if r.resume is not None),
+            "tokens": sum(len(r.resume) for r, _ in d.outstanding.values() if r.resume),
+        }
     if then_stop is not None:
         return stop_now(c, then_stop)
     return colocation.advance(c)  # a colocated train phase waited for the checkpoint

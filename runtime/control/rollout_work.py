@@ -32,6 +32,9 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if w is None:
         return []
     requests: list[Request] = []
+    if c.ckpt.pending is not None and "parking" in c.ckpt.pending:
+        # the run stops after this checkpoint, which takes what is in flight: no more
+        return [(identity, wire.work_message(requests, c.policy_version))]
     if not c.members.drives(msg.rank):
         c.reject("work_from_tp_member")
         return [(identity, wire.work_message(requests, c.policy_version))]
@@ -91,6 +94,8 @@ def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]
             return []
     if not c.data.deliver(t):
         return []
+    if entry is not None and entry[0].resume is not None:
+        c.data.dispatcher.resumed(entry[0], t)
     w.failures_in_a_row = 0
     c.counters.delivered_sample(t.reward, len(t.token_ids))
     c.generation.finished(t.sample_id, len(t.token_ids))

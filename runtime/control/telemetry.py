@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config.layout import Role
+from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
 from runtime.data.sample import Sample
@@ -212,6 +213,17 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
                 "bound": f"control.checkpoint_timeout_s={ctl.checkpoint_timeout_s:g}",
             }
         )
+        if pending.get("parking"):
+            out.append(
+                {
+                    "what": "the partial rollouts of the requests in flight, for the checkpoint",
+                    "from": sorted(pending["parking"]),
+                    "for_s": round(now - pending["parked_at"], 3),
+                    "bound": (
+                        f"{PARK_TIMEOUT_S:g} s (then their requests are saved from the prompt)"
+                    ),
+                }
+            )
     return out
 
 

@@ -115,6 +115,9 @@ def test_reflow_stop_checkpoints_then_resume_goes_on(tmp_path, runs_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     (saved,) = summary["checkpoints"]
     assert saved["ok"] and saved["step"] == summary["steps"]  # the step it stopped at
+    # What the rollout ranks had generated of the requests in flight is in the checkpoint.
+    kept = saved["partial_rollouts"]
+    assert kept["requests"] >= 1 and kept["tokens"] >= 1, saved
 
     # A few steps past the saved one: on a loaded machine the stop may land after step 20.
     target = saved["step"] + 14
@@ -126,6 +129,11 @@ def test_reflow_stop_checkpoints_then_resume_goes_on(tmp_path, runs_dir):
     final = wait_for(run, lambda s: s["state"] in TERMINAL, 300)
     assert final["state"] == "COMPLETED" and final["step"] == target, final.get("reason")
     assert final["resumed"]["step"] == saved["step"]
+    # ... and the resumed run continued them, each token under the version that generated
+    # it before the stop: none was generated again.
+    partials = final["buffer"]["partial_rollouts"]
+    assert partials["continued_tokens"] == kept["tokens"], partials
+    assert partials.get("regenerated_tokens", 0) == 0, partials
 
 
 def test_resume_refuses_with_one_line(tmp_path, runs_dir):
