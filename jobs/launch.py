@@ -202,8 +202,11 @@ def wait_until(
         time.sleep(poll_s)
 
 
-def stop(paths: RunPaths, grace_s: float = 60.0) -> dict:
-    """Ask the coordinator to stop; if the run does not end in time, end the job."""
+def stop(paths: RunPaths, grace_s: float = 60.0, poll_s: float = 0.5) -> dict:
+    """Ask the coordinator to stop; return once the run has ended and its job has left
+    (so that ``reflow launch --resume`` can follow at once); if either takes longer than
+    ``grace_s``, end the job."""
+    deadline = time.monotonic() + grace_s
     try:
         reply = ControlClient(paths).command(p.StopRequest(reason="reflow stop"))
         if not reply.ok:
@@ -211,10 +214,16 @@ def stop(paths: RunPaths, grace_s: float = 60.0) -> dict:
     except ControlUnavailable:
         pass  # already gone, or rank 0 unreachable: the fallback below ends the job
     try:
-        return wait_until(paths, lambda s: False, grace_s)
+        final = wait_until(paths, lambda s: False, max(deadline - time.monotonic(), 0.0))
     except UserError:
         _kill_job(paths)
         return read_status(paths)
+    # The status says STOPPED before the ranks and the controller have exited.
+    while job_alive(paths) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if job_alive(paths):
+        _kill_job(paths)
+    return final
 
 
 def _kill_job(paths: RunPaths) -> None:
