@@ -120,6 +120,8 @@ def summary(c: Run) -> dict[str, Any]:
         "samples": {k: ledger[k] for k in LEDGER_KEYS},
         # generations paused across a weight sync and resumed (partial rollout)
         "held_across_sync": c.data.dispatcher.transitions["running->held"],
+        # in flight at a stop, kept in its checkpoint, continued after the resume
+        "partial_rollouts": dict(c.data.dispatcher.partials),
         "delivered_by_rank": c.data.stats()["delivered_by_rank"],
     }
 
