@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn
 from runtime.transport import protocol as p
+from runtime.transport.sample_shape import PartialEntry
 
 _LITTLE = sys.byteorder == "little"
 
@@ -74,7 +75,7 @@ def requests(msg: p.Work) -> list[Request]:
     return out
 
 
-def partial_entry(sample_id: int, r: PartialRollout) -> p.PartialEntry:
+def partial_entry(sample_id: int, r: PartialRollout) -> PartialEntry:
     return {
         "sample_id": sample_id,
         "versions": [list(v) for v in r.versions],
@@ -89,7 +90,7 @@ def partial_frames(r: PartialRollout) -> list[bytes]:
     return [pack(r.token_ids, "i"), pack(r.logprobs, "f")]
 
 
-def partial(e: p.PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
+def partial(e: PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
     return PartialRollout(
         token_ids=unpack(tokens, "i"),
         logprobs=unpack(logprobs, "f"),

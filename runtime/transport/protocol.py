@@ -6,7 +6,8 @@ here, so a caller needs this module only. ``Any`` fields take JSON values only (
 no msgpack extension types, finite floats, string keys, bounded depth), so whatever a peer
 sends can be written to status, metrics and sample logs. Checks that need the run
 (vocabulary, sequence length, the dispatched prompt) are the coordinator's
-(runtime/control/sample_check.py).
+(runtime/control/sample_check.py); the shape of sample fields is
+:mod:`runtime.transport.sample_shape`.
 
 Delivery: results that must not be lost (``SampleDone``, ``SampleFailed``) are kept by the
 rank until rank 0 acknowledges their sample ids (``HeartbeatAck.acked``); the leader's
@@ -39,6 +40,7 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     message,
     message_types,
 )
+from runtime.transport.sample_shape import PartialEntry, check_partial, check_sample
 from runtime.transport.states import RunState, WorkerState
 
 MAX_WAIT_LABEL = 200  # characters of a heartbeat's waiting_on
@@ -210,35 +212,6 @@ class WorkRequest(Message):
         _require(0 <= self.in_tools <= 65536, "bad in-tools count")
 
 
-def _check_sample(
-    tokens: bytes,
-    logprobs: bytes,
-    ids: tuple[int, int, int],
-    versions: list[list[int]],
-    n_valid: int,
-    loss_mask: list[int] | None,
-) -> None:
-    """What one sample's fields must satisfy together, wherever it travels (a rollout rank's
-    :class:`SampleDone`, a sample of a :class:`Batch`)."""
-    _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
-    n = len(tokens) // 4
-    _require(n >= 1, "no tokens")
-    _require(min(ids) >= 0, "negative id")
-    _require(0 <= n_valid <= n, "n_valid exceeds the tokens")
-    _require(0 < len(versions) <= 4096, "no version spans, or too many")
-    end, version = 0, 0
-    for span in versions:
-        _require(len(span) == 3 and span[0] >= 0, "bad span, or a negative version")
-        _require(span[1] == end and span[2] >= span[1], "bad spans")
-        _require(span[0] >= version, "span versions go backwards")
-        end, version = span[2], span[0]
-    _require(end == n, "spans do not cover the tokens")
-    if loss_mask is not None:  # multi-turn: environment tokens are not trained on
-        _require(len(loss_mask) == n, "loss_mask length")
-        _require(all(m in (0, 1) for m in loss_mask), "loss_mask values")
-        _require(sum(loss_mask) == n_valid, "loss_mask and n_valid disagree")
-
-
 @message
 @dataclass(frozen=True)
 class SampleDone(Message):
@@ -266,68 +239,8 @@ class SampleDone(Message):
     def check(self) -> None:
         _require(len(self.blobs) == 2, "needs token and log-prob frames")
         ids = (self.sample_id, self.group_id, self.prompt_id)
-        _check_sample(*self.blobs, ids, self.versions, self.n_valid, self.loss_mask)
+        check_sample(*self.blobs, ids, self.versions, self.n_valid, self.loss_mask)
         _require(self.finished_at >= self.started_at, "finished before it started")
-
-
-FINISHES = ("stop", "length", "abort")  # how a model turn ends (abort: cut off by a stop)
-MAX_STOP_STRING = 200  # characters of the stop string that ended a turn
-
-
-class PartialTurn(TypedDict):
-    """One model turn of a partial rollout (runtime.data.sample.Turn)."""
-
-    start: int
-    end: int
-    finish: str
-    stop: str | None
-
-
-class PartialEntry(TypedDict):
-    """One partial rollout (runtime.data.sample.PartialRollout) of a :class:`Parked` or a
-    ``Work`` request: its fields; its token ids and log-probs are two frames. A map with
-    exactly these keys."""
-
-    sample_id: int
-    versions: list[list[int]]
-    loss_mask: list[int]
-    turns: list[PartialTurn]
-
-
-def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
-    """What a partial rollout must satisfy: a sample's shape (tokens, log-probs, spans, a
-    0/1 mask), and model turns in order that cover exactly the masked tokens, only the last
-    one cut off. Decoded by the envelope, or (inside ``Work``) checked for types here."""
-    _require(isinstance(e, dict) and isinstance(e.get("sample_id"), int), "bad partial entry")
-    mask, turns = e.get("loss_mask"), e.get("turns")
-    _require(isinstance(mask, list) and isinstance(turns, list), "bad partial entry")
-    _require(
-        isinstance(e.get("versions"), list)
-        and all(isinstance(v, list) and all(type(x) is int for x in v) for v in e["versions"]),
-        "bad partial spans",
-    )
-    _require(all(type(m) is int for m in mask), "loss_mask values")
-    _check_sample(tokens, logprobs, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)
-    n = len(mask)
-    _require(0 < len(turns) <= 4096, "no model turns, or too many")
-    covered = [0] * n
-    end = 0
-    for i, t in enumerate(turns):
-        _require(
-            isinstance(t, dict)
-            and set(t) == {"start", "end", "finish", "stop"}
-            and type(t["start"]) is int
-            and type(t["end"]) is int
-            and t["finish"] in FINISHES
-            and (t["stop"] is None or isinstance(t["stop"], str)),
-            "bad turn",
-        )
-        _require(end <= t["start"] < t["end"] <= n, "turns out of order or outside the tokens")
-        _require(t["finish"] != "abort" or i == len(turns) - 1, "only the last turn is cut off")
-        _require(t["stop"] is None or len(t["stop"]) <= MAX_STOP_STRING, "stop string too long")
-        covered[t["start"] : t["end"]] = [1] * (t["end"] - t["start"])
-        end = t["end"]
-    _require(covered == mask, "the turns are not the model's tokens")
 
 
 @message
@@ -564,7 +477,7 @@ class Batch(Message):
         for i, s in enumerate(self.samples):
             ids = (s["sample_id"], s["group_id"], s["prompt_id"])
             tokens, logprobs = self.blobs[2 * i], self.blobs[2 * i + 1]
-            _check_sample(tokens, logprobs, ids, s["versions"], s["n_valid"], s["loss_mask"])
+            check_sample(tokens, logprobs, ids, s["versions"], s["n_valid"], s["loss_mask"])
             _require(s["replay_count"] >= 0, "negative replay count")
         if self.whole is not None:
             self._check_whole(self.whole)

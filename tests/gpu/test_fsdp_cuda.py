@@ -108,7 +108,7 @@ def test_fsdp2_over_nccl_equals_one_gpu(tmp_path):
 
 
 def test_vllm_bf16_against_the_trainer_is_a_small_mismatch_that_tis_bounds(tmp_path):
-    from runtime.engines.vllm.rollout import VLLMEngine
+    from runtime.engines.vllm.engine import VLLMEngine
 
     model = small_model(tmp_path / "m")
     cfg = cfg_for(model, 1, strategy="replicate", param_dtype="bfloat16")

@@ -41,7 +41,7 @@ def cuda_cfg(path: Path):
 
 @pytest.fixture
 def engine(tmp_path):
-    from runtime.engines.vllm.rollout import VLLMEngine
+    from runtime.engines.vllm.engine import VLLMEngine
 
     path = save_pretrained(build_model(seed=0), build_tokenizer(), tmp_path / "m")
     loop = asyncio.new_event_loop()

@@ -48,7 +48,7 @@ def test_export_loads_in_transformers_and_vllm_with_the_trained_weights(tmp_path
     assert not torch.allclose(exported, base, atol=1e-3)  # trained, not the base model
     assert AutoTokenizer.from_pretrained(out)("S3+4=").input_ids[0] == 21
 
-    from runtime.engines.vllm.rollout import VLLMEngine
+    from runtime.engines.vllm.engine import VLLMEngine
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()

@@ -117,7 +117,7 @@ def test_a_tp2_vllm_engine_generates_and_reloads_every_shard(tmp_path, monkeypat
     cannot bind them itself on one NUMA node); the driver's binding comes from
     :func:`runtime.entry.cpu_threads_bind`. Log-probs match the Hugging Face model only if
     both shards hold that model's weights, before and after a reload."""
-    from runtime.engines.vllm.rollout import VLLMEngine
+    from runtime.engines.vllm.engine import VLLMEngine
 
     monkeypatch.setenv(
         "VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind(0, 2, sorted(os.sched_getaffinity(0)))

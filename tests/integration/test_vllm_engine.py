@@ -34,7 +34,7 @@ def weights(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(weights):
-    from runtime.engines.vllm.rollout import VLLMEngine
+    from runtime.engines.vllm.engine import VLLMEngine
 
     cfg = build_config(
         {

@@ -1,20 +1,10 @@
 """The rollout engine: vLLM's ``AsyncLLM`` behind ReFlow's rollout side.
 
-:class:`VLLMEngine` is the async adapter (one event loop): generation with the sampled
-tokens' log-probs, weight updates for partial rollout (pause with ``mode="keep"`` and a
-cleared KV cache -> reload in place -> version bump -> resume, so held requests finish
-under the new weights and vLLM records the per-span versions), abort, shutdown.
-
-:class:`VLLMRolloutSide` runs that adapter on a background thread for the synchronous
+:class:`VLLMEngine` (runtime/engines/vllm/engine.py) is the async adapter;
+:class:`VLLMRolloutSide` runs it on a background thread for the synchronous
 hybrid worker, behind the rollout pull loop (runtime/rank/rollout_loop.py): work from rank 0
 goes in, finished samples (scored by the workload's reward) come out through the loop's
 outbox, emptied on the worker's thread, which owns the socket.
-
-Log-probs: vLLM's default ``raw_logprobs`` are of the distribution before temperature. The
-trainer computes log pi(y) at temperature 1 too, so the importance ratio compares like
-with like when ``algorithm.temperature`` is 1 (the demo's setting). With another
-temperature we request ``processed_logprobs`` (logits / T), and the trainer divides its
-logits by the same T.
 
 Weights (:meth:`VLLMRolloutSide._receive_weights`): the leader's header says how the
 buckets come (runtime/rank/collective.py). Over gloo (CPU) they are assembled here, written
@@ -40,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import logging
-import os
 import shutil
 import threading
 import time
@@ -56,14 +44,13 @@ from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import PartialRollout, Request, Sample
 from runtime.engines.vllm import weight_transfer
-from runtime.engines.vllm.devices import replica_devices, visible_devices
-from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
+from runtime.engines.vllm.engine import VLLMEngine
 from runtime.rank.collective import Collective, WeightsHeader
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
 from runtime.transport import protocol as p
 from runtime.workloads.agents import registry
-from runtime.workloads.agents.base import AgentEnv, Generation
+from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.pool import RewardPool
 
 if TYPE_CHECKING:
@@ -75,197 +62,6 @@ ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a 
 # At a stop, how long an episode waiting on a tool call or a reward may finish it before it
 # is cancelled (it keeps the turns it had; the call runs again after the resume).
 PARK_GRACE_S = 5.0
-
-
-def _prepare_env() -> None:
-    # vLLM compiles a helper on the first log-probs batch (2-20 s stall on CPU); the eager
-    # path gives the same values. No hub access here.
-    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-
-class VLLMEngine:
-    def __init__(self, model_path: str, cfg: Config, *, seed: int = 0, rank: int = 0) -> None:
-        _prepare_env()
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        from runtime.workloads.agents.registry import NEEDS_STOP_STRINGS
-
-        e = cfg.engine
-        self.temperature = cfg.algorithm.temperature
-        # Token ids in, token ids out; only stop strings (tool calls) need the tokenizer.
-        self.detokenize = cfg.workload.kind in NEEDS_STOP_STRINGS
-        kwargs: dict[str, Any] = {
-            "model": model_path,
-            "dtype": cfg.model.dtype,
-            "enforce_eager": e.enforce_eager,
-            "skip_tokenizer_init": not self.detokenize,
-            "max_model_len": cfg.model.max_seq_len,
-            "max_num_seqs": e.max_num_seqs,
-            "seed": seed,
-            "worker_extension_cls": "runtime.engines.vllm.worker_ext.ReflowWorkerExtension",
-            "tensor_parallel_size": cfg.resources.rollout_gpus_per_replica,
-        }
-        if e.kv_cache_memory_bytes:
-            kwargs["kv_cache_memory_bytes"] = e.kv_cache_memory_bytes
-        if e.gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = e.gpu_memory_utilization
-        if self.temperature != 1.0:
-            kwargs["logprobs_mode"] = "processed_logprobs"
-        # Sleep mode exists on CUDA only (engine creation fails with it on the CPU build),
-        # and so does the NCCL weight transfer.
-        self.can_sleep = cfg.resources.device == "cuda"
-        if self.can_sleep:
-            kwargs["enable_sleep_mode"] = True
-            kwargs["weight_transfer_config"] = {"backend": "nccl"}
-        self._args = AsyncEngineArgs(**kwargs)
-        # on CUDA the engine's workers take the GPUs of this replica's ranks
-        self.devices = (
-            replica_devices(
-                rank,
-                cfg.resources.rollout_gpus_per_replica,
-                cfg.resources.gpus_per_node,
-                os.environ,
-            )
-            if cfg.resources.device == "cuda"
-            else None
-        )
-        self.stats = EngineStats()  # filled by vLLM's stat logging, once per engine step
-        self.engine: Any = None
-        self.version = 0
-        self.sleep_level = 0  # 0 awake; 1 or 2 as slept (on CPU: the state only)
-        self.weights_valid = True  # False after a level-2 sleep dropped them
-        self.transfer_epoch: int | None = None  # layout epoch of the NCCL group joined
-
-    async def start(self, version: int = 0) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        with visible_devices(self.devices):  # the engine's processes inherit it
-            self.engine = AsyncLLM.from_engine_args(
-                self._args, stat_loggers=[vllm_stat_logger(self.stats)]
-            )
-        await self.engine.update_weight_version(str(version))
-        self.version = version
-
-    async def generate(
-        self, request_id: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False
-    ) -> tuple[list[int], list[float], list[tuple[int, int, int]], str]:
-        """Token ids, their log-probs, version spans ``(version, first, end)``, finish reason."""
-        g = await self.generate_turn(request_id, prompt_ids, max_tokens, None, ignore_eos)
-        return g.tokens, g.logprobs, g.spans, g.finish
-
-    async def generate_turn(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        max_tokens: int,
-        stop: list[str] | None = None,
-        ignore_eos: bool = False,
-    ) -> Generation:
-        """One generation (the agents' engine interface); ``stop`` strings end it, kept in
-        the output."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            logprobs=0,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=bool(stop) and self.detokenize,
-            stop=stop if self.detokenize else None,
-            include_stop_str_in_output=True,
-            ignore_eos=ignore_eos,
-        )
-        final = None
-        async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids), params, request_id=request_id
-        ):
-            final = out
-        assert final is not None
-        c = final.outputs[0]
-        tokens = list(c.token_ids)
-        logprobs = [d[t].logprob for d, t in zip(c.logprobs or [], tokens, strict=True)]
-        spans = [(int(w.version), w.start, w.end) for w in (c.weight_versions or [])]
-        if not spans or spans[-1][2] != len(tokens):
-            spans = [(self.version, 0, len(tokens))]
-        return Generation(tokens, logprobs, spans, c.finish_reason or "stop", c.stop_reason)
-
-    async def update_weights(self, weights_dir: str, version: int) -> float:
-        """Partial rollout: requests in flight are held, then resumed under new weights."""
-        start = time.perf_counter()
-        await self.engine.pause_generation(mode="keep", clear_cache=True)
-        try:
-            await self.engine.collective_rpc("reflow_reload_weights", args=(weights_dir,))
-            await self.engine.update_weight_version(str(version))
-            self.version, self.weights_valid = version, True
-        finally:
-            await self.engine.resume_generation()
-        return time.perf_counter() - start
-
-    async def update_weights_nccl(
-        self, header: WeightsHeader, timeout_s: float
-    ) -> tuple[float, float]:
-        """Partial rollout over NCCL: pause keep -> every bucket received and loaded ->
-        version -> resume. Returns (seconds paused, of which finishing the load)."""
-        start = time.perf_counter()
-        await self.engine.pause_generation(mode="keep", clear_cache=True)
-        try:
-            finish_s = await weight_transfer.receive_and_load(self.engine, header, timeout_s)
-            await self.engine.update_weight_version(str(header.version))
-            self.version, self.weights_valid = header.version, True
-        finally:
-            await self.engine.resume_generation()
-        return time.perf_counter() - start, finish_s
-
-    async def join_transfer_group(
-        self, header: WeightsHeader, rank: int, epoch: int, timeout_s: float
-    ) -> None:
-        """This engine's workers into the NCCL group a header announces (once per layout
-        epoch; an older group is released first)."""
-        info = weight_transfer.worker_init_info(header, rank)
-        await self.leave_transfer_group(timeout_s)
-        await weight_transfer.join_group(self.engine, info, timeout_s)
-        self.transfer_epoch = epoch
-
-    async def leave_transfer_group(self, timeout_s: float) -> None:
-        if self.transfer_epoch is not None:
-            self.transfer_epoch = None
-            await weight_transfer.leave_group(self.engine, timeout_s)
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.engine.abort(request_ids)
-
-    async def sleep(self, level: int) -> None:
-        """Free the KV cache; level 1 offloads the weights to host memory, level 2 drops
-        them. On CPU (no sleep mode) only the state moves."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level {level}: vLLM sleeps at level 1 or 2")
-        if self.sleep_level:
-            return  # asleep already
-        if self.can_sleep:
-            await self.engine.sleep(level=level)
-            if level == 2:
-                self.weights_valid = False  # garbage after wake-up until a reload
-        self.sleep_level = level
-
-    async def wake_up(self) -> None:
-        """KV cache (and, after level 2, weight memory) allocated again."""
-        if not self.sleep_level:
-            return
-        if self.can_sleep:
-            await self.engine.wake_up()
-        self.sleep_level = 0
-
-    def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-            # Collect it now: AsyncLLM.__del__ at interpreter exit prints a spurious
-            # TypeError once the modules it needs are torn down.
-            self.engine = None
-            gc.collect()
 
 
 class VLLMRolloutSide(RolloutSide[Future]):
