@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 # How long the checkpoint before a stop waits for the rollout drivers' partial rollouts
-# (runtime/control/lifecycle.py): an abort and a few seconds' grace for tool calls.
-PARK_TIMEOUT_S = 60.0
+# (runtime/control/lifecycle.py): an abort and a few seconds' grace for tool calls; well
+# inside ``reflow stop --grace`` (60 s), which ends a job that has not left by then.
+PARK_TIMEOUT_S = 20.0
 
 # (step, policy_version, coordinator state) -> where it was saved; raises on failure
 SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]

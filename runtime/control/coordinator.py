@@ -162,20 +162,29 @@ class Coordinator(Run):
             out += self._time_out_work(now)
         if self.batch_retry:
             out += training.retry_batches(self)
-        if self.ckpt.pending is not None:
+        if self.ckpt.pending is not None and "trainer" in self.ckpt.pending:
+            # the trainer's half is in (ok or not): only the drivers' partials are awaited,
+            # bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
+            out += self._wait_for_parked(now)
+        elif self.ckpt.pending is not None:
             if self.members.leader() is None:
                 out += lifecycle.end_checkpoint(self, False, "the trainer leader is gone")
             elif self.ckpt.overdue(now, ctl.checkpoint_timeout_s):
                 out += lifecycle.end_checkpoint(
                     self, False, f"no answer within {ctl.checkpoint_timeout_s:.0f} s"
                 )
-            else:  # a stop's checkpoint waits for the rollout drivers' partials, bounded
-                parking = self.ckpt.pending.get("parking") or set()
-                parking -= {w.rank for w in self.members if w.gone}  # lost: it never will
-                out += lifecycle.end_when_parked(self, give_up=lifecycle.parking_overdue(self, now))
+            else:
+                out += self._wait_for_parked(now)
         out += colocation.advance(self)
         self.check_ended()
         return out
+
+    def _wait_for_parked(self, now: float) -> list[Outgoing]:
+        """A stop's checkpoint waits for the rollout drivers' partials, bounded."""
+        assert self.ckpt.pending is not None
+        parking = self.ckpt.pending.get("parking") or set()
+        parking -= {w.rank for w in self.members if w.gone}  # lost: it never will
+        return lifecycle.end_when_parked(self, give_up=lifecycle.parking_overdue(self, now))
 
     def _time_out_work(self, now: float) -> list[Outgoing]:
         """Requests out for longer than ``control.request_timeout_s`` go back to the queue

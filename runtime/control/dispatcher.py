@@ -190,7 +190,16 @@ class Dispatcher:
             return False
         del self.outstanding[sample_id]
         self._at_worker[worker] -= 1
-        self.pending.appendleft(entry[0])
+        r = entry[0]
+        if r.resume is not None and reason.startswith("invalid:"):
+            # A sample refused after continuing a partial may be refused for the partial
+            # (a recipe changed on resume): from the prompt, or it comes back forever.
+            r = Request(
+                r.sample_id, r.group_id, r.prompt_id, r.prompt, r.dispatched_at,
+                r.admitted_version,
+            )  # fmt: skip
+            self.partials["dropped_after_refusal"] += 1
+        self.pending.appendleft(r)
         self.transitions["running->pending"] += 1
         self.requeue_reasons[reason] += 1
         return True

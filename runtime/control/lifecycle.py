@@ -115,6 +115,9 @@ def partial_problem(c: Run, request: Request, partial: PartialRollout) -> str | 
         n_valid=sum(partial.loss_mask),
         reward=0.0,
     )
+    longest = max(t.end - t.start for t in partial.turns)
+    if longest > c.cfg.workload.max_response_tokens:  # a turn's budget (agents/base.py)
+        return "turn_too_long"
     return sample_problem(stand_in, request, policy_version=c.policy_version, bounds=c.bounds)
 
 

@@ -85,7 +85,7 @@ class SyntheticRollout(RolloutSide[_Generation]):
         records a span per version (partial rollout)."""
         if isinstance(msg, (p.Work, p.HeartbeatAck)) and msg.policy_version > self.version:
             for g in self.loop.running.values():
-                done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
+                done = min(g.n_tokens - _head(g), int((now - g.started) / self.token_time_s))
                 g.spans.sync(msg.policy_version, done)
             self.version = msg.policy_version
 
@@ -100,9 +100,8 @@ class SyntheticRollout(RolloutSide[_Generation]):
         now = time.monotonic()
         out: dict[int, PartialRollout] = {}
         for sid, g in self.loop.drop().items():
-            prefix = g.request.resume
-            done = min(g.n_tokens, int((now - g.started) / self.token_time_s))
-            head = len(prefix) if prefix is not None else 0
+            prefix, head = g.request.resume, _head(g)
+            done = min(g.n_tokens - head, int((now - g.started) / self.token_time_s))
             if head + done == 0:
                 continue
             tokens = [self.rng.randrange(VOCAB) for _ in range(done)]
@@ -302,3 +301,8 @@ def synthetic_trainer(
     cfg: Config, rank: int, paths: object, collective: object = None
 ) -> SyntheticTrainer:
     return SyntheticTrainer(cfg, rank)
+
+
+def _head(g: _Generation) -> int:
+    """Tokens of a generation generated before a stop (continued, not redone)."""
+    return len(g.request.resume) if g.request.resume is not None else 0

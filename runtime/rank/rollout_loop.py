@@ -195,8 +195,8 @@ class RolloutSide(LinkedSide, Generic[H]):
             # The run stops after a checkpoint: what is in flight goes into it. Finished
             # samples go first (one connection keeps the order), then the partials.
             self.parked = True
+            self.reap(now)  # what has finished is a sample, not a partial
             partials = self.park()
-            self.reap(now)
             self.loop.flush()
             self.loop.send(wire.parked_message(self.rank, partials))
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn
 from runtime.transport import protocol as p
-from runtime.transport.sample_shape import PartialEntry
+from runtime.transport.sample_shape import PartialEntry, turns_mask
 
 _LITTLE = sys.byteorder == "little"
 
@@ -79,7 +79,6 @@ def partial_entry(sample_id: int, r: PartialRollout) -> PartialEntry:
     return {
         "sample_id": sample_id,
         "versions": [list(v) for v in r.versions],
-        "loss_mask": _ints(r.loss_mask),
         "turns": [
             {"start": t.start, "end": t.end, "finish": t.finish, "stop": t.stop} for t in r.turns
         ],
@@ -91,12 +90,14 @@ def partial_frames(r: PartialRollout) -> list[bytes]:
 
 
 def partial(e: PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
+    ids = unpack(tokens, "i")
+    turns = [Turn(t["start"], t["end"], t["finish"], t["stop"]) for t in e["turns"]]
     return PartialRollout(
-        token_ids=unpack(tokens, "i"),
+        token_ids=ids,
         logprobs=unpack(logprobs, "f"),
-        loss_mask=list(e["loss_mask"]),
+        loss_mask=turns_mask([(t.start, t.end) for t in turns], len(ids)),
         versions=[(v[0], v[1], v[2]) for v in e["versions"]],
-        turns=[Turn(t["start"], t["end"], t["finish"], t["stop"]) for t in e["turns"]],
+        turns=turns,
     )
 
 

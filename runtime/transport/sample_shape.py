@@ -54,32 +54,44 @@ class PartialTurn(TypedDict):
 
 class PartialEntry(TypedDict):
     """One partial rollout (runtime.data.sample.PartialRollout) of a :class:`Parked` or a
-    ``Work`` request: its fields; its token ids and log-probs are two frames. A map with
-    exactly these keys."""
+    ``Work`` request: its fields; its token ids and log-probs are two frames. Its loss mask
+    is not sent: it is 1 on the model turns' tokens and 0 elsewhere. A map with exactly
+    these keys."""
 
     sample_id: int
     versions: list[list[int]]
-    loss_mask: list[int]
     turns: list[PartialTurn]
 
 
+PARTIAL_KEYS = frozenset(PartialEntry.__annotations__)
+
+
+def turns_mask(turns: list[tuple[int, int]], n: int) -> list[int]:
+    """The loss mask of ``n`` response tokens whose model turns are ``(start, end)``."""
+    mask = [0] * n
+    for start, end in turns:
+        mask[start:end] = [1] * (end - start)
+    return mask
+
+
 def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
-    """What a partial rollout must satisfy: a sample's shape (tokens, log-probs, spans, a
-    0/1 mask), and model turns in order that cover exactly the masked tokens, only the last
-    one cut off. Decoded by the envelope, or (inside ``Work``) checked for types here."""
-    _require(isinstance(e, dict) and isinstance(e.get("sample_id"), int), "bad partial entry")
-    mask, turns = e.get("loss_mask"), e.get("turns")
-    _require(isinstance(mask, list) and isinstance(turns, list), "bad partial entry")
+    """What a partial rollout must satisfy: model turns in order inside its tokens, only
+    the last one cut off, and a sample's shape (tokens, log-probs, spans) with the turns'
+    loss mask. Decoded by the envelope, or (inside ``Work``) checked for types here."""
     _require(
-        isinstance(e.get("versions"), list)
+        isinstance(e, dict) and set(e) == PARTIAL_KEYS and type(e["sample_id"]) is int,
+        "bad partial entry",
+    )
+    turns = e["turns"]
+    _require(isinstance(turns, list), "bad partial entry")
+    _require(
+        isinstance(e["versions"], list)
         and all(isinstance(v, list) and all(type(x) is int for x in v) for v in e["versions"]),
         "bad partial spans",
     )
-    _require(all(type(m) is int for m in mask), "loss_mask values")
-    check_sample(tokens, logprobs, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)
-    n = len(mask)
+    _require(len(tokens) % 4 == 0, "frame sizes differ")
+    n = len(tokens) // 4
     _require(0 < len(turns) <= 4096, "no model turns, or too many")
-    covered = [0] * n
     end = 0
     for i, t in enumerate(turns):
         _require(
@@ -94,6 +106,6 @@ def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
         _require(end <= t["start"] < t["end"] <= n, "turns out of order or outside the tokens")
         _require(t["finish"] != "abort" or i == len(turns) - 1, "only the last turn is cut off")
         _require(t["stop"] is None or len(t["stop"]) <= MAX_STOP_STRING, "stop string too long")
-        covered[t["start"] : t["end"]] = [1] * (t["end"] - t["start"])
         end = t["end"]
-    _require(covered == mask, "the turns are not the model's tokens")
+    mask = turns_mask([(t["start"], t["end"]) for t in turns], n)
+    check_sample(tokens, logprobs, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)

@@ -44,7 +44,6 @@ def parked_frames(entry: dict, n: int = 4) -> list[bytes]:
 GOOD = {
     "sample_id": 3,
     "versions": [[0, 0, 4]],
-    "loss_mask": [1, 1, 0, 1],
     "turns": [
         {"start": 0, "end": 2, "finish": "stop", "stop": "</code>"},
         {"start": 3, "end": 4, "finish": "abort", "stop": None},
@@ -56,12 +55,13 @@ def test_a_partial_with_turns_over_the_model_tokens_is_accepted():
     msg = p.decode(parked_frames(GOOD))
     (got,) = wire.parked(msg).values()
     assert got.turns == [Turn(0, 2, "stop", "</code>"), Turn(3, 4, "abort", None)]
+    assert got.loss_mask == [1, 1, 0, 1]  # the turns' tokens: the mask is not sent
 
 
 @pytest.mark.parametrize(
     "over, reason",
     [
-        ({"loss_mask": [1, 1, 1, 1]}, "not the model's tokens"),  # a masked token in no turn
+        ({"loss_mask": [1, 1, 1, 1]}, "wrong type"),  # a field nobody reads
         (
             {
                 "turns": [
@@ -95,12 +95,21 @@ def test_a_partial_with_turns_over_the_model_tokens_is_accepted():
         ),
         ({"turns": []}, "no model turns"),
         ({"versions": [[0, 0, 3]]}, "spans do not cover"),
-        ({"loss_mask": [1, 0, 0, 2]}, "loss_mask values"),
     ],
 )
 def test_a_partial_that_cannot_be_a_generation_is_refused(over, reason):
     with pytest.raises(p.ProtocolError, match=reason):
         p.decode(parked_frames({**GOOD, **over}))
+
+
+def test_long_partials_of_many_requests_fit_one_report_and_one_work():
+    # 300 requests cut off 4,000 tokens in: a per-token mask in the header was 1.2 MB,
+    # over the 1 MiB limit, and the whole report (or the resumed Work) was refused.
+    long = {sid: partial(4000) for sid in range(300)}
+    got = wire.parked(p.decode(p.encode(wire.parked_message(2, long))))
+    assert len(got) == 300 and got[7].loss_mask == [1] * 4000
+    work = wire.work_message([Request(s, 0, 0, {}, resume=r) for s, r in long.items()], 0)
+    assert len(wire.requests(p.decode(p.encode(work)))) == 300
 
 
 def test_a_partial_in_work_must_be_its_requests_and_have_its_frames():
@@ -214,6 +223,41 @@ def test_a_driver_that_never_reports_holds_the_stop_for_a_bounded_time():
     assert all(d.get("resume") is None for d in saves.calls[0][2]["data"]["dispatcher"]["pending"])
 
 
+def test_a_saved_trainer_half_is_not_timed_out_while_the_drivers_report():
+    clock = Clock()
+    c, saves, out_at_2 = stopping_coordinator(clock)
+    object.__setattr__(c.cfg.control, "checkpoint_timeout_s", 1.0)  # under PARK_TIMEOUT_S
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
+    c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    clock.t += PARK_TIMEOUT_S / 2  # past the checkpoint timeout, the trainer's half saved
+    for w in c.workers.values():
+        w.last_seen = clock.t
+    c.tick()
+    assert saves.calls == [] and c.checkpoints == []  # not recorded failed
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(5)}))
+    assert len(saves.calls) == 1 and c.checkpoints[-1]["ok"]
+
+
+def test_a_partial_with_a_turn_over_the_turn_budget_is_refused():
+    c, _, out_at_2 = stopping_coordinator(Clock())
+    n = c.cfg.workload.max_response_tokens + 1
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(n)}))
+    assert c.data.dispatcher.partials["refused_turn_too_long"] == 1
+
+
+def test_a_refused_sample_of_a_continued_request_starts_again_from_the_prompt():
+    d = Dispatcher(
+        prompts=iter(()), group_size=1, B_max=4, delta=1, batch_size=1, clock=lambda: 0.0
+    )
+    for sid, why in ((0, "invalid:token_out_of_vocab"), (1, "undelivered")):
+        d.outstanding[sid] = (Request(sid, 0, 0, {"prompt_ids": [1]}, 0.0, 0, partial(3)), 2)
+        d._at_worker[2] += 1
+        assert d.requeue(sid, 2, why)
+    refused, lost_on_the_way = d.pending[1], d.pending[0]
+    assert refused.resume is None and d.partials["dropped_after_refusal"] == 1
+    assert lost_on_the_way.resume is not None  # still continued when handed out again
+
+
 def test_an_unasked_report_is_refused():
     clock = Clock()
     c = coordinator(clock, Saves(), checkpoint_every=0)
@@ -296,6 +340,27 @@ def test_where_the_environment_answers_otherwise_the_rest_is_generated_anew():
     assert ep.info["resumed_tokens"] == 3 and ep.info["resume_diverged_at"] == 4
 
 
+def test_a_replayed_turn_over_the_turn_budget_is_generated_anew():
+    engine = Engine([[41, 42]])
+    env = env_with(engine, max_response_tokens=2)  # turn one of CUT has 3 tokens
+    env.resume("s1", CUT)
+    g = asyncio.run(env.generate(env.episode("s1", PROMPT), "s1-t0"))
+    assert g.tokens == [41, 42] and engine.calls == [([100, 101], 2)]
+    assert env.episodes["s1"].info["resume_diverged_at"] == 0
+
+
+def test_a_stop_during_the_replay_keeps_the_whole_partial():
+    env = env_with(Engine([]))
+    env.resume("s1", CUT)
+    ep = env.episode("s1", PROMPT)
+    first = asyncio.run(env.generate(ep, "s1-t0"))
+    ep.add_model(first)
+    ep.add_env([7, 7])
+    env.parking = True  # the stop lands before the cut turn is replayed
+    assert asyncio.run(env.generate(ep, "s1-t1")).finish == "abort"
+    assert ep.partial() == CUT  # its cut turn's tokens too
+
+
 def test_a_cut_episode_gives_back_its_turns_and_the_cut_off_tokens():
     class Cutting(Engine):
         async def generate_turn(self, request_id, prompt_ids, max_tokens, stop):
@@ -363,3 +428,32 @@ def test_the_synthetic_engine_reports_partials_and_continues_them(monkeypatch):
     assert all(
         math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s.logprobs[:20], cut.logprobs, strict=True)
     )
+
+
+def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
+    cfg = build_config(
+        {
+            "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
+            "engine": {"rollout": "synthetic", "trainer": "synthetic", "synthetic_token_s": 0.01},
+            "data": {"train": "embedded:synthetic"},
+        }
+    )
+    now = [1000.0]
+    monkeypatch.setattr("runtime.engines.synthetic.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("runtime.rank.rollout_loop.time.monotonic", lambda: now[0])
+    side = SyntheticRollout(cfg, 1)
+    sent: list[p.Message] = []
+    side.attach(sent.append, 1)
+    head = partial(20, version=0)
+    side.on_message(wire.work_message([Request(4, 1, 1, {}), Request(6, 1, 1, {}, resume=head)], 0))
+    finished, resumed = side.loop.running[4], side.loop.running[6]
+    resumed.n_tokens = 50  # 20 before the stop, 30 to go
+    resumed.done_at = resumed.started + 30 * side.token_time_s
+    now[0] = resumed.started + 0.255  # 6 is 25 tokens further
+    finished.done_at = now[0] - 0.001  # 4 is done, not yet reaped
+    side.on_message(p.Park(step=3))
+    samples = [m.sample_id for m in sent if isinstance(m, p.SampleDone)]
+    (report,) = [m for m in sent if isinstance(m, p.Parked)]
+    parked = wire.parked(p.decode(p.encode(report)))
+    assert samples == [4] and set(parked) == {6}  # a finished one is a sample, not a partial
+    assert len(parked[6]) == 20 + 25 and parked[6].token_ids[:20] == head.token_ids

@@ -96,7 +96,6 @@ EXAMPLES = [
             {
                 "sample_id": 5,
                 "versions": [[0, 0, 3]],
-                "loss_mask": [1, 0, 1],
                 "turns": [
                     {"start": 0, "end": 1, "finish": "stop", "stop": "</code>"},
                     {"start": 2, "end": 3, "finish": "abort", "stop": None},

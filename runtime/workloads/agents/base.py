@@ -156,11 +156,11 @@ class AgentEnv:
         max_tokens = min(self.cfg.workload.max_response_tokens, room)
         if max_tokens < 1:
             return None
-        prefix = _replayed(episode)
+        if self.parking:  # before the replay, which would let go of the partial's turn
+            return Generation([], [], [], "abort")
+        prefix = _replayed(episode, max_tokens)
         if prefix is not None and prefix.finish != "abort":
             return prefix  # a whole turn generated before the stop, on this same context
-        if self.parking:
-            return Generation([], [], [], "abort")
         done = len(prefix.tokens) if prefix is not None else 0
         if done >= max_tokens:  # the cut turn had used its budget: it ends here
             assert prefix is not None
@@ -192,15 +192,17 @@ class Agent(Protocol):
         ...
 
 
-def _replayed(ep: Episode) -> Generation | None:
+def _replayed(ep: Episode, max_tokens: int) -> Generation | None:
     """The turn of a resumed episode's partial that starts where the episode is now, if
-    the episode's tokens so far are the partial's; else the replay ends here (None)."""
+    the episode's tokens so far are the partial's and the turn fits this turn's budget
+    (``max_tokens``); else the replay ends here (None)."""
     rec = ep.replay
     if rec is None:
         return None
     n = len(ep.token_ids)
     turn = next((t for t in rec.turns if t.start == n), None)
-    if turn is None or rec.token_ids[:n] != ep.token_ids:
+    fits = turn is not None and turn.end - turn.start <= max_tokens
+    if not fits or rec.token_ids[:n] != ep.token_ids:
         if n < len(rec):  # the environment answered otherwise: the rest is not valid here
             ep.info["resume_diverged_at"] = n
         ep.replay = None
