@@ -147,6 +147,48 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
     assert again.info["resumed_tokens"] == k
 
 
+def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
+    """``VLLMRolloutSide`` at a stop (``Park``): the request in flight is aborted on the
+    engine, its episode's tokens so far come back in ``Parked`` (a partial the wire and
+    rank 0 accept), and nothing starts afterwards."""
+    import time
+
+    from runtime.data.sample import Request, Turn
+    from runtime.engines.vllm.rollout import VLLMRolloutSide
+    from runtime.rank.rollout_loop import RolloutSide
+    from runtime.transport import frames as wire
+    from runtime.transport import protocol as p
+    from runtime.workloads.agents.base import AgentEnv
+    from runtime.workloads.agents.single_turn import ArithAgent
+
+    eng, _run, loop = engine
+
+    class LongTurns:  # no early EOS, so that the stop lands inside the turn
+        async def generate_turn(self, request_id, prompt_ids, max_tokens, stop):
+            return await eng.generate_turn(request_id, prompt_ids, max_tokens, stop, True)
+
+    cfg = build_config({"model": {"max_seq_len": 512}, "workload": {"max_response_tokens": 400}})
+    side = VLLMRolloutSide.__new__(VLLMRolloutSide)  # on the module's warm engine
+    RolloutSide.__init__(side, cfg, 2)
+    side.cfg, side._loop, side.engine, side._updating = cfg, loop, eng, None
+    side.agent, side.env = ArithAgent(), AgentEnv(cfg, None, LongTurns(), None, None)
+    sent: list[p.Message] = []
+    side.attach(sent.append, 2)
+    prompt = {"prompt_ids": PROMPT, "answer": 3}
+    side.on_message(wire.work_message([Request(7, 1, 1, prompt)], 0))
+    deadline = time.monotonic() + 60
+    while not side.env.generating and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # some tokens in
+    side.on_message(p.Park(step=1))
+    (report,) = [m for m in sent if isinstance(m, p.Parked)]
+    (cut,) = wire.parked(p.decode(p.encode(report))).values()
+    assert 0 < len(cut) < 400 and cut.turns == [Turn(0, len(cut), "abort", None)]
+    assert cut.versions == [(eng.version, 0, len(cut))] and not side.env.episodes
+    side.on_message(wire.work_message([Request(8, 1, 1, prompt)], 0))
+    assert side.loop.running == {}  # parked: nothing starts again
+
+
 def test_sleep_levels_on_cpu_are_a_state_and_the_engine_generates_after_waking(engine):
     """The CPU build has no sleep mode: the role-switch state machine still runs (level,
     weights kept), the device work is skipped."""

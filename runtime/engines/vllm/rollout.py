@@ -188,7 +188,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
             await asyncio.wait(waiting, timeout=PARK_GRACE_S)
         for f in running.values():
             f.cancel()
-        await asyncio.sleep(0)  # the cancelled tasks unwind
+        # the cancellations reach the tasks; they unwind later, and what they had
+        # generated is in env.episodes already
+        await asyncio.sleep(0)
         out: dict[int, PartialRollout] = {}
         for sid, f in running.items():
             rid = f"s{sid}"
