@@ -172,10 +172,11 @@ def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
     parked = pending is not None and "parking" in pending
     then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
     if parked:  # what the checkpoint kept of the requests in flight
-        d = c.data.dispatcher
+        d = c.data.dispatcher  # out at a rank, or back in the queue (its rank was lost)
+        kept = [r.resume for r in [*(r for r, _ in d.outstanding.values()), *d.pending]]
         c.ckpt.records[-1]["partial_rollouts"] = {
-            "requests": sum(1 for r, _ in d.outstanding.values() if r.resume is not None),
-            "tokens": sum(len(r.resume) for r, _ in d.outstanding.values() if r.resume),
+            "requests": sum(1 for x in kept if x is not None),
+            "tokens": sum(len(x) for x in kept if x is not None),
         }
     if then_stop is not None:
         return stop_now(c, then_stop)

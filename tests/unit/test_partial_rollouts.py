@@ -202,6 +202,22 @@ def test_tokens_are_continued_only_with_the_versions_that_generated_them():
         assert d.partials["regenerated_tokens"] == 4 - continued
 
 
+def test_a_partial_of_a_rank_lost_after_its_report_is_kept_and_counted():
+    from runtime.transport.states import WorkerState
+
+    c, saves, out_at_2 = stopping_coordinator(Clock())
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(5)}))
+    lost = c.workers[2]
+    lost.state = WorkerState.DEAD
+    c.lose_rank(lost, "killed")  # its requests go back to the queue, the partial with them
+    c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    assert c.checkpoints[-1]["partial_rollouts"] == {"requests": 1, "tokens": 5}
+    ((_, _, state),) = saves.calls
+    pending = state["data"]["dispatcher"]["pending"]
+    assert [d["sample_id"] for d in pending if d.get("resume")] == [out_at_2[0]]
+
+
 def test_a_driver_that_never_reports_holds_the_stop_for_a_bounded_time():
     clock = Clock()
     c, saves, _ = stopping_coordinator(clock)
