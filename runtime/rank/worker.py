@@ -232,7 +232,7 @@ class HybridWorker:
             return None
         frames = self._sock.recv_multipart()
         try:
-            return p.decode(frames)
+            return p.decode(frames, max_header_bytes=p.MAX_HEADER_BYTES_FROM_COORDINATOR)
         except p.ProtocolError as exc:
             log.warning("dropping an invalid message from the coordinator: %s", exc)
             return None

@@ -28,6 +28,11 @@ PROTOCOL_VERSION = 10  # 3: samples carry their fields explicitly; 4: heartbeats
 # (Park, Parked) and in Work
 MAX_FRAMES = 2 * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
+# What a rank takes from rank 0 (authenticated, the one peer it has): a batch's header
+# carries each sample's prompt ids and loss mask, over 2 MB for 256 samples of a 1,024-token
+# prompt and a multi-turn 4,096-token response, which the 1 MiB limit refused (the trainer
+# dropped the batch and asked for it again until the step timeout).
+MAX_HEADER_BYTES_FROM_COORDINATOR = 256 << 20
 # Containers (maps + arrays) one header may hold. An empty msgpack array is one byte and a
 # Python list ~56: without a budget a 1 MB header of empty arrays costs ~63 MiB to decode.
 MAX_CONTAINERS = 1 << 16
@@ -98,10 +103,15 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} in the header")
 
 
-def decode(frames: list[bytes], *, max_containers: int = MAX_CONTAINERS) -> Message:
+def decode(
+    frames: list[bytes],
+    *,
+    max_containers: int = MAX_CONTAINERS,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+) -> Message:
     _require(1 <= len(frames) <= MAX_FRAMES, f"{len(frames)} frames")
     head = frames[0]
-    _require(len(head) <= MAX_HEADER_BYTES, "header too large")
+    _require(len(head) <= max_header_bytes, "header too large")
     budget = _Budget(max_containers)
     try:
         header = msgpack.unpackb(

@@ -29,6 +29,7 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     MAX_DEPTH,
     MAX_FRAMES,
     MAX_HEADER_BYTES,
+    MAX_HEADER_BYTES_FROM_COORDINATOR,
     MAX_IDS,
     PROTOCOL_VERSION,
     Message,

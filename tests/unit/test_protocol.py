@@ -473,3 +473,51 @@ def test_a_work_request_with_impossible_counts_is_refused(slots, in_tools, reaso
     # and the count of episodes in tools is part of the message: one without it is refused
     with pytest.raises(p.ProtocolError, match="fields"):
         p.decode([header(**head, slots=4)])
+
+
+def test_a_rank_takes_a_large_batch_from_rank_0_and_rank_0_keeps_its_limit():
+    """A batch of 256 samples with 1,024-token prompts and multi-turn masks has a header of
+    over 2 MB (prompt ids and masks ride in it): the 1 MiB limit made the trainer drop it
+    and ask again until the step timeout. Ranks take it from rank 0; what rank 0 takes
+    from the ranks stays bounded."""
+    from runtime.data.sample import Batch, Sample
+    from runtime.rank.worker import HybridWorker
+    from runtime.transport import frames as wire
+
+    n, prompt, response = 256, 1024, 4096
+    mask = [1] * (response // 2) + [0] * (response // 2)
+    samples = [
+        Sample(
+            sample_id=i,
+            group_id=i // 8,
+            prompt_id=i // 8,
+            versions=[(0, 0, response)],
+            prompt_token_ids=[100_000 + j for j in range(prompt)],
+            token_ids=[7] * response,
+            logprobs=[-1.0] * response,
+            loss_mask=mask,
+            n_valid=response // 2,
+            reward=0.0,
+        )
+        for i in range(n)
+    ]
+    frames = p.encode(
+        wire.batch_message(
+            Batch(batch_id=3, policy_version=0, samples=samples, n_unused=n, n_replay=0)
+        )
+    )
+    assert len(frames[0]) > 2 * p.MAX_HEADER_BYTES
+    with pytest.raises(p.ProtocolError, match="header too large"):
+        p.decode(frames)  # rank 0's limit on what it receives
+
+    class Socket:
+        def poll(self, timeout_ms):
+            return True
+
+        def recv_multipart(self):
+            return frames
+
+    worker = HybridWorker.__new__(HybridWorker)
+    worker._sock = Socket()
+    got = worker._recv(0)
+    assert isinstance(got, p.Batch) and got.batch_id == 3 and len(got.samples) == n
