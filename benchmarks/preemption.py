@@ -20,59 +20,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+try:  # imported as benchmarks.preemption or run as a script (benchmarks/ on path)
+    from benchmarks.modes import cli, launch_args
+except ModuleNotFoundError:
+    from modes import cli, launch_args
+
 TERMINAL = ("COMPLETED", "FAILED", "STOPPED")
 WAIT_S = 1800  # a bound on each phase: the demo's first start builds and caches its model
 
 
-def reflow(env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "reflow_cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env,
-    )
+def reflow(runs: Path, *args: str) -> str:
+    done = cli(*args, runs=runs, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"reflow {' '.join(args)} exited {done.returncode}: {done.stderr}")
     return done.stdout
 
 
-def wait_for(env: dict[str, str], run: str, done, what: str) -> dict[str, Any]:
+def wait_for(runs: Path, run: str, done, what: str) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while True:
-        s = json.loads(reflow(env, "status", run, "--json"))
+        s = json.loads(reflow(runs, "status", run, "--json"))
         if done(s):
             return s
         if time.monotonic() > deadline:
             raise SystemExit(f"gave up after {WAIT_S} s waiting for {what}; state {s['state']}")
         time.sleep(1.0)
-
-
-def wait_gone(pids: list[int]) -> None:
-    """The stopped run's processes have left (a resume is refused while its job is alive)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"gave up after {WAIT_S} s waiting for ranks {alive} to leave")
 
 
 def main() -> None:
@@ -83,21 +60,18 @@ def main() -> None:
     args = ap.parse_args()
 
     runs = Path(tempfile.mkdtemp(prefix="reflow-preemption-"))
-    env = {**os.environ, "REFLOW_RUNS_DIR": str(runs), "COLUMNS": "200"}
-    reflow(env, "launch", "recipes/demo.yaml", "--local")
+    reflow(runs, *launch_args("preemption", [], wait=False))
     (run_dir,) = runs.iterdir()
     run = run_dir.name
-    s = wait_for(
-        env, run, lambda s: s["step"] >= args.stop_at or s["state"] in TERMINAL, "the stop step"
+    wait_for(
+        runs, run, lambda s: s["step"] >= args.stop_at or s["state"] in TERMINAL, "the stop step"
     )
-    reflow(env, "stop", run)
-    job = json.loads((run_dir / "job.json").read_text())  # local: the controller's pid
-    wait_gone([w["pid"] for w in s["workers"]] + [int(job["job_id"])])
+    reflow(runs, "stop", run)  # returns once the job has left: the resume may follow
     summary = json.loads((run_dir / "summary.json").read_text())
     saved = summary["checkpoints"][-1]
     target = saved["step"] + args.more
-    reflow(env, "launch", "--resume", run, "--local", "--set", f"train.steps={target}")
-    final = wait_for(env, run, lambda s: s["state"] in TERMINAL, "the resumed run's end")
+    reflow(runs, "launch", "--resume", run, "--local", "--set", f"train.steps={target}")
+    final = wait_for(runs, run, lambda s: s["state"] in TERMINAL, "the resumed run's end")
 
     partials = final["buffer"]["partial_rollouts"]
     report = {

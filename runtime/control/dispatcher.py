@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from runtime.data.sample import (
@@ -194,10 +195,7 @@ class Dispatcher:
         if r.resume is not None and reason.startswith("invalid:"):
             # A sample refused after continuing a partial may be refused for the partial
             # (a recipe changed on resume): from the prompt, or it comes back forever.
-            r = Request(
-                r.sample_id, r.group_id, r.prompt_id, r.prompt, r.dispatched_at,
-                r.admitted_version,
-            )  # fmt: skip
+            r = replace(r, resume=None)
             self.partials["dropped_after_refusal"] += 1
         self.pending.appendleft(r)
         self.transitions["running->pending"] += 1
@@ -211,19 +209,7 @@ class Dispatcher:
         entry = self.outstanding.get(sample_id)
         if entry is None or entry[1] != worker:
             return False
-        r = entry[0]
-        self.outstanding[sample_id] = (
-            Request(
-                r.sample_id,
-                r.group_id,
-                r.prompt_id,
-                r.prompt,
-                r.dispatched_at,
-                r.admitted_version,
-                partial,
-            ),
-            worker,
-        )
+        self.outstanding[sample_id] = (replace(entry[0], resume=partial), worker)
         self.partials["kept"] += 1
         self.partials["kept_tokens"] += len(partial)
         return True

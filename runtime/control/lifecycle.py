@@ -103,6 +103,9 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
 def partial_problem(c: Run, request: Request, partial: PartialRollout) -> str | None:
     """Why ``partial`` cannot be part of ``request``'s generation (as a finished sample
     would be checked); None if it can."""
+    longest = max(t.end - t.start for t in partial.turns)
+    if longest > c.cfg.workload.max_response_tokens:  # a turn's budget (agents/base.py)
+        return "turn_too_long"
     stand_in = Sample(
         sample_id=request.sample_id,
         group_id=request.group_id,
@@ -115,9 +118,6 @@ def partial_problem(c: Run, request: Request, partial: PartialRollout) -> str | 
         n_valid=sum(partial.loss_mask),
         reward=0.0,
     )
-    longest = max(t.end - t.start for t in partial.turns)
-    if longest > c.cfg.workload.max_response_tokens:  # a turn's budget (agents/base.py)
-        return "turn_too_long"
     return sample_problem(stand_in, request, policy_version=c.policy_version, bounds=c.bounds)
 
 
