@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config.layout import LayoutError, Role
-from runtime.config.schema import BASELINES, needs_collective
+from runtime.config.schema import BASELINES, DATA_PARALLEL_TRAINERS, needs_collective
 from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
@@ -230,29 +230,56 @@ class Coordinator(Run):
             if self.state in (RunState.STARTING, RunState.RUNNING):
                 return self.finish(RunState.FAILED, why)
             return []
-        requeued = self.data.worker_gone(w.rank)
-        self.generation.worker_left(w.rank)
-        self.idle.forget(w.rank)
-        self.lost_ranks.append(
-            {"rank": w.rank, "reason": why, "requeued": requeued, "at_step": self.step}
-        )
-        self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
-        out: list[Outgoing] = [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
+        out = self._drop(w, why)
+        if self.layout.role_of(w.rank) == Role.TRAINER:
+            # its replica group's other ranks hold shards of a replica that is no more:
+            # released from the run with it (the data parallelism is one group narrower)
+            group = self.layout.groups(Role.TRAINER)[self.layout.group_index(w.rank)]
+            for rank in group:
+                partner = self.workers.get(rank)
+                if partner is not None and not partner.gone:
+                    partner.state = WorkerState.EXITED
+                    out += self._drop(
+                        partner, f"released: its trainer replica {list(group)} lost rank {w.rank}"
+                    )
         if needs_collective(self.cfg):
-            self.lost.add(w.rank)  # "gone" in every later epoch's roles
             self.rebalance.regroup_due = True
             if regroup:
                 out += self.regroup_without_lost()
         return out
 
+    def _drop(self, w: WorkerInfo, why: str) -> list[Outgoing]:
+        """``w`` leaves the run: its work back to the queue, listed in ``lost_ranks``,
+        ``"gone"`` in every later epoch's roles (with process groups), told to stop."""
+        requeued = self.data.worker_gone(w.rank)
+        self.generation.worker_left(w.rank)
+        self.idle.forget(w.rank)
+        self.lost_ranks.append(
+            {
+                "rank": w.rank,
+                "role": self.layout.role_of(w.rank).value,
+                "reason": why,
+                "requeued": requeued,
+                "at_step": self.step,
+            }
+        )
+        self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
+        if needs_collective(self.cfg):
+            self.lost.add(w.rank)
+        return [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
+
     def _survivable(self, w: WorkerInfo) -> bool:
         """A dead rank the run can go on without: a rollout rank, the driver of another
         rollout replica still alive, and its replica a single rank when process groups
         bind it (the other ranks of a tensor-parallel replica would be left waiting in
-        their engine's collectives: a restart from the checkpoint is the remedy). Its
-        process groups are rebuilt without it (runtime/rank/collective.py)."""
-        if self.state != RunState.RUNNING or self.layout.role_of(w.rank) != Role.ROLLOUT:
+        their engine's collectives: a restart from the checkpoint is the remedy); or a
+        trainer rank of a data-parallel trainer outside the leader's replica group (see
+        :meth:`_trainer_survivable`). Its process groups are rebuilt without it
+        (runtime/rank/collective.py)."""
+        if self.state != RunState.RUNNING:
             return False
+        if self.layout.role_of(w.rank) == Role.TRAINER:
+            return self._trainer_survivable(w)
         if needs_collective(self.cfg) and self.cfg.resources.rollout_gpus_per_replica > 1:
             return False
         if colocation.is_colocated(self):  # every rank is in the one trainer group
@@ -261,6 +288,17 @@ class Coordinator(Run):
             self.layout.role_of(x.rank) == Role.ROLLOUT and self.members.drives(x.rank)
             for x in self.members.alive()
         )
+
+    def _trainer_survivable(self, w: WorkerInfo) -> bool:
+        """A lost trainer rank outside the leader's replica group, of a data-parallel
+        trainer over process groups: the other replicas carry on without its group (the
+        leader's holds the run's state and reports the steps; with it lost, or a trainer
+        without process groups, the run fails and restarts from its checkpoint)."""
+        if not needs_collective(self.cfg) or self.cfg.engine.trainer not in DATA_PARALLEL_TRAINERS:
+            return False
+        if colocation.is_colocated(self):  # every rank is in the one trainer group
+            return False
+        return self.layout.group_index(w.rank) != 0 and self.members.leader() is not None
 
     def _on_peer_lost(self, identity: bytes, msg: p.PeerLost) -> list[Outgoing]:
         """The leader dropped a receiver from a weight sync: declared lost now (its

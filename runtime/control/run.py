@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.config.layout import Layout, Role, initial_layout, rollout_drivers
+from runtime.config.layout import Layout, Role, initial_layout, ranks_with, rollout_drivers
 from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
 from runtime.control.data_plane import DataPlane
@@ -124,7 +124,7 @@ class Run:
         self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
         self.all_metrics: list[dict[str, Any]] = []
         self.evals: dict[str, float] = {}
-        self.lost_ranks: list[dict[str, Any]] = []  # dead rollout ranks the run survived
+        self.lost_ranks: list[dict[str, Any]] = []  # ranks lost (or released) the run survived
         self.lost: set[int] = set()  # their ranks: "gone" in every later layout
         self.rebalance.lost = self.lost
         self.ledger_violations: list[dict[str, Any]] = []
@@ -232,14 +232,21 @@ class Run:
             return []  # a user's rebalance: applied at the next sync point, as always
         return self.apply_pending_layout()
 
+    def trainer_ranks(self) -> list[int]:
+        """The trainer ranks of the current epoch: the layout's, less those lost."""
+        return ranks_with(self.epoch_roles(), Role.TRAINER.value)
+
     def without_lost(self, target: Layout) -> str:
-        """Why ``target`` cannot be taken with the ranks lost so far ("" if it can): a lost
-        rank cannot train, and some live rank must drive a rollout replica."""
+        """Why ``target`` cannot be taken with the ranks lost so far ("" if it can): each
+        trainer replica group is whole or wholly lost (a lost trainer group stays out of
+        the data parallelism wherever the boundary is), the leader's is whole, and some
+        live rank drives a rollout replica."""
         if not self.lost:
             return ""
-        trainers = [r for r in self.lost if target.role_of(r) == Role.TRAINER]
-        if trainers:
-            return f"ranks {trainers} were lost: they cannot be trainer ranks"
+        for i, group in enumerate(target.groups(Role.TRAINER)):
+            lost = [r for r in group if r in self.lost]
+            if lost and (i == 0 or len(lost) < len(group)):
+                return f"ranks {lost} were lost: trainer replica {list(group)} cannot train"
         size = self.cfg.resources.rollout_gpus_per_replica
         live = [r for r in target.ranks(Role.ROLLOUT) if r not in self.lost]
         if not rollout_drivers(

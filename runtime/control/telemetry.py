@@ -182,7 +182,7 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
     ctl = c.cfg.control
     out: list[dict[str, Any]] = []
     if c.batch_in_flight is not None:
-        trainers = c.layout.ranks(Role.TRAINER)
+        trainers = c.trainer_ranks()
         out.append(
             {
                 "what": f"the step report of batch {c.batch_in_flight}",

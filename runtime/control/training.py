@@ -158,8 +158,9 @@ def starved_by(c: Run) -> str:
 def batch_messages(c: Run, batch: Batch) -> dict[int, p.Batch]:
     """The batch message of each trainer rank: a data-parallel trainer's ranks get only
     the samples they train (runtime/data/micro_batches.py, the plan the trainer follows),
-    with the layout of the rest; other trainers get the whole batch."""
-    trainers = c.layout.ranks(Role.TRAINER)
+    with the layout of the rest; other trainers get the whole batch. Split over the
+    epoch's trainer ranks: a lost trainer replica's share goes to the others."""
+    trainers = c.trainer_ranks()
     if c.cfg.engine.trainer not in DATA_PARALLEL_TRAINERS:
         whole = wire.batch_message(batch)
         return dict.fromkeys(trainers, whole)

@@ -163,6 +163,12 @@ class LinkedSide:
         self.active = False
 
 
+class StepAborted(Exception):
+    """A training step's collective failed on this rank (a trainer peer died or hung):
+    the step was not taken. Raised by ``train_batch``; :class:`BatchConsumer` waits for the
+    new trainer group and trains the batch again."""
+
+
 class BatchConsumer(LinkedSide, abc.ABC):
     """A trainer side: its leader pulls batches from rank 0 one at a time.
 
@@ -175,10 +181,23 @@ class BatchConsumer(LinkedSide, abc.ABC):
     name = "trainer"
     retry_s = 0.05  # after "no batch yet"
     last_batch_id = -1  # the newest batch this rank trained
+    # how long an aborted step waits for rank 0 to regroup the trainer ranks without the
+    # lost one before the failure is taken for what it says (the rank leaves with it)
+    regroup_wait_s = 60.0
 
     def __init__(self, cfg: object, rank: int) -> None:
         super().__init__(cfg, rank)
         self.gate = PullGate()
+        self.aborted: tuple[StepAborted, float] | None = None  # and when
+
+    @property
+    def waiting_on(self) -> str:
+        """What an aborted step waits for (the heartbeat's ``waiting_on``), else ""."""
+        if self.aborted is None:
+            return ""
+        text = f"a trainer group without the lost rank ({self.aborted[0]})"
+        printable = "".join(ch if ch.isprintable() else " " for ch in text)
+        return printable[: p.MAX_WAIT_LABEL]
 
     @property
     def state(self) -> str:
@@ -206,10 +225,29 @@ class BatchConsumer(LinkedSide, abc.ABC):
             self.gate.answered()
             if msg.batch_id <= self.last_batch_id:
                 return  # sent again after a lost one; this rank has trained it
-            self.train_batch(msg)
+            if self.aborted is not None:
+                return  # split over the old trainer group: it comes again after the regroup
+            try:
+                self.train_batch(msg)
+            except StepAborted as exc:
+                self.aborted = (exc, time.monotonic())
+                return
             self.last_batch_id = msg.batch_id
 
+    def on_layout(self, change: LayoutChange) -> None:
+        """A new trainer group: an aborted step is trained again when the batch comes."""
+        if change.ranks("trainer") != change.ranks("trainer", after=False):
+            self.aborted = None
+
     def step(self) -> None:
+        if self.aborted is not None:
+            exc, since = self.aborted
+            if time.monotonic() - since > self.regroup_wait_s:
+                raise RuntimeError(
+                    f"no new trainer group within {self.regroup_wait_s:.0f} s of an aborted "
+                    f"step: {exc}"
+                ) from exc.__cause__
+            return
         if not (self.active and self.leader):
             return
         self.before_request()

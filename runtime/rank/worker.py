@@ -485,7 +485,8 @@ def heartbeat(w: HybridWorker) -> p.Heartbeat:
         rollout_busy_s=w.rollout_busy_s,
         engine=engine,
         rollout_paused_s=min(paused, w.rollout_busy_s),
-        waiting_on=w.waiting_on,
+        # a blocking call's label, else what the active side waits for between calls
+        waiting_on=w.waiting_on or getattr(w.sides[w.role], "waiting_on", ""),
     )
 
 

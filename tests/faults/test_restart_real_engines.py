@@ -1,8 +1,11 @@
-"""kill -9 of a trainer replica on the real engines (vLLM CPU build + torch, one gloo group
-for gradients and weights): the step fails cleanly instead of hanging, the run restarts
-from its last checkpoint, the torch trainer gets its model and AdamW state back, the
-rollout engines get the checkpoint's weights before any work, and the run reaches its
-target step."""
+"""kill -9 of a rank of the only trainer replica on the real engines (vLLM CPU build +
+torch, one gloo group for gradients and weights; two trainer ranks in one replica group,
+``resources.trainer_gpus_per_replica: 2``): the leader's replica holds the run's state, so
+the run cannot go on without it (another replica lost is absorbed:
+tests/faults/test_lost_trainer_replica_real_engines.py). The step fails cleanly instead
+of hanging, the run restarts from its last checkpoint, the torch trainer gets its model
+and AdamW state back, the rollout engines get the checkpoint's weights before any work,
+and the run reaches its target step."""
 
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
         "control.max_restarts=1",
         "control.heartbeat_timeout_s=120",
         "control.collective_timeout_s=60",
+        "resources.trainer_gpus_per_replica=2",
     ]
     args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "realfail"]
     for s in sets:

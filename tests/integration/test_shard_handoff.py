@@ -204,14 +204,15 @@ def transfer_script(rank: int, out: str) -> None:
         torch.tensor(9.0),
     ]
     tensors = sent if rank == 0 else [torch.zeros_like(t) for t in sent]
-    stats, step_version = transfer(tensors, sources, rank, cpu, 16, (7, 3) if rank == 0 else (0, 0))
+    mine = (7, 3, 2) if rank == 0 else (0, 0, 0)  # step, version, updates done
+    stats, counters = transfer(tensors, sources, rank, cpu, 16, mine)
     r: dict = {"equal": all(torch.equal(a, b) for a, b in zip(tensors, sent, strict=True))}
-    r.update(step_version=step_version, sent=stats.sent_bytes, received=stats.received_bytes)
+    r.update(counters=counters, sent=stats.sent_bytes, received=stats.received_bytes)
     r["peers"] = stats.peers
     wrong = [torch.zeros(5, 4), *tensors[1:]] if rank == 2 else tensors
     start = time.monotonic()
     try:
-        transfer(wrong, sources, rank, cpu, 16, (7, 3))
+        transfer(wrong, sources, rank, cpu, 16, (7, 3, 0))
         r["refused"] = ""
     except HandoffError as exc:
         r["refused"] = str(exc)
@@ -229,7 +230,7 @@ def test_one_source_serves_two_receivers_and_a_mismatch_is_refused_on_every_rank
     nbytes = 15 * 4 + 4 * 2 + 4
     assert r[0]["sent"] == 2 * nbytes and r[0]["peers"] == [1, 2]
     assert r[1]["received"] == r[2]["received"] == nbytes
-    assert [x["step_version"] for x in r] == [(7, 3)] * 3  # the receivers take the source's
+    assert [x["counters"] for x in r] == [(7, 3, 2)] * 3  # the receivers take the source's
     assert "ranks [2] expect another trainer state" in r[0]["refused"]
     assert "local shards differ" in r[2]["refused"]
     assert "another of its receivers" in r[1]["refused"]

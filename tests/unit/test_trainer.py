@@ -125,3 +125,46 @@ def test_a_step_takes_mini_batches_optimizer_updates_and_the_version_moves_at_sy
     assert m["optimizer_updates"] == 3 and (t.step, t.version) == (1, 0)
     t.train_step(batch(1))
     assert (t.step, t.version) == (2, 1)
+
+
+class FlakyCollective:
+    """One trainer rank's collective whose ``fail_at``-th stats reduction fails as gloo
+    does when a peer dies (a plain RuntimeError)."""
+
+    trainer_ranks = [0]
+
+    def __init__(self, fail_at: int = 0) -> None:
+        self.fail_at, self.calls = fail_at, 0
+
+    def all_reduce_grads(self, params) -> None:
+        pass
+
+    def all_reduce_sum(self, values):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("Connection closed by peer")
+        return list(values)
+
+    def all_reduce_max(self, values):
+        return list(values)
+
+
+def test_a_step_aborted_after_an_update_is_trained_again_from_the_next_one(model_dir):
+    # 2 mini-batches; the second update's reduction fails: the first stays applied and
+    # the step, trained again, applies the second only, to the same weights as a step
+    # never interrupted (the old policy is the behaviour one: nothing is recomputed)
+    config = cfg(mini_batches=2, batch_size=6)
+    whole = TorchTrainer(config, str(model_dir))
+    whole.train_step(batch(0), FlakyCollective())
+    t = TorchTrainer(config, str(model_dir))
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        t.train_step(batch(0), FlakyCollective(fail_at=2))
+    assert (t.step, t.updates_done) == (0, 1)
+    t.abandon_step()
+    assert all(p.grad is None for p in t.model.parameters())
+    m = t.train_step(batch(0), FlakyCollective())
+    assert (t.step, t.updates_done) == (1, 0) and m["optimizer_updates"] == 1
+    state = t.opt.state_dict()["state"]
+    assert {int(s["step"]) for s in state.values()} == {2}  # two AdamW updates in all
+    mine, theirs = params(t), params(whole)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)

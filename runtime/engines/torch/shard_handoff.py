@@ -2,7 +2,8 @@
 
 The layout rules this rests on (runtime/config/layout.py): the trainer ranks are the first
 T ranks, in whole replica groups of ``G = resources.trainer_gpus_per_replica`` consecutive
-ranks, and the pool grows or shrinks by whole groups at its end. A rank's shard index (its
+ranks, and the pool grows or shrinks by whole groups at its end (a group that lost a rank
+leaves from where it is, see below). A rank's shard index (its
 column of the ``("replicate", "shard")`` grid, its place in its group) therefore never
 changes, and over the new mesh a rank that stays holds exactly the local shards it held.
 
@@ -25,8 +26,9 @@ The tensors travel in buckets of ``engine.weight_bucket_mb`` (:func:`plan_bucket
 tensors of one dtype, a tensor split over buckets where it does not fit, planned by both
 ends alike from the new model's local shapes (:func:`training_tensors`). Before any bucket,
 the receiver sends the source its plan's signature; the source answers whether its own
-agrees, with the step and policy version. A mismatch raises :class:`HandoffError` on both
-ends before any bucket moves; a peer that died surfaces as the world group's timeout.
+agrees, with the step, policy version and updates done of a step under way. A mismatch
+raises :class:`HandoffError` on both ends before any bucket moves; a peer that died
+surfaces as the world group's timeout.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 # P2P tags (gloo matches on them; NCCL ignores them and keeps per-pair order)
 _TAG_PLAN, _TAG_VERDICT, _TAG_BUCKET = 1, 2, 16
 _SIGNATURE_LEN = 3  # tensors, elements, CRC of dtypes and shapes
-_VERDICT_LEN = 3 + _SIGNATURE_LEN  # ok, step, version, the source's signature
+# the trainer's counters that travel with its state: step, policy version, and the
+# updates of an aborted step already applied (TorchTrainer.updates_done)
+Counters = tuple[int, int, int]
+_VERDICT_LEN = 1 + 3 + _SIGNATURE_LEN  # ok, the counters, the source's signature
 
 
 class HandoffError(RuntimeError):
@@ -156,6 +161,17 @@ def plan_sources(before: Sequence[int], after: Sequence[int], group_size: int) -
 
 
 # --- the state -------------------------------------------------------------------------
+
+
+def from_first_group(after: Sequence[int], group_size: int) -> dict[int, int]:
+    """``{receiver: source}`` making every replica a copy of the first (the leader's): each
+    rank of the other replica groups receives from the first group's rank of its column.
+
+    After a trainer rank is lost mid-step the survivors may disagree: one may have applied
+    an update whose collective failed on another. The leader's group is the run's record
+    (it reports the steps), so the others take its state."""
+    first = list(after[:group_size])
+    return {r: first[i % group_size] for i, r in enumerate(after) if i >= group_size}
 
 
 def _adam_state(opt: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -281,33 +297,33 @@ def transfer(
     rank: int,
     device: torch.device,
     bucket_bytes: int,
-    step_version: tuple[int, int],
-) -> tuple[TransferStats, tuple[int, int]]:
+    counters: Counters,
+) -> tuple[TransferStats, Counters]:
     """Send or receive this rank's part of a handoff (every rank of the world may call it;
     one that neither sends nor receives returns at once).
 
     ``tensors`` is :func:`training_tensors` of the new model; a receiver's are written in
-    place. Returns the stats and the step and version: a receiver's from its source, the
-    others' ``step_version`` as given. ``device`` is where the buffers live: the trainer's
-    (gloo takes CPU tensors, NCCL CUDA ones)."""
+    place. Returns the stats and the counters (step, version, updates done): a receiver's
+    from its source, the others' ``counters`` as given. ``device`` is where the buffers
+    live: the trainer's (gloo takes CPU tensors, NCCL CUDA ones)."""
     start = time.perf_counter()
     stats = TransferStats()
     receivers = sorted(r for r, s in sources.items() if s == rank)
     if rank not in sources and not receivers:
-        return stats, step_version
+        return stats, counters
     for t in tensors:
         if not t.is_contiguous():
             raise HandoffError(f"a local tensor {tuple(t.shape)} is not contiguous")
     mine = torch.tensor(signature(tensors), dtype=torch.int64, device=device)
     buckets = plan_buckets([(t.dtype, t.numel()) for t in tensors], bucket_bytes)
     if rank in sources:
-        step_version = _receive(tensors, buckets, mine, sources[rank], device, stats)
+        counters = _receive(tensors, buckets, mine, sources[rank], device, stats)
     else:
-        _send(tensors, buckets, mine, receivers, device, step_version, stats)
+        _send(tensors, buckets, mine, receivers, device, counters, stats)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # NCCL's waits order streams, not the host
     stats.seconds = time.perf_counter() - start
-    return stats, step_version
+    return stats, counters
 
 
 def _receive(
@@ -317,10 +333,10 @@ def _receive(
     source: int,
     device: torch.device,
     stats: TransferStats,
-) -> tuple[int, int]:
+) -> Counters:
     verdict = torch.zeros(_VERDICT_LEN, dtype=torch.int64, device=device)
     _wait([dist.isend(mine, source, tag=_TAG_PLAN), dist.irecv(verdict, source, tag=_TAG_VERDICT)])
-    ok, step, version, *theirs = (int(x) for x in verdict.cpu())
+    ok, step, version, updates_done, *theirs = (int(x) for x in verdict.cpu())
     if not ok:
         ours = mine.tolist()
         why = (
@@ -344,7 +360,7 @@ def _receive(
     if pending is not None:
         pending[0].wait()
         _unpack(pending[1], pending[2], tensors)
-    return step, version
+    return step, version, updates_done
 
 
 def _send(
@@ -353,14 +369,14 @@ def _send(
     mine: torch.Tensor,
     receivers: list[int],
     device: torch.device,
-    step_version: tuple[int, int],
+    counters: Counters,
     stats: TransferStats,
 ) -> None:
     plans = {r: torch.zeros(_SIGNATURE_LEN, dtype=torch.int64, device=device) for r in receivers}
     _wait([dist.irecv(plans[r], r, tag=_TAG_PLAN) for r in receivers])
     refused = [r for r in receivers if not torch.equal(plans[r], mine)]
     # all or none: a receiver told to go would wait for buckets that never come
-    verdict = torch.tensor([int(not refused), *step_version, *mine.tolist()], dtype=torch.int64)
+    verdict = torch.tensor([int(not refused), *counters, *mine.tolist()], dtype=torch.int64)
     verdict = verdict.to(device)
     _wait([dist.isend(verdict, r, tag=_TAG_VERDICT) for r in receivers])
     if refused:

@@ -70,6 +70,10 @@ class TorchTrainer:
         self.model_path = model_path
         self.step = 0
         self.version = 0
+        # updates of the step under way already applied: a step aborted by a lost trainer
+        # rank is trained again from there (the replicas agree on it: the leader's group
+        # sends its count with its state, runtime/engines/torch/trainer_side.py)
+        self.updates_done = 0
         self.collective = collective
         self.sharded = cfg.train.strategy == "fsdp2" and collective is not None
         self._offload: HostOffload | None = None  # set while the state is in host memory
@@ -124,28 +128,30 @@ class TorchTrainer:
                 raise ValueError("a sample this rank's plan gives it was not sent to it")
         # The old policy is the weights before this step's first update (verl computes
         # old_log_prob once per step, then runs its PPO mini-batches against it).
+        # A step trained again after an aborted attempt takes the weights it resumes from
+        # as the old policy of the updates it has left.
+        todo = range(self.updates_done, k)
         olds: list[dict[int, torch.Tensor] | None] = [None] * k
         keeps: list[torch.Tensor | None] = [None] * k
         if self.cfg.algorithm.recompute_old_logprobs:
-            olds = [self._old_logprobs(m, mine) for m, mine in zip(minis, plans, strict=True)]
-            if self.cfg.algorithm.mismatch_mask is not None:
-                keeps = [
-                    self._kept(m, old, collective)
-                    for m, old in zip(minis, olds, strict=True)
-                    if old is not None
-                ]
-        updates = [
-            self._update(m, mine, old, keep, collective, shard_count)
-            for m, mine, old, keep in zip(minis, plans, olds, keeps, strict=True)
-        ]
+            for j in todo:
+                old = olds[j] = self._old_logprobs(minis[j], plans[j])
+                if self.cfg.algorithm.mismatch_mask is not None:
+                    keeps[j] = self._kept(minis[j], old, collective)
+        updates = []
+        for j in range(self.updates_done, k):  # from 0 unless an attempt was aborted
+            update = self._update(minis[j], plans[j], olds[j], keeps[j], collective, shard_count)
+            updates.append(update)
+            self.updates_done = j + 1
+        self.updates_done = 0
         self.step += 1
         self.version = self.cfg.train.version_at(self.step)
         out = {key: sum(u[key] for u in updates) / k for key in updates[0]}
         for key, pick in LossStats.EXTREMES.items():  # extremes of the step, not means
             if key in out:
                 out[key] = pick(u[key] for u in updates)
-        out["optimizer_updates"] = float(k)
-        out["micro_steps"] = float(sum(len(mine) for mine in plans))
+        out["optimizer_updates"] = float(len(updates))  # of this attempt
+        out["micro_steps"] = float(sum(len(plans[j]) for j in todo))
         out["step_time_s"] = time.perf_counter() - start
         return out
 
@@ -319,6 +325,16 @@ class TorchTrainer:
             for k, v in state.items()
             if not (tied and k == "lm_head.weight")
         }
+
+    def abandon_step(self) -> None:
+        """A step's collective failed (a trainer rank lost mid-step): its gradients are
+        dropped; the updates it applied (:attr:`updates_done`) stay, and the step is trained
+        again from the next one once the trainer ranks regroup."""
+        if self.model is None:
+            return
+        self.opt.zero_grad(set_to_none=True)
+        for param in self.model.parameters():
+            param.grad = None
 
     def checksum(self) -> float:
         """A cheap fingerprint of the weights, to check that replicas agree: under FSDP2

@@ -34,6 +34,7 @@ from runtime.config.schema import Config
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
+    from_first_group,
     plan_sources,
     training_tensors,
     transfer,
@@ -41,10 +42,11 @@ from runtime.engines.torch.shard_handoff import (
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.engines.torch.weight_stream import WeightStreamer
 from runtime.rank.collective import Collective
-from runtime.rank.sides import BatchConsumer
+from runtime.rank.sides import BatchConsumer, StepAborted
 from runtime.store.run_dir import RunPaths
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
+from runtime.transport.protocol import GONE_ROLE
 from runtime.workloads.kinds import workload_kind
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,18 @@ def _own_rng() -> Iterator[None]:
         yield
 
 
+def _sources(change: LayoutChange, group_size: int) -> dict[int, int]:
+    """Who receives trainer state from whom in ``change`` (``{receiver: source}``): the
+    joining ranks from ranks that stay; after a trainer rank was lost (``"gone"`` now),
+    every replica but the leader's, from the leader's (a step cut short by the loss may
+    have ended unevenly on the survivors: runtime/engines/torch/shard_handoff.py)."""
+    before, after = change.ranks("trainer", after=False), change.ranks("trainer")
+    sources = plan_sources(before, after, group_size)  # refuses a layout that moves shards
+    if any(change.after[r] == GONE_ROLE for r in before):
+        return from_first_group(after, group_size)
+    return sources
+
+
 class TorchTrainerSide(BatchConsumer):
     name = "trainer"
 
@@ -106,6 +120,9 @@ class TorchTrainerSide(BatchConsumer):
         self._gathered: dict[str, torch.Tensor] | None = None
         # the last role switch's timings and bytes (SWITCH_KEYS), for the worker to report
         self.last_switch: dict[str, float] = _switch_record()
+        # rank 0 declares a dead trainer rank after heartbeat_timeout_s of silence, then
+        # regroups at once (the peer's last beat may be a step's length earlier)
+        self.regroup_wait_s = 2 * cfg.control.heartbeat_timeout_s
 
     def save_checkpoint(self, checkpoints: Path, step: int) -> None:
         """Rank 0 asked every trainer rank for checkpoint ``step``: the leader makes the
@@ -179,7 +196,16 @@ class TorchTrainerSide(BatchConsumer):
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
         # this rank's samples at their places in the batch, stand-ins for the others'
         samples, lengths = wire.whole_batch(msg)
-        metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
+        try:
+            metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
+        except RuntimeError as exc:
+            if c is None or len(c.trainer_ranks) <= c.trainer_group_size:
+                raise  # one replica: no group can go on without the rank (rank 0 restarts)
+            # a peer died or hung in the step's collectives (gloo and NCCL raise a plain
+            # RuntimeError): the step waits for the trainer group without it, bounded
+            self.trainer.abandon_step()
+            log.warning("step %d aborted: %s", self.trainer.step + 1, str(exc)[:300])
+            raise StepAborted(f"step {self.trainer.step + 1} aborted: {str(exc)[:200]}") from exc
         t = self.trainer
         final = t.step >= self.cfg.train.steps
         every = self.cfg.train.eval_every
@@ -189,7 +215,10 @@ class TorchTrainerSide(BatchConsumer):
             self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
         if c is not None:
-            metrics["replica_spread"] = c.replica_spread(t.checksum())
+            try:
+                metrics["replica_spread"] = c.replica_spread(t.checksum())
+            except RuntimeError as exc:  # the step is taken: a lost peer costs the check only
+                log.warning("replica check after step %d failed: %s", t.step, str(exc)[:300])
         if not self.leader:
             return  # the leader reports the step for the whole trainer group
         last = self.streamer.last if self.streamer is not None else None
@@ -316,6 +345,7 @@ class TorchTrainerSide(BatchConsumer):
         stays, and a leaving rank drops its shards. A replicated trainer's joining rank
         receives the whole state from one that stays. No rank gathers the whole model and
         nothing goes through the disk."""
+        super().on_layout(change)
         was = self.rank in change.ranks("trainer", after=False)
         now = self.rank in change.ranks("trainer")
         # this side's deactivate / activate of this switch made the record; else a fresh one
@@ -344,7 +374,7 @@ class TorchTrainerSide(BatchConsumer):
         assert c is not None
         before = change.ranks("trainer", after=False)
         # every rank plans alike (and refuses alike: no rank is left waiting)
-        sources = plan_sources(before, change.ranks("trainer"), c.trainer_group_size)
+        sources = _sources(change, c.trainer_group_size)
         old = self.trainer
         if self.rank not in c.trainer_ranks:
             old.release()  # stale after the next step; a rank that joins again receives
@@ -372,8 +402,7 @@ class TorchTrainerSide(BatchConsumer):
 
     def _receive_replica(self, change: LayoutChange, record: dict[str, float]) -> None:
         """A replicated trainer: a joining rank receives the whole state in place."""
-        before = change.ranks("trainer", after=False)
-        sources = plan_sources(before, change.ranks("trainer"), 1)
+        sources = _sources(change, 1)
         if self.rank in sources and self.trainer.offload_state == "offloaded":
             moved = self.trainer.reload()  # activate was not called (not a worker's switch)
             record.update(restore_s=moved.seconds, restore_bytes=float(moved.bytes))
@@ -388,13 +417,13 @@ class TorchTrainerSide(BatchConsumer):
             return
         t = self.trainer
         stats: TransferStats
-        stats, (t.step, t.version) = transfer(
+        stats, (t.step, t.version, t.updates_done) = transfer(
             training_tensors(t.model, t.opt),
             sources,
             self.rank,
             t.device,
             c.bucket_bytes,
-            (t.step, t.version),
+            (t.step, t.version, t.updates_done),
         )
         record.update(
             transfer_s=stats.seconds,
