@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from jobs import launch as launching
+from jobs import rejoin as rejoining
 from jobs.allocation import plan_ranks
 from jobs.control import ControlClient
 from jobs.errors import UserError
@@ -327,6 +328,18 @@ def stop(
     paths = find_run(run)
     final = launching.stop(paths, grace)
     out.print(f"run {paths.name}: {final.get('state')} {final.get('reason', '')}".rstrip())
+
+
+@app.command()
+def rejoin(
+    run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
+    rank: Annotated[int, typer.Option(help="the lost rank to start again")] = -1,
+) -> None:
+    """Start a lost rollout rank of a running local run again: it registers, gets the
+    current weights and takes its role back at the next layout epoch."""
+    paths = find_run(run)
+    pid = rejoining.start(paths, rank)
+    out.print(f"run {paths.name}: rank {rank} started again (pid {pid}, see logs/rank{rank}.*)")
 
 
 @app.command()

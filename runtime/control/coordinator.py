@@ -264,6 +264,7 @@ class Coordinator(Run):
             }
         )
         self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
+        self.rejoining.discard(w.rank)
         if needs_collective(self.cfg):
             self.lost.add(w.rank)
         return [(w.identity, p.Stop(reason=f"declared lost: {why}"))]

@@ -27,8 +27,10 @@ def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
     if c.state in TERMINAL or c.state == RunState.STOPPING:
         return [(identity, p.Stop(reason=f"run is {c.state}"))]
     if msg.rank in c.lost and needs_collective(c.cfg):
-        # its process groups were rebuilt without it: a rank cannot join them mid-run yet
-        return [(identity, p.Stop(reason=f"rank {msg.rank} was lost; it cannot rejoin this run"))]
+        why = cannot_rejoin(c, msg.rank)
+        if why:
+            return [(identity, p.Stop(reason=f"rank {msg.rank} was lost; {why}"))]
+        c.rejoining.add(msg.rank)  # "gone" until the epoch that takes it back (on Ready)
     role = c.layout.role_of(msg.rank).value
     c.members.register(identity, msg, role, c.layout_epoch)
     welcome = p.Welcome(
@@ -36,9 +38,23 @@ def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
         role=role,
         layout_epoch=c.layout_epoch,
         heartbeat_interval_s=c.cfg.control.heartbeat_interval_s,
-        roles=[r.value for r in c.layout.roles()],
+        roles=c.epoch_roles(),  # a rejoining rank makes none of this epoch's groups
     )
     return [(identity, welcome)]
+
+
+def cannot_rejoin(c: Run, rank: int) -> str:
+    """Why lost ``rank`` cannot register again now ("" if it can): a rollout rank of a
+    running run rejoins at the next epoch, getting the current weights with the rest of
+    the pool; a trainer rank would need the trainer state moved over the world group,
+    which it is not part of any more."""
+    if c.state != RunState.RUNNING:
+        return f"the run is {c.state}"
+    if c.layout.role_of(rank) != Role.ROLLOUT:
+        return "a lost trainer rank cannot rejoin the run yet"
+    if c.cfg.resources.rollout_gpus_per_replica > 1:
+        return "a rank of a tensor-parallel rollout replica cannot rejoin the run yet"
+    return ""
 
 
 def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
@@ -46,6 +62,10 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     if w is None:
         return []
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
+    if msg.rank in c.rejoining:  # engines up: the next epoch takes it back
+        c.rejoined_ranks.append({"rank": msg.rank, "pid": w.pid, "at_step": c.step})
+        c.rebalance.regroup_due = True
+        return c.regroup_without_lost()
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING
         c.rebalance.role_time.restart(c.clock())

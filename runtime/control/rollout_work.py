@@ -38,6 +38,8 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if not c.members.drives(msg.rank):
         c.reject("work_from_tp_member")
         return [(identity, wire.work_message(requests, c.policy_version))]
+    if msg.rank in c.lost:  # rejoining: no work before the epoch that brings the weights
+        return [(identity, wire.work_message(requests, c.policy_version))]
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         gen = c.generation
         running = c.data.dispatcher.running_at(msg.rank)

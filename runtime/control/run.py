@@ -125,6 +125,9 @@ class Run:
         self.all_metrics: list[dict[str, Any]] = []
         self.evals: dict[str, float] = {}
         self.lost_ranks: list[dict[str, Any]] = []  # ranks lost (or released) the run survived
+        # lost ranks registered again, "gone" until the epoch that takes them back
+        self.rejoining: set[int] = set()
+        self.rejoined_ranks: list[dict[str, Any]] = []
         self.lost: set[int] = set()  # their ranks: "gone" in every later layout
         self.rebalance.lost = self.lost
         self.ledger_violations: list[dict[str, Any]] = []
@@ -226,7 +229,7 @@ class Run:
         if not rb.regroup_due or rb.switching() or self.state != RunState.RUNNING:
             return []
         if rb.pending is None:
-            rb.request(self.layout, source="lost_rank")
+            rb.request(self.layout, source="rank_rejoined" if self.rejoining else "lost_rank")
             rb.force_next = True
         if rb.pending.ratio != self.layout.ratio and self.training_started:
             return []  # a user's rebalance: applied at the next sync point, as always
@@ -270,6 +273,12 @@ class Run:
         if not self.rebalance.apply_pending(w.rank for w in alive):
             return []
         self.rebalance.regroup_due = False  # this epoch leaves every lost rank out
+        # ...and takes back the lost ranks that registered again and are ready
+        ready = {
+            w.rank for w in alive if w.rank in self.rejoining and w.state != WorkerState.STARTING
+        }
+        self.lost -= ready
+        self.rejoining -= ready
         target = self.layout
         for w in alive:
             if forced and w.role == target.role_of(w.rank).value:

@@ -25,7 +25,9 @@ Rendezvous: rank 0 hosts a ``TCPStore``. Under submitit (Slurm or local) its add
 from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port derived from
 the job id, ``MASTER_PORT`` to override), which every rank computes alike. Outside submitit
 rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the other
-ranks wait for that file.
+ranks wait for that file (rank 0 publishes it under submitit too, for a rank started again
+outside the job: ``reflow rejoin``, which joins the world group anew and the groups of the
+next epoch; tested on gloo).
 
 What is not authenticated: the store and gloo's and NCCL's peer connections take no key and
 are not encrypted; CURVE covers only the control plane (runtime/rank/control_server.py). Anyone
@@ -45,6 +47,7 @@ import dataclasses
 import ipaddress
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -169,6 +172,8 @@ class Collective:
                 store = _master_store(
                     store_listen_address(bind_host, host), port, world_size, timeout
                 )
+                # for a rank started again outside the job (`reflow rejoin`)
+                write_json_atomic(rendezvous, {"host": host, "port": port})
             else:
                 store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
         elif rank == 0:
@@ -178,6 +183,12 @@ class Collective:
         else:
             host, port = _wait_for_rendezvous(rendezvous, timeout_s)
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        # gloo connects a group's pairs on first use, not all at its creation: a rank
+        # started again (`reflow rejoin`) can then join the world group, whose other ranks
+        # made theirs long ago, and the next epoch's groups (without it, its init waits
+        # for them forever: measured)
+        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
+        log.info("rank %d: the store answers; joining the process group", rank)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )

@@ -258,6 +258,7 @@ class HybridWorker:
                 try:
                     if len(msg.roles) != self.world_size:
                         raise WorkerError(f"rank 0 sent a layout of {len(msg.roles)} ranks")
+                    log.info("rank %d welcomed at layout epoch %d", self.rank, msg.layout_epoch)
                     # The process group first (every rank joins it now), then the engines.
                     self.collective = self._make_collective()
                     if self.collective is not None:

@@ -361,14 +361,15 @@ class Welcome(Message):
     role: str
     layout_epoch: int
     heartbeat_interval_s: float
-    roles: list[str]  # every rank's role at ``layout_epoch``, in rank order
+    roles: list[str]  # every rank's role at ``layout_epoch`` (or gone), in rank order
 
     def check(self) -> None:
         _require(self.role in ROLES, "unknown role")
         _require(self.heartbeat_interval_s > 0, "bad heartbeat interval")
-        _require(all(r in ROLES for r in self.roles), "unknown role")
+        _require(all(r in LAYOUT_ROLES for r in self.roles), "unknown role")
         _require(0 <= self.rank < len(self.roles), "rank outside the layout")
-        _require(self.roles[self.rank] == self.role, "role disagrees with the layout")
+        # a lost rank rejoining is "gone" in the current epoch; it takes its role at the next
+        _require(self.roles[self.rank] in (self.role, GONE_ROLE), "role disagrees with the layout")
 
 
 @message

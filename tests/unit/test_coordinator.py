@@ -440,9 +440,26 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     for ratio, why in (((2, 2), "no live rank would drive"), ((1, 3), "no live rank would drive")):
         ((_, reply),) = c.handle(b"cli", p.RebalanceRequest(rollout=ratio[0], trainer=ratio[1]))
         assert not reply.ok and why in reply.text
-    # a lost rank cannot register again into groups rebuilt without it
-    ((_, refused),) = c.handle(ident(3), p.Hello(rank=3, world_size=4, node="n", pid=999))
-    assert isinstance(refused, p.Stop) and "cannot rejoin" in refused.reason
+    # a lost rollout rank started again registers "gone" in the current epoch (it makes
+    # none of its groups), gets no work until the next, and takes its role back there
+    epoch = c.layout_epoch
+    for r in (0, 1):
+        done = p.RoleSwitchDone(rank=r, role=c.epoch_roles()[r], layout_epoch=epoch, duration_s=0.1)
+        c.handle(ident(r), done)
+    ((_, welcome),) = c.handle(b"rank-3-new", p.Hello(rank=3, world_size=4, node="n", pid=999))
+    assert isinstance(welcome, p.Welcome) and welcome.role == "rollout"
+    assert welcome.roles == ["trainer", "rollout", "gone", "gone"] and welcome.layout_epoch == epoch
+    ((_, work),) = c.handle(b"rank-3-new", p.WorkRequest(rank=3, slots=4))
+    assert work.requests == []
+    out = c.handle(b"rank-3-new", p.Ready(rank=3, role="rollout", layout_epoch=epoch))
+    switched = {to: m for to, m in out if isinstance(m, p.RoleSwitch)}
+    assert set(switched) == {ident(0), ident(1), b"rank-3-new"}
+    back = switched[b"rank-3-new"]
+    assert back.layout_epoch == epoch + 1
+    assert back.roles == ["trainer", "rollout", "gone", "rollout"]
+    assert 3 not in c.lost and c.rejoined_ranks == [{"rank": 3, "pid": 999, "at_step": 1}]
+    assert c.rebalance.switches[-1].source == "rank_rejoined"
+    assert c.weight_sync_ranks() == [0, 1, 3]
 
 
 def test_an_engine_that_fails_every_generation_fails_the_run(clock):

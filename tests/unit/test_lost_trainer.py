@@ -203,3 +203,13 @@ def test_an_aborted_step_waits_for_a_new_trainer_group_and_no_longer(monkeypatch
     assert side.aborted is None and side.waiting_on == ""
     side.on_message(batch)
     assert side.trained == [-1, 3] and side.last_batch_id == 3
+
+
+def test_a_lost_trainer_rank_cannot_register_again_yet():
+    clock = Clock()
+    c = make(clock, 4, "2:2")
+    silence(c, clock, dead=1)
+    ((_, refused),) = c.handle(b"new", p.Hello(rank=1, world_size=4, node="n", pid=7))
+    assert isinstance(refused, p.Stop)
+    assert "rank 1 was lost; a lost trainer rank cannot rejoin the run yet" in refused.reason
+    assert c.rejoining == set() and 1 in c.lost
