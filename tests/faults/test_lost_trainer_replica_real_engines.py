@@ -3,8 +3,9 @@ trainer, process groups over gloo), the demo on 2:2: the leader's next step meet
 rank in its gradient all-reduce and is aborted, rank 0 declares the rank lost by its
 silence, the live ranks regroup without it, and the batch, split over the leader alone,
 is trained again. The run reaches its last step with one trainer replica, nothing lost or
-duplicated, the lost rank in status. Before this, the run failed ("Connection closed by
-peer") and, with ``control.max_restarts``, restarted every engine from its checkpoint."""
+duplicated, the lost rank in status. Before this, the run failed (rank 0 did not absorb a
+lost trainer rank) and, with ``control.max_restarts``, restarted every engine from its
+checkpoint."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ class TorchTrainer:
                 if self.cfg.algorithm.mismatch_mask is not None:
                     keeps[j] = self._kept(minis[j], old, collective)
         updates = []
-        for j in range(self.updates_done, k):  # from 0 unless an attempt was aborted
+        for j in todo:  # from 0 unless an attempt was aborted
             update = self._update(minis[j], plans[j], olds[j], keeps[j], collective, shard_count)
             updates.append(update)
             self.updates_done = j + 1
