@@ -8,16 +8,37 @@ pass rank 0's version checks). Before this, a lost rank that registered again wa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO, reflow
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
+
+
+def lower_priority(pid: int) -> None:
+    """Nice 10 for every thread of ``pid`` and of its child processes (nice is per thread)."""
+    family, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        family.add(p)
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == p and int(stat.parent.name) not in family:
+                todo.append(int(stat.parent.name))
+    for p in family:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):  # the thread ended meanwhile
+                os.setpriority(os.PRIO_PROCESS, int(task.name), 10)
 
 
 # ~10 minutes: a rank started again on 2 busy cores takes minutes to import torch and vLLM
@@ -46,6 +67,10 @@ def test_a_killed_rollout_rank_started_again_rejoins_and_generates(runs_dir):
         os.kill(pids[3], signal.SIGKILL)
         s = wait_for(run, lambda s: len(s["lost_ranks"]) == 1 or s["state"] != "RUNNING", 300)
         assert s["state"] == "RUNNING", s.get("reason")
+        # on 2 cores the others' engine threads starve a new process (about 2% CPU for
+        # minutes, seen): they step aside while it imports and starts its engine
+        for pid in (x for r, x in pids.items() if r != 3):
+            lower_priority(pid)
         started = reflow("rejoin", run, "--rank", "3", check=True, timeout=60)
         assert "rank 3 started again" in started.stdout
         s = wait_for(run, lambda s: s["rejoined_ranks"] or s["state"] != "RUNNING", 600)
@@ -72,7 +97,8 @@ def test_a_killed_rollout_rank_started_again_rejoins_and_generates(runs_dir):
     assert back["rank"] == 3 and back["pid"] == pids[3]
     assert [x["rank"] for x in final["lost_ranks"]] == [3]
     workers = {w["rank"]: w for w in final["workers"]}
-    assert workers[3]["role"] == "rollout" and workers[3]["layout_epoch"] == final["layout_epoch"]
+    assert workers[3]["role"] == "rollout"
+    assert workers[3]["layout_epoch"] == final["layout"]["epoch"]
     regroups = [x["source"] for x in final["switches"]]
     assert regroups.count("lost_rank") == 1 and regroups.count("rank_rejoined") == 1
     ledger = final["buffer"]["ledger"]
