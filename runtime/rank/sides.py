@@ -216,6 +216,14 @@ class BatchConsumer(LinkedSide, abc.ABC):
     def before_request(self) -> None:
         """Called on the leader before each batch request (e.g. a first evaluation)."""
 
+    def deactivate(self) -> None:
+        # Leaving the trainer role voids a request still unanswered: its answer (rank 0's
+        # "sync point in progress" to the request sent right after the step report) comes
+        # after the switch and goes to the side active then. Kept, it would hold the next
+        # request back for REASK_S: every colocated step waited 10 s for it.
+        self.gate.reset()
+        super().deactivate()
+
     def on_message(self, msg: Message) -> None:
         if isinstance(msg, p.HeartbeatAck):
             self.observe(msg.step, msg.policy_version)
