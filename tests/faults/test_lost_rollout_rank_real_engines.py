@@ -13,11 +13,18 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.helpers import REPO, reflow
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
 
+# About 2.5 minutes of real engines: make test-slow (CI's 45 minutes). The kill of a rollout
+# rank with real engines runs in make test with the trainer replica's
+# (test_lost_trainer_replica_real_engines.py), the hang over real gloo in
+# tests/integration/test_lost_peers.py.
+@pytest.mark.slow
 def test_a_killed_and_a_hung_rollout_rank_are_absorbed_with_real_engines(runs_dir):
     # room for both losses: a run that reaches its last step before the hung rank's
     # detection (peer timeout at the next sync, or the heartbeat timeout) proves nothing
