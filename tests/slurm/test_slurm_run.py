@@ -101,12 +101,15 @@ def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir)
 
 
 def test_real_engines_train_across_two_nodes(runs_dir):
-    """vLLM + torch on 2 nodes x 2 tasks: the gloo group spans the nodes (trainer replicas
-    on n1, the weight broadcast from n1 to the rollout ranks on n2)."""
+    """vLLM + torch on 2 nodes x 1 task: the gloo group spans the nodes (the trainer on n1,
+    the weight broadcast from n1 to the rollout rank on n2). One task per node, not two:
+    each task starts a vLLM engine, and four of them took 260 s of CI's 45 minutes; the
+    replicas' data parallelism is tested on 4 local ranks (test_real_engines.py)."""
     from tests.helpers import REPO
 
     sets = [
-        "resources.gpus_per_node=2",
+        "resources.gpus_per_node=1",
+        "resources.initial_ratio=1:1",
         "slurm.cpus_per_task=1",
         "train.steps=12",
         "control.heartbeat_timeout_s=120",
@@ -123,7 +126,8 @@ def test_real_engines_train_across_two_nodes(runs_dir):
     assert {w["node"] for w in final["workers"] if w["role"] == "rollout"} == {"n2"}
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 12
-    assert all(x["trainer_replicas"] == 2 and x["replica_spread"] == 0.0 for x in lines)
+    assert all(x["trainer_replicas"] == 1 for x in lines)
+    assert {w["rank"]: w["node"] for w in final["workers"]} == {0: "n1", 1: "n2"}
     assert all(x["weight_sync_s"] > 0 for x in lines[1:])
     deadline = time.monotonic() + 60
     while squeue_state(job_id) not in ("COMPLETED", ""):
