@@ -22,7 +22,7 @@ from tests.integration.test_spine import pid_alive
 
 # About 2.5 minutes of real engines: make test-slow (CI's 45 minutes). The kill of a rollout
 # rank with real engines runs in make test with the trainer replica's
-# (test_lost_trainer_replica_real_engines.py), the hang over real gloo in
+# (tests/integration/test_real_engines.py), the hang over real gloo in
 # tests/integration/test_lost_peers.py.
 @pytest.mark.slow
 def test_a_killed_and_a_hung_rollout_rank_are_absorbed_with_real_engines(runs_dir):

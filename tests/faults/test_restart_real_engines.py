@@ -2,7 +2,7 @@
 torch, one gloo group for gradients and weights; two trainer ranks in one replica group,
 ``resources.trainer_gpus_per_replica: 2``): the leader's replica holds the run's state, so
 the run cannot go on without it (another replica lost is absorbed:
-tests/faults/test_lost_trainer_replica_real_engines.py). The step fails cleanly instead
+tests/integration/test_real_engines.py). The step fails cleanly instead
 of hanging, the run restarts from its last checkpoint, the torch trainer gets its model
 and AdamW state back, the rollout engines get the checkpoint's weights before any work,
 and the run reaches its target step."""
@@ -12,29 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from tests.faults.test_resume import metrics, wait_gone
-from tests.helpers import REPO, reflow
+from tests.helpers import REPO, descendants, reflow
 from tests.helpers import wait_for_status as wait_for
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 # ~6 minutes of real engines started twice: make test-slow (CI's 45-minute budget); the
