@@ -64,10 +64,10 @@ def _mbpp_passes_and_swapped_fail(rows: list[dict], swaps: int) -> None:
 
 @needs_full_data("all 974 MBPP tasks")
 def test_mbpp_reference_solutions_pass_and_swapped_ones_fail():
-    """Every fourth task (244, a fixed sample): CI's budget; all 974 in the slow tier."""
+    """Every eighth task (122, a fixed sample): CI's budget; all 974 in the slow tier."""
     rows = load_records(SHARED_DATA / "mbpp/mbpp.jsonl")
     assert len(rows) == 974
-    _mbpp_passes_and_swapped_fail(rows[::4], swaps=60)
+    _mbpp_passes_and_swapped_fail(rows[::8], swaps=30)
 
 
 @pytest.mark.slow

@@ -53,6 +53,10 @@ def segments(s: dict) -> list[tuple[int, list[int]]]:
     return out
 
 
+# About a minute of real engines: make test-slow (CI's 45 minutes). Single-turn generation
+# runs in make test on the demo's real engines; the math reward on every GSM8K and MATH-500
+# answer in tests/unit/test_math_reward.py.
+@pytest.mark.slow
 def test_math_recipe_single_turn(runs_dir, codec):
     _, samples = run_recipe("dapo_math_cpu", runs_dir)
     assert all(s["loss_mask"] is None and s["info"]["turns"] == 1 for s in samples)
