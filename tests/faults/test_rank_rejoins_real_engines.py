@@ -17,25 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, reflow
+from tests.helpers import REPO, descendants, reflow
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
 
 def lower_priority(pid: int) -> None:
     """Nice 10 for every thread of ``pid`` and of its child processes (nice is per thread)."""
-    family, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        family.add(p)
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == p and int(stat.parent.name) not in family:
-                todo.append(int(stat.parent.name))
-    for p in family:
+    for p in (pid, *descendants(pid)):
         for task in Path(f"/proc/{p}/task").glob("*"):
             with contextlib.suppress(OSError, ValueError):  # the thread ended meanwhile
                 os.setpriority(os.PRIO_PROCESS, int(task.name), 10)
