@@ -99,15 +99,17 @@ def launch(
     overrides += [f"{key}={value}" for key, value in flags.items() if value is not None]
     if name is not None:
         overrides.append(f"name={name}")
-    backend = "local" if local or not slurm_available() else "slurm"
     if resume is not None:
         if recipe is not None:
             raise UserError("--resume continues a run with its own config.yaml: give no RECIPE")
-        _resume(resume, overrides, backend, wait)
+        _resume(resume, overrides, "local" if local or not slurm_available() else "slurm", wait)
         return
     if recipe is None:
         raise UserError("missing RECIPE (a recipe YAML file), or --resume RUN")
     cfg = load_recipe(recipe, overrides)
+    # Slurm is asked only for a recipe that loads: sinfo can take its whole 10 s timeout
+    # (a client with no controller), which a typo in the recipe's name should not cost.
+    backend = "local" if local or not slurm_available() else "slurm"
     if dry_run:
         layout = initial_layout(cfg)
         out.print(

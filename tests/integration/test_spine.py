@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.transport.protocol import SWITCH_PHASES
-from tests.helpers import reflow, status_json
+from tests.helpers import REPO, reflow, status_json
 from tests.helpers import wait_for_status as wait_for
 
 RECIPE = """
@@ -140,6 +140,24 @@ def test_user_errors_are_one_line_with_exit_2(runs_dir, args, message):
     assert done.stderr.strip().startswith(message)
     assert len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr
+
+
+def test_a_recipe_that_does_not_load_is_refused_before_slurm_is_asked(tmp_path, monkeypatch):
+    # sinfo can take its whole 10 s timeout (a client with no controller): a typo in the
+    # recipe's name must not cost that. Before, launch asked Slurm first.
+    asked, tools = tmp_path / "asked", tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sinfo", "sbatch"):
+        (tools / tool).write_text(f"#!/bin/sh\necho {tool} >> {asked}\nexit 1\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    done = reflow("launch", "nope.yaml")
+    assert done.returncode == 2 and "no such recipe file" in done.stderr
+    assert not asked.exists()
+    # a recipe that loads does ask, and with no controller answering the run would be local
+    done = reflow("launch", str(REPO / "recipes" / "demo.yaml"), "--dry-run")
+    assert done.returncode == 0 and "backend local" in done.stdout, done.stderr
+    assert asked.read_text().split() == ["sinfo"]
 
 
 def test_sigterm_on_any_rank_stops_the_whole_run(tmp_path, runs_dir):
