@@ -81,7 +81,10 @@ def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
     # 0's state).
     assert before[-1]["layout"] == "2:2" and "3:1" in {x["layout"] for x in before}
     assert all(x["trainer_replicas"] == int(x["layout"][-1]) for x in before)
-    assert all(x["replica_spread"] == 0.0 for x in lines)
+    assert all(x["replica_spread"] == 0.0 for x in before[:-1])
+    # the step the trainer rank died in may have trained and then lost its replica check
+    # (a lost peer costs the check only); every step that has one agrees
+    assert all(x.get("replica_spread", 0.0) == 0.0 for x in lines)
     # Weights were streamed at every sync point after the first (bytes, seconds, GB/s).
     assert all(x["weight_sync_s"] > 0 and x["weight_sync_bytes"] > 0 for x in lines[1:])
     assert all(x["weight_sync_gbps"] > 0 for x in lines[1:])
@@ -113,7 +116,10 @@ def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
     assert "aborted" in rank0  # the leader's step met the dead rank (not a clean gap)
     assert after and all(x["trainer_replicas"] == 1 for x in after)
     assert rollout_lost["rank"] == 3 and rollout_lost["role"] == "rollout", rollout_lost
-    assert "dropped from a weight sync by rank 0" in rollout_lost["reason"], rollout_lost
+    # dropped by the leader at the next sync, or, killed while the leader still waited on
+    # the regroup, declared lost by its silence first: either way lost, not a failure
+    why = rollout_lost["reason"]
+    assert "dropped from a weight sync by rank 0" in why or "sent no heartbeat" in why, why
     workers = {w["rank"]: w["state"] for w in final["workers"]}
     assert workers[1] == "dead" and workers[3] == "dead"
     regroups = [x for x in final["switches"] if x["source"] == "lost_rank"]
