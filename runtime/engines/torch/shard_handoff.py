@@ -15,8 +15,11 @@ After the process groups change:
 - each rank of a joining replica group receives its column's local tensors (parameters,
   AdamW ``exp_avg``/``exp_avg_sq``/``step``) from a rank of an existing group holding the
   same column (:func:`plan_sources`: joiners spread round-robin over the existing groups),
-  point to point on the world group, every pair at once (:func:`transfer`). No rank holds
-  more than its own shards and one bucket in flight;
+  point to point on the new epoch's trainer group, every pair at once (:func:`transfer`).
+  No rank holds more than its own shards and one bucket in flight. Not on the world group:
+  a rank started again after a loss (``reflow rejoin``) is a new process there, and a
+  peer's world-group pair with the old one stays connected to the dead process (measured:
+  gloo's connect times out, tests/integration/test_trainer_rank_rejoin.py);
 - a leaving group sends nothing.
 
 A replicated trainer (``train.strategy: replicate``) is the case ``G = 1``: each rank
@@ -28,7 +31,7 @@ ends alike from the new model's local shapes (:func:`training_tensors`). Before 
 the receiver sends the source its plan's signature; the source answers whether its own
 agrees, with the step, policy version and updates done of a step under way. A mismatch
 raises :class:`HandoffError` on both ends before any bucket moves; a peer that died
-surfaces as the world group's timeout.
+surfaces as the trainer group's timeout.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -298,9 +302,11 @@ def transfer(
     device: torch.device,
     bucket_bytes: int,
     counters: Counters,
+    group: Any = None,
 ) -> tuple[TransferStats, Counters]:
-    """Send or receive this rank's part of a handoff (every rank of the world may call it;
-    one that neither sends nor receives returns at once).
+    """Send or receive this rank's part of a handoff over ``group`` (every rank of it
+    may call it; one that neither sends nor receives returns at once). ``group`` holds
+    every source and receiver (the new epoch's trainer group); None is the world group.
 
     ``tensors`` is :func:`training_tensors` of the new model; a receiver's are written in
     place. Returns the stats and the counters (step, version, updates done): a receiver's
@@ -317,9 +323,9 @@ def transfer(
     mine = torch.tensor(signature(tensors), dtype=torch.int64, device=device)
     buckets = plan_buckets([(t.dtype, t.numel()) for t in tensors], bucket_bytes)
     if rank in sources:
-        counters = _receive(tensors, buckets, mine, sources[rank], device, stats)
+        counters = _receive(tensors, buckets, mine, sources[rank], device, stats, group)
     else:
-        _send(tensors, buckets, mine, receivers, device, counters, stats)
+        _send(tensors, buckets, mine, receivers, device, counters, stats, group)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # NCCL's waits order streams, not the host
     stats.seconds = time.perf_counter() - start
@@ -333,9 +339,15 @@ def _receive(
     source: int,
     device: torch.device,
     stats: TransferStats,
+    group: Any,
 ) -> Counters:
     verdict = torch.zeros(_VERDICT_LEN, dtype=torch.int64, device=device)
-    _wait([dist.isend(mine, source, tag=_TAG_PLAN), dist.irecv(verdict, source, tag=_TAG_VERDICT)])
+    _wait(
+        [
+            dist.isend(mine, source, group=group, tag=_TAG_PLAN),
+            dist.irecv(verdict, source, group=group, tag=_TAG_VERDICT),
+        ]
+    )
     ok, step, version, updates_done, *theirs = (int(x) for x in verdict.cpu())
     if not ok:
         ours = mine.tolist()
@@ -351,7 +363,7 @@ def _receive(
     pending: tuple[dist.Work, torch.Tensor, Bucket] | None = None
     for k, bucket in enumerate(buckets):
         flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
-        work = dist.irecv(flat, source, tag=_TAG_BUCKET + k)
+        work = dist.irecv(flat, source, group=group, tag=_TAG_BUCKET + k)
         if pending is not None:
             pending[0].wait()
             _unpack(pending[1], pending[2], tensors)
@@ -371,14 +383,15 @@ def _send(
     device: torch.device,
     counters: Counters,
     stats: TransferStats,
+    group: Any,
 ) -> None:
     plans = {r: torch.zeros(_SIGNATURE_LEN, dtype=torch.int64, device=device) for r in receivers}
-    _wait([dist.irecv(plans[r], r, tag=_TAG_PLAN) for r in receivers])
+    _wait([dist.irecv(plans[r], r, group=group, tag=_TAG_PLAN) for r in receivers])
     refused = [r for r in receivers if not torch.equal(plans[r], mine)]
     # all or none: a receiver told to go would wait for buckets that never come
     verdict = torch.tensor([int(not refused), *counters, *mine.tolist()], dtype=torch.int64)
     verdict = verdict.to(device)
-    _wait([dist.isend(verdict, r, tag=_TAG_VERDICT) for r in receivers])
+    _wait([dist.isend(verdict, r, group=group, tag=_TAG_VERDICT) for r in receivers])
     if refused:
         raise HandoffError(
             f"trainer ranks {refused} expect another trainer state than this rank's "
@@ -391,7 +404,7 @@ def _send(
     for k, bucket in enumerate(buckets):
         flat = _pack(bucket, tensors, device)
         _wait(in_flight)  # at most two buckets alive: this one and the one in flight
-        in_flight = [dist.isend(flat, r, tag=_TAG_BUCKET + k) for r in receivers]
+        in_flight = [dist.isend(flat, r, group=group, tag=_TAG_BUCKET + k) for r in receivers]
         held = flat  # kept alive until its sends are done
         stats.sent_bytes += flat.numel() * flat.element_size() * len(receivers)
     _wait(in_flight)

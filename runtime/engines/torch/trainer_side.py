@@ -424,6 +424,7 @@ class TorchTrainerSide(BatchConsumer):
             t.device,
             c.bucket_bytes,
             (t.step, t.version, t.updates_done),
+            group=c.trainer_group,  # this epoch's: a rank started again is new in it
         )
         record.update(
             transfer_s=stats.seconds,
