@@ -3,9 +3,12 @@
 The new process is rank ``K`` of the same run (``python -m jobs.rejoin RUN_DIR K``, detached,
 its output in ``logs/rank<K>.rejoin.log``): it registers with rank 0, which welcomes it as
 ``"gone"`` in the current layout epoch, starts its engines, joins the torch.distributed world
-again from ``dist.json``, and takes its role back at the next epoch, with the current
-weights (runtime/control/registration.py). On Slurm a step relaunched on the allocation with
-the same environment does the same; that is not tested here.
+again from ``dist.json``, and takes its role back at a later epoch: a rollout rank at the
+next, with the current weights; a trainer rank once every rank of its replica group is back,
+between two steps, with the trainer state of the replicas that stayed
+(runtime/control/registration.py, runtime/engines/torch/shard_handoff.py). On Slurm a step
+relaunched on the allocation with the same environment does the same; that is not tested
+here.
 """
 
 from __future__ import annotations

@@ -44,15 +44,16 @@ def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
 
 
 def cannot_rejoin(c: Run, rank: int) -> str:
-    """Why lost ``rank`` cannot register again now ("" if it can): a rollout rank of a
+    """Why lost ``rank`` cannot register again now ("" if it can). A rollout rank of a
     running run rejoins at the next epoch, getting the current weights with the rest of
-    the pool; a trainer rank would need the trainer state moved over the world group,
-    which it is not part of any more."""
+    the pool. A trainer rank (only a data-parallel trainer's, outside the leader's replica
+    group, is ever lost: :meth:`Coordinator._trainer_survivable`) rejoins once every rank
+    of its replica group has registered again and is ready, between two steps
+    (:meth:`Run.ready_to_rejoin`): they receive the trainer state from the replicas that
+    stayed (runtime/engines/torch/shard_handoff.py)."""
     if c.state != RunState.RUNNING:
         return f"the run is {c.state}"
-    if c.layout.role_of(rank) != Role.ROLLOUT:
-        return "a lost trainer rank cannot rejoin the run yet"
-    if c.cfg.resources.rollout_gpus_per_replica > 1:
+    if c.layout.role_of(rank) == Role.ROLLOUT and c.cfg.resources.rollout_gpus_per_replica > 1:
         return "a rank of a tensor-parallel rollout replica cannot rejoin the run yet"
     return ""
 
@@ -64,8 +65,7 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
     if msg.rank in c.rejoining:  # engines up: the next epoch takes it back
         c.rejoined_ranks.append({"rank": msg.rank, "pid": w.pid, "at_step": c.step})
-        c.rebalance.regroup_due = True
-        return c.regroup_without_lost()
+        return c.take_back_rejoined()
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING
         c.rebalance.role_time.restart(c.clock())

@@ -235,6 +235,36 @@ class Run:
             return []  # a user's rebalance: applied at the next sync point, as always
         return self.apply_pending_layout()
 
+    def ready_to_rejoin(self) -> set[int]:
+        """The lost ranks that registered again that the next epoch takes back: their
+        engines are up (Ready), and a trainer rank only with every rank of its replica group
+        (a group trains whole or not at all) and between steps (the batch in flight was
+        split over the trainer ranks without it)."""
+        ready = {
+            w.rank
+            for w in self.members.alive()
+            if w.rank in self.rejoining and w.state != WorkerState.STARTING
+        }
+        trainers = self.layout.groups(Role.TRAINER)
+        out = set()
+        for rank in ready:
+            if self.layout.role_of(rank) != Role.TRAINER:
+                out.add(rank)
+                continue
+            group = trainers[self.layout.group_index(rank)]
+            if self.batch_in_flight is None and all(r in ready for r in group):
+                out.add(rank)
+        return out
+
+    def take_back_rejoined(self) -> list[Outgoing]:
+        """A new epoch now if it would take a rejoined rank back. Else a trainer rank waits
+        for the rest of its replica group, or for the leader's next batch request (between
+        steps: runtime/control/training.py calls this again then)."""
+        if not self.ready_to_rejoin():
+            return []
+        self.rebalance.regroup_due = True
+        return self.regroup_without_lost()
+
     def trainer_ranks(self) -> list[int]:
         """The trainer ranks of the current epoch: the layout's, less those lost."""
         return ranks_with(self.epoch_roles(), Role.TRAINER.value)
@@ -274,9 +304,7 @@ class Run:
             return []
         self.rebalance.regroup_due = False  # this epoch leaves every lost rank out
         # ...and takes back the lost ranks that registered again and are ready
-        ready = {
-            w.rank for w in alive if w.rank in self.rejoining and w.state != WorkerState.STARTING
-        }
+        ready = self.ready_to_rejoin()
         self.lost -= ready
         self.rejoining -= ready
         target = self.layout

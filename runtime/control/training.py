@@ -136,6 +136,12 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
         if leader:
             c.idle.trainer_is("checkpoint", now)
         return [(identity, p.BatchWait(reason="checkpoint in progress"))]
+    if leader:
+        # between steps: a trainer replica group that registered again joins now
+        out = c.take_back_rejoined()
+        if out:  # the role switch: the batch after it
+            c.idle.trainer_is("role_switch", now)
+            return [*out, (identity, p.BatchWait(reason="sync point in progress"))]
     batch = c.data.next_batch()
     if batch is None:
         if leader:

@@ -80,7 +80,7 @@ def finish_switch(c: Coordinator) -> None:
         done = p.RoleSwitchDone(
             rank=w.rank, role=c.epoch_roles()[w.rank], layout_epoch=c.layout_epoch, duration_s=0.1
         )
-        c.handle(ident(w.rank), done)
+        c.handle(w.identity, done)
     assert not c.rebalance.switching()
 
 
@@ -205,11 +205,50 @@ def test_an_aborted_step_waits_for_a_new_trainer_group_and_no_longer(monkeypatch
     assert side.trained == [-1, 3] and side.last_batch_id == 3
 
 
-def test_a_lost_trainer_rank_cannot_register_again_yet():
+def rejoin(c: Coordinator, rank: int) -> list:
+    """A new process of lost ``rank`` registers and says it is ready; rank 0's answers."""
+    identity = f"again-{rank}".encode()
+    ((_, welcome),) = c.handle(identity, p.Hello(rank=rank, world_size=6, node="n", pid=900))
+    assert isinstance(welcome, p.Welcome), welcome
+    assert welcome.role == "trainer" and welcome.roles[rank] == "gone"
+    return c.handle(identity, p.Ready(rank=rank, role="trainer", layout_epoch=welcome.layout_epoch))
+
+
+def test_a_lost_trainer_replica_group_rejoins_whole_and_between_steps():
     clock = Clock()
-    c = make(clock, 4, "2:2")
-    silence(c, clock, dead=1)
-    ((_, refused),) = c.handle(b"new", p.Hello(rank=1, world_size=4, node="n", pid=7))
-    assert isinstance(refused, p.Stop)
-    assert "rank 1 was lost; a lost trainer rank cannot rejoin the run yet" in refused.reason
-    assert c.rejoining == set() and 1 in c.lost
+    c = make(clock, 6, "2:4", trainer_group=2)  # trainer replicas [0, 1] and [2, 3]
+    silence(c, clock, dead=3)  # rank 2 is released with it
+    finish_switch(c)
+    assert c.lost == {2, 3} and c.trainer_ranks() == [0, 1]
+    ((_, in_flight), _) = batch_to_leader(c)
+    assert not any(isinstance(m, p.RoleSwitch) for _, m in rejoin(c, 3))  # half a group
+    assert not any(isinstance(m, p.RoleSwitch) for _, m in rejoin(c, 2))  # a step under way
+    assert c.rejoining == {2, 3} and c.trainer_ranks() == [0, 1]
+    version = c.cfg.train.version_at(1)
+    done = p.StepDone(
+        rank=0, step=1, policy_version=version, batch_id=in_flight.batch_id, metrics={}
+    )
+    c.handle(ident(0), done)
+    assert c.lost == {2, 3}  # the step report is no point to regroup at: the next request is
+    out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=in_flight.batch_id))
+    switch = next(m for _, m in out if isinstance(m, p.RoleSwitch))
+    assert switch.roles == ["trainer"] * 4 + ["rollout"] * 2
+    assert isinstance(out[-1][1], p.BatchWait) and out[-1][0] == ident(0)
+    assert c.lost == set() and c.rejoining == set()
+    assert [x["rank"] for x in c.status()["rejoined_ranks"]] == [3, 2]
+    finish_switch(c)
+    batches = batch_to_leader(c, last=in_flight.batch_id)
+    assert sorted(to for to, _ in batches) == sorted([ident(0), ident(1), b"again-2", b"again-3"])
+
+
+def test_a_lost_trainer_rank_without_its_group_is_never_taken_back():
+    clock = Clock()
+    c = make(clock, 6, "2:4", trainer_group=2)
+    silence(c, clock, dead=3)
+    finish_switch(c)
+    rejoin(c, 3)
+    for _ in range(3):  # the leader asks between steps: rank 2 is still missing
+        out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+        assert not any(isinstance(m, p.RoleSwitch) for _, m in out)
+    assert c.rejoining == {3} and 3 in c.lost
+    assert c.epoch_roles()[2:4] == ["gone", "gone"]
