@@ -102,14 +102,14 @@ def launch(
     if resume is not None:
         if recipe is not None:
             raise UserError("--resume continues a run with its own config.yaml: give no RECIPE")
-        _resume(resume, overrides, "local" if local or not slurm_available() else "slurm", wait)
+        _resume(resume, overrides, _backend(local), wait)
         return
     if recipe is None:
         raise UserError("missing RECIPE (a recipe YAML file), or --resume RUN")
     cfg = load_recipe(recipe, overrides)
     # Slurm is asked only for a recipe that loads: sinfo can take its whole 10 s timeout
     # (a client with no controller), which a typo in the recipe's name should not cost.
-    backend = "local" if local or not slurm_available() else "slurm"
+    backend = _backend(local)
     if dry_run:
         layout = initial_layout(cfg)
         out.print(
@@ -181,6 +181,11 @@ def plan(
         typer.echo(line)
     if result.refusal() is not None:
         raise typer.Exit(1)
+
+
+def _backend(local: bool) -> str:
+    """Where a run goes: Slurm when a controller answers and ``--local`` was not given."""
+    return "local" if local or not slurm_available() else "slurm"
 
 
 def _resume(run: str, overrides: list[str], backend: str, wait: bool) -> None:
@@ -337,8 +342,9 @@ def rejoin(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
     rank: Annotated[int, typer.Option(help="the lost rank to start again")] = -1,
 ) -> None:
-    """Start a lost rollout rank of a running local run again: it registers, gets the
-    current weights and takes its role back at the next layout epoch."""
+    """Start a lost rank of a running local run again: it registers and takes its role
+    back at a later layout epoch, with the current weights (rollout) or the trainer state
+    of the replicas that stayed (trainer, once its whole replica group is back)."""
     paths = find_run(run)
     pid = rejoining.start(paths, rank)
     out.print(f"run {paths.name}: rank {rank} started again (pid {pid}, see logs/rank{rank}.*)")

@@ -62,8 +62,8 @@ def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
     s = running(wait_for(run, lambda s: s["step"] >= at + 2 or s["state"] != "RUNNING", 600))
     pids = {w["rank"]: w["pid"] for w in s["workers"]}
     os.kill(pids[1], signal.SIGKILL)
-    at = running(wait_for(run, lambda s: len(s["lost_ranks"]) >= 1 or s["state"] != "RUNNING", 300))
-    at = at["step"]
+    lost_one = lambda s: len(s["lost_ranks"]) >= 1 or s["state"] != "RUNNING"  # noqa: E731
+    at = running(wait_for(run, lost_one, 300))["step"]
     running(wait_for(run, lambda s: s["step"] >= at + 1 or s["state"] != "RUNNING", 300))
     os.kill(pids[3], signal.SIGKILL)
     running(wait_for(run, lambda s: len(s["lost_ranks"]) >= 2 or s["state"] != "RUNNING", 300))

@@ -11,6 +11,7 @@ token; fewer steps keep the wall time), so the same overhead weighs a third as m
 gave 1.15 (1.07), on 2026-12-03. A simulator that is wrong is off by far more."""
 
 import json
+import string
 
 import pytest
 
@@ -27,23 +28,18 @@ from tests.helpers import launch_recipe_text
 from tests.helpers import wait_for_status as wait_for
 
 STEPS, TOKEN_S, TRAIN_TOKEN_S = 16, 0.012, 0.0012
-RECIPE = """
+RECIPE = string.Template("""
 name: simcheck
 data: {train: "embedded:synthetic"}
 workload: {max_response_tokens: 256}
 algorithm: {group_size: 4}
-train: {steps: STEPS, batch_size: 32, lr: 0.001, sync_every: 1}
+train: {steps: $steps, batch_size: 32, lr: 0.001, sync_every: 1}
 reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 2}
 resources: {nodes: 1, gpus_per_node: 4, initial_ratio: "2:2", device: cpu}
-engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: TOKEN_S,
-         synthetic_train_token_s: TRAIN_TOKEN_S}
+engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: $token_s,
+         synthetic_train_token_s: $train_token_s}
 control: {heartbeat_interval_s: 0.25}
-"""
-RECIPE = (
-    RECIPE.replace("STEPS", str(STEPS))
-    .replace("TRAIN_TOKEN_S", str(TRAIN_TOKEN_S))
-    .replace("TOKEN_S", str(TOKEN_S))
-)
+""").substitute(steps=STEPS, token_s=TOKEN_S, train_token_s=TRAIN_TOKEN_S)
 
 
 def test_a_simulation_matches_a_real_cpu_run_within_40_percent(tmp_path, runs_dir):
