@@ -230,6 +230,7 @@ class Coordinator(Run):
             if self.state in (RunState.STARTING, RunState.RUNNING):
                 return self.finish(RunState.FAILED, why)
             return []
+        in_groups = w.rank not in self.lost  # else: registered again, not yet taken back
         out = self._drop(w, why)
         if self.layout.role_of(w.rank) == Role.TRAINER:
             # its replica group's other ranks hold shards of a replica that is no more:
@@ -242,7 +243,7 @@ class Coordinator(Run):
                     out += self._drop(
                         partner, f"released: its trainer replica {list(group)} lost rank {w.rank}"
                     )
-        if needs_collective(self.cfg):
+        if needs_collective(self.cfg) and in_groups:
             self.rebalance.regroup_due = True
             if regroup:
                 out += self.regroup_without_lost()

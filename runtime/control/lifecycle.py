@@ -149,9 +149,10 @@ def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
     leader = c.members.leader()
     if leader is None or not c.ckpt.request(c.step, then_stop):
         return []
-    # Every trainer rank writes its own shards (torch.distributed.checkpoint); the leader
-    # stages the folder first and reports for the group.
-    return c.members.send(p.Checkpoint(step=c.step), c.layout.ranks(Role.TRAINER))
+    # Every trainer rank of the epoch writes its own shards (torch.distributed.checkpoint);
+    # the leader stages the folder first and reports for the group. A lost rank that
+    # registered again and is not taken back yet is in no trainer group: not asked.
+    return c.members.send(p.Checkpoint(step=c.step), c.trainer_ranks())
 
 
 def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list[Outgoing]:

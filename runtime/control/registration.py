@@ -64,7 +64,6 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
         return []
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
     if msg.rank in c.rejoining:  # engines up: the next epoch takes it back
-        c.rejoined_ranks.append({"rank": msg.rank, "pid": w.pid, "at_step": c.step})
         return c.take_back_rejoined()
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING

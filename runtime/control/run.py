@@ -127,7 +127,7 @@ class Run:
         self.lost_ranks: list[dict[str, Any]] = []  # ranks lost (or released) the run survived
         # lost ranks registered again, "gone" until the epoch that takes them back
         self.rejoining: set[int] = set()
-        self.rejoined_ranks: list[dict[str, Any]] = []
+        self.rejoined_ranks: list[dict[str, Any]] = []  # those taken back, and when
         self.lost: set[int] = set()  # their ranks: "gone" in every later layout
         self.rebalance.lost = self.lost
         self.ledger_violations: list[dict[str, Any]] = []
@@ -229,7 +229,8 @@ class Run:
         if not rb.regroup_due or rb.switching() or self.state != RunState.RUNNING:
             return []
         if rb.pending is None:
-            rb.request(self.layout, source="rank_rejoined" if self.rejoining else "lost_rank")
+            source = "rank_rejoined" if self.ready_to_rejoin() else "lost_rank"
+            rb.request(self.layout, source=source)
             rb.force_next = True
         if rb.pending.ratio != self.layout.ratio and self.training_started:
             return []  # a user's rebalance: applied at the next sync point, as always
@@ -238,8 +239,9 @@ class Run:
     def ready_to_rejoin(self) -> set[int]:
         """The lost ranks that registered again that the next epoch takes back: their
         engines are up (Ready), and a trainer rank only with every rank of its replica group
-        (a group trains whole or not at all) and between steps (the batch in flight was
-        split over the trainer ranks without it)."""
+        (a group trains whole or not at all) and between steps, with no checkpoint under way
+        (the batch in flight was split over the trainer ranks without it; a checkpoint is
+        written by the trainer ranks it was asked of)."""
         ready = {
             w.rank
             for w in self.members.alive()
@@ -252,7 +254,8 @@ class Run:
                 out.add(rank)
                 continue
             group = trainers[self.layout.group_index(rank)]
-            if self.batch_in_flight is None and all(r in ready for r in group):
+            between_steps = self.batch_in_flight is None and not self.ckpt.busy
+            if between_steps and all(r in ready for r in group):
                 out.add(rank)
         return out
 
@@ -307,8 +310,17 @@ class Run:
         ready = self.ready_to_rejoin()
         self.lost -= ready
         self.rejoining -= ready
+        self.rejoined_ranks += [
+            {"rank": w.rank, "pid": w.pid, "at_step": self.step} for w in alive if w.rank in ready
+        ]
         target = self.layout
+        roles = self.epoch_roles()
         for w in alive:
+            if roles[w.rank] == p.GONE_ROLE:
+                # registered again, not taken back: in no group of this epoch, nothing to
+                # switch (it may still be starting its engines); the switch waits not for it
+                self.rebalance.forget(w.rank)
+                continue
             if forced and w.role == target.role_of(w.rank).value:
                 # no role changes: a beat of the new epoch may stand in for its report
                 w.state = WorkerState.SWITCHING
@@ -321,7 +333,6 @@ class Run:
                 self.generation.worker_left(w.rank)
                 # its rollout time starts again at its first beat in the new role
                 self.idle.forget(w.rank)
-        roles = self.epoch_roles()
         return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
 
     def finish(self, state: RunState, reason: str) -> list[Outgoing]:

@@ -437,6 +437,8 @@ class HybridWorker:
             start = time.perf_counter()
             old_role = self.role
             change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
+            if change.after[self.rank] == p.GONE_ROLE:  # registered again, not taken back
+                return follow_gone(self, change)
             with self._waiting(wait_label(msg, self.rank, change.after)):
                 phases = self._switch(change)
             self.layout_epoch, self.roles = msg.layout_epoch, change.after
@@ -467,6 +469,17 @@ class HybridWorker:
             self.stop_reason = msg.reason
         else:
             log.warning("ignoring unexpected %s", msg.TYPE)
+
+
+def follow_gone(w: HybridWorker, change: LayoutChange) -> None:
+    """An epoch that leaves ``w`` out: it registered again after it was lost and is not
+    taken back yet (rank 0 waits for no report from it). It is in none of the epoch's
+    groups and keeps its role; only its view of the layout follows, which the epoch that
+    takes it back plans the state moves from, as every other rank does."""
+    if w.collective is not None:
+        w.collective.regroup(change.epoch, change.after)  # makes no group here
+    w.layout_epoch, w.roles = change.epoch, change.after
+    log.info("epoch %d: rank %d not taken back yet (gone in it)", change.epoch, w.rank)
 
 
 def heartbeat(w: HybridWorker) -> p.Heartbeat:

@@ -55,7 +55,7 @@ def silence(c: Coordinator, clock: Clock, dead: int) -> list:
                 rollout_busy_s=0.0,
                 engine={},
             )
-            c.handle(ident(w.rank), beat)
+            c.handle(w.identity, beat)
     return c.tick()
 
 
@@ -235,7 +235,7 @@ def test_a_lost_trainer_replica_group_rejoins_whole_and_between_steps():
     assert switch.roles == ["trainer"] * 4 + ["rollout"] * 2
     assert isinstance(out[-1][1], p.BatchWait) and out[-1][0] == ident(0)
     assert c.lost == set() and c.rejoining == set()
-    assert [x["rank"] for x in c.status()["rejoined_ranks"]] == [3, 2]
+    assert sorted(x["rank"] for x in c.status()["rejoined_ranks"]) == [2, 3]
     finish_switch(c)
     batches = batch_to_leader(c, last=in_flight.batch_id)
     assert sorted(to for to, _ in batches) == sorted([ident(0), ident(1), b"again-2", b"again-3"])
@@ -252,3 +252,93 @@ def test_a_lost_trainer_rank_without_its_group_is_never_taken_back():
         assert not any(isinstance(m, p.RoleSwitch) for _, m in out)
     assert c.rejoining == {3} and 3 in c.lost
     assert c.epoch_roles()[2:4] == ["gone", "gone"]
+
+
+def test_an_epoch_while_a_rank_waits_to_be_taken_back_waits_not_for_it():
+    from runtime.control import lifecycle
+
+    clock = Clock()
+    c = make(clock, 6, "2:4", trainer_group=2)
+    silence(c, clock, dead=3)
+    finish_switch(c)
+    rejoin(c, 3)  # ready, its partner not back: it stays gone
+    identity = b"again-3"
+    # a checkpoint goes to the epoch's trainer ranks only: rank 3 is in no trainer group
+    c.ckpt.save = lambda *args: None  # a saver: rank 0 may ask for checkpoints
+    out = lifecycle.request_checkpoint(c, then_stop=None)
+    assert sorted(to for to, _ in out) == [ident(0), ident(1)]
+    c.ckpt.pending = None  # not written: the test is who is asked
+    # a rollout rank lost: a new epoch, rank 3 still gone in it
+    out = silence(c, clock, dead=5)
+    switch = next(m for _, m in out if isinstance(m, p.RoleSwitch))
+    assert switch.roles == ["trainer", "trainer", "gone", "gone", "rollout", "gone"]
+    assert identity in {to for to, m in out if isinstance(m, p.RoleSwitch)}  # its view follows
+    assert c.workers[3].state == "idle"  # nothing to switch: not waited for
+    for w in c.members.alive():
+        if w.rank != 3:
+            role = c.epoch_roles()[w.rank]
+            done = p.RoleSwitchDone(
+                rank=w.rank, role=role, layout_epoch=c.layout_epoch, duration_s=0.1
+            )
+            c.handle(w.identity, done)
+    assert not c.rebalance.switching()
+    assert c.status()["rejoined_ranks"] == []  # registered again, not taken back
+
+
+class RecordingSide:
+    """A role side that records what the worker asks of it."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.state, self.calls = name, "idle", []
+
+    def activate(self) -> None:
+        self.calls.append("activate")
+
+    def deactivate(self) -> None:
+        self.calls.append("deactivate")
+
+    def on_layout(self, change: LayoutChange) -> None:
+        self.calls.append(("on_layout", change.epoch))
+
+
+class SentFrames:
+    def __init__(self) -> None:
+        self.sent: list[p.Message] = []
+
+    def send_multipart(self, frames, flags=0) -> None:
+        self.sent.append(p.decode(frames))
+
+
+def test_a_rank_not_taken_back_follows_an_epoch_that_leaves_it_out(tmp_path):
+    from runtime.rank.worker import HybridWorker
+    from runtime.store.run_dir import RunPaths
+
+    cfg = build_config({"resources": {"gpus_per_node": 4, "initial_ratio": "2:2"}})
+    w = HybridWorker(rank=1, world_size=4, paths=RunPaths(tmp_path), cfg=cfg, make_sides=dict)
+    w._sock = SentFrames()
+    w.sides = {"trainer": RecordingSide("trainer"), "rollout": RecordingSide("rollout")}
+    w.role, w.layout_epoch = "trainer", 1  # welcomed gone at epoch 1
+    w.roles = ("trainer", "gone", "rollout", "rollout")
+    w._handle(p.RoleSwitch(layout_epoch=2, roles=["trainer", "gone", "rollout", "gone"]))
+    assert w.layout_epoch == 2 and w.roles == ("trainer", "gone", "rollout", "gone")
+    assert w.role == "trainer" and w.sides["trainer"].calls == []  # kept as it was
+    assert not any(isinstance(m, p.RoleSwitchDone) for m in w._sock.sent)
+    # the epoch that takes it back plans from the roles it followed
+    w._handle(p.RoleSwitch(layout_epoch=3, roles=["trainer", "trainer", "rollout", "gone"]))
+    assert w.sides["trainer"].calls == [("on_layout", 3)]
+    assert w.sides["rollout"].calls == [("on_layout", 3)]
+    (done,) = [m for m in w._sock.sent if isinstance(m, p.RoleSwitchDone)]
+    assert done.layout_epoch == 3 and done.role == "trainer"
+
+
+def test_a_rank_lost_again_before_it_is_taken_back_regroups_no_one():
+    clock = Clock()
+    c = make(clock, 6, "2:4", trainer_group=2)
+    silence(c, clock, dead=3)
+    finish_switch(c)
+    epoch = c.layout_epoch
+    rejoin(c, 3)
+    out = silence(c, clock, dead=3)  # the new process dies too: it was in no group
+    assert not any(isinstance(m, p.RoleSwitch) for _, m in out)
+    assert c.layout_epoch == epoch and c.state == "RUNNING"
+    assert [x["rank"] for x in c.lost_ranks] == [3, 2, 3]
