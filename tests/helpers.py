@@ -100,3 +100,22 @@ def descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+def join_all(procs: list, timeout_s: float) -> list[int | None]:
+    """Wait up to ``timeout_s`` for each process (multiprocessing), kill those still
+    running, and return their exit codes in order (None: it was still running)."""
+    for proc in procs:
+        proc.join(timeout_s)
+    codes = [proc.exitcode for proc in procs]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    return codes
+
+
+def save_tiny_model(path: Path) -> str:
+    """The embedded tiny Qwen3 (seed 5) saved at ``path``, as the trainer tests load it."""
+    from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+
+    return str(save_pretrained(build_model(seed=5), build_tokenizer(), path))

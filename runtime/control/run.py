@@ -242,22 +242,21 @@ class Run:
         (a group trains whole or not at all) and between steps, with no checkpoint under way
         (the batch in flight was split over the trainer ranks without it; a checkpoint is
         written by the trainer ranks it was asked of)."""
+        if not self.rejoining:  # the usual case, asked at every leader's batch request
+            return set()
         ready = {
             w.rank
             for w in self.members.alive()
             if w.rank in self.rejoining and w.state != WorkerState.STARTING
         }
+        between_steps = self.batch_in_flight is None and not self.ckpt.busy
         trainers = self.layout.groups(Role.TRAINER)
-        out = set()
-        for rank in ready:
-            if self.layout.role_of(rank) != Role.TRAINER:
-                out.add(rank)
-                continue
-            group = trainers[self.layout.group_index(rank)]
-            between_steps = self.batch_in_flight is None and not self.ckpt.busy
-            if between_steps and all(r in ready for r in group):
-                out.add(rank)
-        return out
+        return {
+            rank
+            for rank in ready
+            if self.layout.role_of(rank) != Role.TRAINER
+            or (between_steps and ready.issuperset(trainers[self.layout.group_index(rank)]))
+        }
 
     def take_back_rejoined(self) -> list[Outgoing]:
         """A new epoch now if it would take a rejoined rank back. Else a trainer rank waits

@@ -25,6 +25,7 @@ from runtime.data.micro_batches import shares
 from runtime.data.sample import Batch
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
+from tests.helpers import join_all, save_tiny_model
 from tests.integration.test_fsdp_trainer import batch, cfg_for, join
 
 pytestmark = pytest.mark.integration
@@ -86,22 +87,13 @@ def rank_script(rank: int, model_dir: str, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
-
-    model_dir = str(
-        save_pretrained(build_model(seed=5), build_tokenizer(), tmp_path_factory.mktemp("tiny"))
-    )
+    model_dir = save_tiny_model(tmp_path_factory.mktemp("tiny"))
     out = tmp_path_factory.mktemp("ranks")
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=rank_script, args=(r, model_dir, str(out))) for r in range(3)]
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join(300)
-    codes = [proc.exitcode for proc in procs]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
+    codes = join_all(procs, 300)
     assert codes == [0, 0, 9], codes
     return [torch.load(out / f"rank{i}.pt", weights_only=False) for i in range(2)]
 

@@ -205,14 +205,14 @@ def transfer_script(rank: int, out: str) -> None:
     ]
     tensors = sent if rank == 0 else [torch.zeros_like(t) for t in sent]
     mine = (7, 3, 2) if rank == 0 else (0, 0, 0)  # step, version, updates done
-    stats, counters = transfer(tensors, sources, rank, cpu, 16, mine)
+    stats, counters = transfer(tensors, sources, rank, cpu, 16, mine, group=None)
     r: dict = {"equal": all(torch.equal(a, b) for a, b in zip(tensors, sent, strict=True))}
     r.update(counters=counters, sent=stats.sent_bytes, received=stats.received_bytes)
     r["peers"] = stats.peers
     wrong = [torch.zeros(5, 4), *tensors[1:]] if rank == 2 else tensors
     start = time.monotonic()
     try:
-        transfer(wrong, sources, rank, cpu, 16, (7, 3, 0))
+        transfer(wrong, sources, rank, cpu, 16, (7, 3, 0), group=None)
         r["refused"] = ""
     except HandoffError as exc:
         r["refused"] = str(exc)

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from runtime.config.layout import LayoutChange
+from tests.helpers import join_all, save_tiny_model
 from tests.integration.test_fsdp_trainer import cfg_for, join
 from tests.integration.test_lost_trainer_replica import message
 
@@ -86,11 +87,7 @@ def rank_script(rank: int, again: bool, model_dir: str, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
-
-    model_dir = str(
-        save_pretrained(build_model(seed=5), build_tokenizer(), tmp_path_factory.mktemp("tiny"))
-    )
+    model_dir = save_tiny_model(tmp_path_factory.mktemp("tiny"))
     out = tmp_path_factory.mktemp("ranks")
     spawn = multiprocessing.get_context("spawn")
     first = [
@@ -101,15 +98,10 @@ def ranks(tmp_path_factory) -> list[dict]:
     first[2].join(300)
     again = spawn.Process(target=rank_script, args=(2, True, model_dir, str(out)))
     again.start()
-    for proc in (*first[:2], again):
-        proc.join(300)
-    codes = [first[0].exitcode, first[1].exitcode, first[2].exitcode, again.exitcode]
-    for proc in (*first, again):
-        if proc.is_alive():
-            proc.kill()
+    codes = join_all([*first, again], 300)
     assert codes == [0, 0, 9, 0], codes
     names = ("rank0.pt", "rank1.pt", "rank2.again.pt")
-    return [torch.load(out / name, weights_only=False) for name in names]
+    return [torch.load(out / name, weights_only=True) for name in names]  # plain values
 
 
 def test_the_new_rank_receives_its_shards_step_and_version_from_a_rank_that_stayed(ranks):

@@ -302,11 +302,13 @@ def transfer(
     device: torch.device,
     bucket_bytes: int,
     counters: Counters,
-    group: Any = None,
+    *,
+    group: Any,
 ) -> tuple[TransferStats, Counters]:
     """Send or receive this rank's part of a handoff over ``group`` (every rank of it
     may call it; one that neither sends nor receives returns at once). ``group`` holds
-    every source and receiver (the new epoch's trainer group); None is the world group.
+    every source and receiver: the new epoch's trainer group (None, the world group, only
+    where no rank was ever started again, as in a test of the transfer alone).
 
     ``tensors`` is :func:`training_tensors` of the new model; a receiver's are written in
     place. Returns the stats and the counters (step, version, updates done): a receiver's
