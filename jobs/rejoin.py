@@ -1,14 +1,18 @@
-"""``reflow rejoin RUN --rank K``: start a lost rank of a running local run again.
+"""``reflow rejoin RUN --rank K``: start a lost rank of a running run again.
 
-The new process is rank ``K`` of the same run (``python -m jobs.rejoin RUN_DIR K``, detached,
-its output in ``logs/rank<K>.rejoin.log``): it registers with rank 0, which welcomes it as
+The new process is rank ``K`` of the same run (``python -m jobs.rejoin RUN_DIR K``, its
+output in ``logs/rank<K>.rejoin.log``): it registers with rank 0, which welcomes it as
 ``"gone"`` in the current layout epoch, starts its engines, joins the torch.distributed world
 again from ``dist.json``, and takes its role back at a later epoch: a rollout rank at the
 next, with the current weights; a trainer rank once every rank of its replica group is back,
 between two steps, with the trainer state of the replicas that stayed
-(runtime/control/registration.py, runtime/engines/torch/shard_handoff.py). On Slurm a step
-relaunched on the allocation with the same environment does the same; that is not tested
-here.
+(runtime/control/registration.py, runtime/engines/torch/shard_handoff.py).
+
+Where it runs: a local run's rank is a detached process on this machine; a Slurm run's is a
+new job step on the run's own allocation, on the node the lost rank ran on
+(:func:`srun_command`: ``--overlap``, since the run's first step holds every CPU, memory and
+GPU of the allocation). Its ``srun`` client runs here (start_new_session: it lives as long as
+the step, which ends with the rank or with the job).
 """
 
 from __future__ import annotations
@@ -21,12 +25,64 @@ from pathlib import Path
 from jobs.errors import UserError
 from jobs.launch import read_status
 from runtime.config.recipe import load_recipe
+from runtime.config.schema import Config
+from runtime.entry import SLURM_STEP_ENV
 from runtime.store.run_dir import RunPaths, read_json
 
 
-def start(paths: RunPaths, rank: int) -> int:
-    """Start rank ``rank`` of the run at ``paths`` again; returns the new process's pid.
-    Refused (one line) unless the run is running and the rank is among its lost ones."""
+def rank_env(cfg: Config, rank: int, attempt: str) -> dict[str, str]:
+    """The variables that make a process rank ``rank`` of the attempt ``attempt``
+    (``JOB.RESTARTS``, the control file's: the rank must match it) outside submitit."""
+    job, _, restarts = attempt.rpartition(".")
+    return {
+        "REFLOW_RANK": str(rank),
+        "REFLOW_WORLD_SIZE": str(cfg.world_size),
+        "REFLOW_ATTEMPT": job,
+        "SLURM_RESTART_COUNT": restarts or "0",
+        # the rank's place on its node (ranks fill nodes in order): a one-task step's
+        # SLURM_LOCALID is 0, and the GPU index follows LOCAL_RANK first
+        "LOCAL_RANK": str(rank % cfg.resources.gpus_per_node),
+    }
+
+
+def srun_command(cfg: Config, job_id: str, node: str, argv: list[str]) -> list[str]:
+    """One task of ``argv`` as a new step of job ``job_id`` on ``node``, sharing the run's
+    resources (``--overlap``), with this process's environment (``--export ALL``)."""
+    cmd = [
+        "srun",
+        "--jobid",
+        job_id,
+        "--overlap",
+        "--nodes",
+        "1",
+        "--ntasks",
+        "1",
+        "--nodelist",
+        node,
+        "--cpus-per-task",
+        str(cfg.slurm.cpus_per_task),
+        "--export",
+        "ALL",
+        "--job-name",
+        "reflow-rejoin",
+    ]
+    if cfg.resources.device != "cpu":
+        cmd += ["--gpus-per-node", str(cfg.resources.gpus_per_node)]
+    return [*cmd, *argv]
+
+
+def _lost_rank_node(status: dict, rank: int, run: str) -> str:
+    """The node the lost rank ran on (its worker row stays in status, ``dead``)."""
+    for w in status.get("workers", []):
+        if w["rank"] == rank and w.get("node"):
+            return str(w["node"])
+    raise UserError(f"rank {rank} of run {run}: status names no node it ran on")
+
+
+def start(paths: RunPaths, rank: int) -> str:
+    """Start rank ``rank`` of the run at ``paths`` again; returns where (a pid, or the
+    Slurm step's node). Refused (one line) unless the run is running and the rank is among
+    its lost ones."""
     cfg = load_recipe(paths.config)
     if not 0 < rank < cfg.world_size:
         raise UserError(f"--rank {rank}: the run's ranks other than 0 are 1..{cfg.world_size - 1}")
@@ -38,20 +94,21 @@ def start(paths: RunPaths, rank: int) -> int:
     if rank not in lost or rank in alive:
         raise UserError(f"rank {rank} of run {paths.name} is not a lost rank")
     attempt = str(read_json(paths.control).get("attempt", ""))
-    job, _, restarts = attempt.rpartition(".")
-    env = {
-        **os.environ,
-        "REFLOW_RANK": str(rank),
-        "REFLOW_WORLD_SIZE": str(cfg.world_size),
-        "REFLOW_ATTEMPT": job,  # the control file's attempt, which the rank must match
-        "SLURM_RESTART_COUNT": restarts or "0",
-    }
-    env.pop("SUBMITIT_EXECUTOR", None)
     repo = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = str(repo)
+    env = {**os.environ, **rank_env(cfg, rank, attempt), "PYTHONPATH": str(repo)}
+    for key in [k for k in env if k.startswith("SUBMITIT_")]:
+        del env[key]  # not a submitit task: the rank reads dist.json and control.json
+    argv = [sys.executable, "-u", "-m", "jobs.rejoin", str(paths.root), str(rank)]
+    job = read_json(paths.job)
+    where = "pid {pid}"
+    if job.get("backend") == "slurm":
+        node = _lost_rank_node(status, rank, paths.name)
+        argv = srun_command(cfg, str(job["job_id"]), node, argv)
+        env[SLURM_STEP_ENV] = "1"
+        where = f"a step of slurm job {job['job_id']} on {node}, srun pid {{pid}}"
     with (paths.logs / f"rank{rank}.rejoin.log").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.rejoin", str(paths.root), str(rank)],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -59,7 +116,7 @@ def start(paths: RunPaths, rank: int) -> int:
             cwd=repo,
             env=env,
         )
-    return proc.pid
+    return where.format(pid=proc.pid)
 
 
 def main(run_dir: str) -> int:

@@ -342,12 +342,13 @@ def rejoin(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
     rank: Annotated[int, typer.Option(help="the lost rank to start again")] = -1,
 ) -> None:
-    """Start a lost rank of a running local run again: it registers and takes its role
-    back at a later layout epoch, with the current weights (rollout) or the trainer state
-    of the replicas that stayed (trainer, once its whole replica group is back)."""
+    """Start a lost rank of a running run again (on Slurm: a step on the run's allocation,
+    on the rank's node): it registers and takes its role back at a later layout epoch, with
+    the current weights (rollout) or the trainer state of the replicas that stayed
+    (trainer, once its whole replica group is back)."""
     paths = find_run(run)
-    pid = rejoining.start(paths, rank)
-    out.print(f"run {paths.name}: rank {rank} started again (pid {pid}, see logs/rank{rank}.*)")
+    where = rejoining.start(paths, rank)
+    out.print(f"run {paths.name}: rank {rank} started again ({where}, see logs/rank{rank}.*)")
 
 
 @app.command()

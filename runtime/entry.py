@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("reflow")
 
 
+# set on a rank that runs in a Slurm step submitit did not start (`reflow rejoin`, jobs/rejoin.py)
+SLURM_STEP_ENV = "REFLOW_SLURM_STEP"
+
+
 class RunFailed(RuntimeError):
     """The run ended FAILED; raising it makes the rank's exit code say so."""
 
@@ -60,6 +64,13 @@ def rank_info() -> RankInfo:
 
     env = submitit.JobEnvironment()
     return RankInfo(env.global_rank, env.num_tasks, node_name())
+
+
+def guards_its_processes(env: dict[str, str] | os._Environ) -> bool:
+    """A local rank leaves no engine processes behind when killed (runtime/rank/orphans.py).
+    On Slurm (submitit's task, or a step `reflow rejoin` started) the job's process
+    tracking does that, and a new process group could hide a rank from it (proctrack/pgid)."""
+    return env.get("SUBMITIT_EXECUTOR") != "slurm" and env.get(SLURM_STEP_ENV) != "1"
 
 
 def attempt_id(env: dict[str, str] | os._Environ) -> str:
@@ -131,10 +142,7 @@ def rank_main(run_root: str) -> str:
     sockets = keep_temp_files_in(paths, info.rank)
     if sockets.is_absolute() and not sockets.is_relative_to(paths.root):
         atexit.register(shutil.rmtree, sockets, True)  # the fallback: gone with the rank
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        # A killed local rank leaves no engine processes behind. On Slurm the job's
-        # process tracking does that, and a new process group could hide a rank from it
-        # (proctrack/pgid).
+    if guards_its_processes(os.environ):
         _GUARD.append(guard_process_group())
     # Models are local folders (a cluster's shared FS, or the embedded one): never let a
     # typo in model.path turn into a hub download attempt.

@@ -17,28 +17,16 @@ yet")."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, descendants, reflow
+from tests.helpers import REPO, lower_priority, reflow
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
-
-
-def lower_priority(pid: int) -> None:
-    """Nice 19 for every thread of ``pid`` and of its child processes (nice is per thread).
-    At nice 10 a restarted trainer rank still took 7 min to import vLLM beside the run's
-    ten busy engine and trainer threads (2026-12-03): weight 110 each against its 1024."""
-    for p in (pid, *descendants(pid)):
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            with contextlib.suppress(OSError, ValueError):  # the thread ended meanwhile
-                os.setpriority(os.PRIO_PROCESS, int(task.name), 19)
 
 
 def back_in_role(status: dict, rank: int, role: str) -> bool:

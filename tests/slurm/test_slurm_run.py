@@ -1,42 +1,15 @@
-"""A run on a real Slurm: `make slurm-up` starts one on this machine (virtual nodes n1, n2).
-
-The tests skip with a reason when no Slurm controller answers; CI sets
-REFLOW_REQUIRE_SLURM=1, which turns that into a failure.
-"""
+"""A run on a real Slurm: `make slurm-up` starts one on this machine (virtual nodes n1, n2);
+without one the tests skip (tests/slurm/cluster.py)."""
 
 import json
-import os
-import shutil
 import subprocess
 import time
 
-import pytest
-
 from tests.helpers import reflow
 from tests.helpers import wait_for_status as wait_for
+from tests.slurm.cluster import require_cluster, squeue_state
 
-
-def _cluster() -> str | None:
-    """Why no cluster is usable, or None when one answers with idle nodes."""
-    if shutil.which("sinfo") is None:
-        return "no Slurm client installed (run `make slurm-up`)"
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10
-        )
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 10 s"
-    nodes = [line.split() for line in out.stdout.splitlines() if line.strip()]
-    if out.returncode != 0 or len(nodes) < 2:
-        return f"no Slurm with 2 nodes answers (sinfo: {out.stdout.strip() or out.stderr.strip()})"
-    return None
-
-
-_why = _cluster()
-if _why is not None:
-    if os.environ.get("REFLOW_REQUIRE_SLURM") == "1":
-        pytest.fail(f"REFLOW_REQUIRE_SLURM=1 but {_why}", pytrace=False)
-    pytest.skip(_why, allow_module_level=True)
+require_cluster()
 
 
 RECIPE = """
@@ -51,16 +24,6 @@ engine: {rollout: synthetic, trainer: synthetic}
 control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 30}
 slurm: {cpus_per_task: 1, time_min: 15}
 """
-
-
-def squeue_state(job_id: str) -> str:
-    out = subprocess.run(
-        ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    )
-    return out.stdout.strip()
 
 
 def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir):

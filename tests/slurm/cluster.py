@@ -1,0 +1,60 @@
+"""The single-host Slurm the `slurm` tests run on (`make slurm-up`: virtual nodes n1, n2).
+
+:func:`require_cluster` at a test module's top skips it with a reason when no controller
+answers; CI sets REFLOW_REQUIRE_SLURM=1, which turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from jobs.slurm import ACTIVE_STATES
+
+
+def _cluster() -> str | None:
+    """Why no cluster is usable, or None when one answers with idle nodes."""
+    if shutil.which("sinfo") is None:
+        return "no Slurm client installed (run `make slurm-up`)"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 10 s"
+    nodes = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or len(nodes) < 2:
+        return f"no Slurm with 2 nodes answers (sinfo: {out.stdout.strip() or out.stderr.strip()})"
+    return None
+
+
+def require_cluster() -> None:
+    why = _cluster()
+    if why is None:
+        return
+    if os.environ.get("REFLOW_REQUIRE_SLURM") == "1":
+        pytest.fail(f"REFLOW_REQUIRE_SLURM=1 but {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+def squeue_state(job_id: str) -> str:
+    out = subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return out.stdout.strip()
+
+
+def wait_job_ended(job_id: str, timeout_s: float = 60) -> None:
+    """Until Slurm holds the job in no active state (any end will do: a job one of whose
+    tasks was killed ends FAILED, whatever the run's state)."""
+    deadline = time.monotonic() + timeout_s
+    while squeue_state(job_id) in ACTIVE_STATES:
+        assert time.monotonic() < deadline, squeue_state(job_id)
+        time.sleep(1)
