@@ -18,6 +18,7 @@ the step, which ends with the rank or with the job).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,8 +49,14 @@ def rank_env(cfg: Config, rank: int, attempt: str) -> dict[str, str]:
 def srun_command(cfg: Config, job_id: str, node: str, argv: list[str]) -> list[str]:
     """One task of ``argv`` as a new step of job ``job_id`` on ``node``, sharing the run's
     resources (``--overlap``), with this process's environment (``--export ALL``)."""
+    srun = shutil.which("srun")
+    if srun is None:
+        raise UserError(
+            f"job {job_id} is a Slurm job: `reflow rejoin` starts its rank with srun, which "
+            "is not on this machine's PATH (type it where sbatch and srun are)"
+        )
     cmd = [
-        "srun",
+        srun,
         "--jobid",
         job_id,
         "--overlap",

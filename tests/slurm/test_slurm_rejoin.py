@@ -8,7 +8,7 @@ The new rank 3 registers and generates again; stopping the run ends its step too
 step's ``srun`` client.
 
 - synthetic engines (make test): the step, its node, its rank's environment;
-- the demo's real engines (make test-slow, 10 min here): the rank also joins the
+- the demo's real engines (make test-slow, 6 to 10 min here): the rank also joins the
   torch.distributed world from ``dist.json`` (the store rank 0 opened at the address
   submitit gave the job), takes its role back at the next epoch with the current weights
   (process groups over gloo) and generates with them.
@@ -148,7 +148,10 @@ def test_a_lost_rank_with_real_engines_rejoins_from_a_step(runs_dir):
     run_dir = next(runs_dir.iterdir())
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
     try:
-        kill_and_start_again(run_dir, lambda s: bool(s["rejoined_ranks"]), True)
+        s, _ = kill_and_start_again(run_dir, lambda s: bool(s["rejoined_ranks"]), True)
+        at = s["rejoined_ranks"][0]["at_step"]  # a few steps trained on its samples too
+        s = wait_for(run_dir.name, lambda s: s["step"] >= at + 4 or s["state"] != "RUNNING", 600)
+        assert s["state"] == "RUNNING", s.get("reason")
         final = stop_and_check_nothing_left(run_dir)
     finally:
         subprocess.run(["scancel", job_id], timeout=30)

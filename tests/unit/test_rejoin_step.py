@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.errors import UserError
 from jobs.rejoin import rank_env, srun_command
 from runtime.config.recipe import load_recipe
 from runtime.entry import SLURM_STEP_ENV, attempt_id, guards_its_processes
@@ -15,11 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 ARGV = ["python3", "-u", "-m", "jobs.rejoin", "/runs/R", "13"]
 
 
-def test_a_gpu_rank_is_a_step_on_its_node_sharing_the_allocation_with_its_gpus():
+@pytest.fixture
+def srun(monkeypatch) -> str:
+    monkeypatch.setattr("jobs.rejoin.shutil.which", lambda name: f"/usr/bin/{name}")
+    return "/usr/bin/srun"
+
+
+def test_a_gpu_rank_is_a_step_on_its_node_sharing_the_allocation_with_its_gpus(srun):
     cfg = load_recipe(REPO / "recipes" / "apps_coding.yaml", ["resources.nodes=8"])
     cmd = srun_command(cfg, "4242", "gpu-n3", ARGV)
     assert cmd == [
-        "srun",
+        srun,
         "--jobid",
         "4242",
         "--overlap",
@@ -41,10 +48,17 @@ def test_a_gpu_rank_is_a_step_on_its_node_sharing_the_allocation_with_its_gpus()
     ]
 
 
-def test_a_cpu_rank_asks_for_no_gpu():
+def test_a_cpu_rank_asks_for_no_gpu(srun):
     cfg = load_recipe(REPO / "recipes" / "demo.yaml")
     cmd = srun_command(cfg, "7", "n2", ARGV)
     assert "--gpus-per-node" not in cmd and cmd[-len(ARGV) :] == ARGV
+
+
+def test_without_srun_here_it_says_where_to_type_it(monkeypatch):
+    monkeypatch.setattr("jobs.rejoin.shutil.which", lambda name: None)
+    cfg = load_recipe(REPO / "recipes" / "demo.yaml")
+    with pytest.raises(UserError, match="srun, which is not on this machine's PATH"):
+        srun_command(cfg, "7", "n2", ARGV)
 
 
 def test_the_rank_env_names_its_rank_attempt_and_place_on_its_node():
