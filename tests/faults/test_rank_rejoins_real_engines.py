@@ -11,6 +11,11 @@ and takes its role back at a later epoch:
   and version) from rank 0, and trains again in agreement with it (replica spread 0); the
   FSDP2 case, shard by shard, is tests/integration/test_trainer_rank_rejoin.py.
 
+Then a rollout rank hangs (SIGSTOP, the other one in the rollout case): declared lost by
+its silence (or dropped from a weight sync), the live ranks regroup without it and the run
+goes on. The same hang, with a kill before it, is tests/faults/test_lost_rollout_rank_real_
+engines.py (make test-slow); here it costs the run it shares a heartbeat timeout.
+
 Before this, a lost rank that registered again was refused ("it cannot rejoin this run"),
 and a lost trainer rank until this change ("a lost trainer rank cannot rejoin the run
 yet")."""
@@ -53,6 +58,7 @@ def test_a_killed_rank_started_again_rejoins_and_takes_its_role_back(runs_dir, r
     reflow(*args, check=True, timeout=900)
     run_dir = next(runs_dir.iterdir())
     run = run_dir.name
+    hung = 2 if rank == 3 else 3
     pids: dict[int, int] = {}
     try:
         s = wait_for(run, lambda s: s["step"] >= 2 or s["state"] != "RUNNING", 600)
@@ -93,21 +99,33 @@ def test_a_killed_rank_started_again_rejoins_and_takes_its_role_back(runs_dir, r
             )
         assert s["state"] == "RUNNING", s.get("reason")
         pids[rank] = next(w["pid"] for w in s["workers"] if w["rank"] == rank)
+        os.kill(pids[hung], signal.SIGSTOP)  # a hung rollout rank: the run goes on without it
+        s = wait_for(run, lambda s: len(s["lost_ranks"]) == 2 or s["state"] != "RUNNING", 300)
+        assert s["state"] == "RUNNING", s.get("reason")
+        at = s["step"]
+        s = wait_for(run, lambda s: s["step"] >= at + 2 or s["state"] != "RUNNING", 300)
+        assert s["state"] == "RUNNING", s.get("reason")
         reflow("stop", run, check=True, timeout=300)
         final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 300)
-    finally:
+    except BaseException:
         for pid in pids.values():
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        if hung in pids and pid_alive(pids[hung]):
+            os.kill(pids[hung], signal.SIGKILL)  # stopped by the test: the test's to end
     assert final["state"] == "STOPPED", final.get("reason")
     (back,) = final["rejoined_ranks"]
     assert back["rank"] == rank and back["pid"] == pids[rank]
-    assert [x["rank"] for x in final["lost_ranks"]] == [rank]
+    lost = {x["rank"]: x["reason"] for x in final["lost_ranks"]}
+    assert list(lost) == [rank, hung]
+    assert "sent no heartbeat" in lost[hung] or "dropped from a weight sync" in lost[hung], lost
     workers = {w["rank"]: w for w in final["workers"]}
-    assert workers[rank]["role"] == role
+    assert workers[rank]["role"] == role and workers[hung]["state"] == "dead"
     assert workers[rank]["layout_epoch"] == final["layout"]["epoch"]
     regroups = [x["source"] for x in final["switches"]]
-    assert regroups.count("lost_rank") == 1 and regroups.count("rank_rejoined") == 1
+    assert regroups.count("lost_rank") == 2 and regroups.count("rank_rejoined") == 1
     ledger = final["buffer"]["ledger"]
     assert ledger["lost"] == 0 and ledger["duplicated"] == 0
     # the engines generate with the current policy, the rejoined one included

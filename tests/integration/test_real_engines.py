@@ -16,8 +16,9 @@ about two minutes):
 
 The run reaches its last step with one trainer and one rollout rank, nothing lost or
 duplicated. A hung rollout rank (SIGSTOP) with real engines is in
-tests/faults/test_lost_rollout_rank_real_engines.py (make test-slow); in make test it is
-covered over real gloo by tests/integration/test_lost_peers.py."""
+tests/faults/test_rank_rejoins_real_engines.py (after a trainer rank's rejoin, in make test)
+and tests/faults/test_lost_rollout_rank_real_engines.py (make test-slow); over real gloo in
+tests/integration/test_lost_peers.py."""
 
 import json
 import os
