@@ -161,7 +161,7 @@ class Coordinator(Run):
         if self.state == RunState.RUNNING and now >= self._next_overdue_check:
             out += self._time_out_work(now)
         if self.batch_retry:
-            out += training.retry_batches(self)
+            out += training.retry_batches(self, now)
         if self.ckpt.pending is not None and "trainer" in self.ckpt.pending:
             # the trainer's half is in (ok or not): only the drivers' partials are awaited,
             # bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
@@ -213,8 +213,8 @@ class Coordinator(Run):
         rank = self.members.rank_of(identity)
         if isinstance(msg, p.Batch) and rank is not None:
             # Only the leader asks for batches; a trainer replica that missed its copy
-            # would leave the leader waiting in the collective: send it again next tick.
-            self.batch_retry[identity] = msg.batch_id
+            # would leave the leader waiting in the collective: send it again.
+            training.schedule_batch_retry(self, identity, msg.batch_id, self.clock())
         if isinstance(msg, p.Work) and rank is not None:
             for r in reversed(msg.requests):  # each goes to the front: keep their order
                 if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):

@@ -112,7 +112,9 @@ class Run:
         self.batch_in_flight: int | None = None
         self.batch_sent_at = 0.0
         self.batch_resent = 0
-        self.batch_retry: dict[bytes, int] = {}  # trainer identity -> batch id to send again
+        # trainer identity -> (batch id to send again, when), and the backoff for that batch
+        self.batch_retry: dict[bytes, tuple[int, float]] = {}
+        self.batch_backoff: dict[bytes, tuple[int, float]] = {}
         self._next_overdue_check = 0.0
         # control-plane accounting
         self.accepted = 0

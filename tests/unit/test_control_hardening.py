@@ -342,6 +342,31 @@ def test_a_trainer_replica_that_missed_its_batch_gets_it_again(clock):
     assert [m for _, m in c.tick() if isinstance(m, p.Batch)] == []  # once per failure
 
 
+def test_a_trainer_replica_without_a_pipe_gets_its_batch_less_and_less_often(clock):
+    """A dead replica has no pipe until its heartbeat timeout: its copy is not rebuilt and
+    resent at every tick meanwhile (before: every 10 ms tick, 2000 in these 20 s)."""
+    control = {"heartbeat_timeout_s": 1000.0, "step_timeout_s": 1000.0}
+    c = running(clock, resources={"gpus_per_node": 4, "initial_ratio": "1:3"}, control=control)
+    for r in take_work(c, rank=3, slots=4):
+        c.on_frames(ident(3), frames_of(done(r, rank=3)))
+    batch = c.handle(ident(0), p.BatchRequest(rank=0))[0][1]
+    c.undelivered(ident(2), batch)
+    start, sent_at = clock.t, []
+    for _ in range(2000):  # 20 s of 10 ms ticks; every copy to rank 2 finds no pipe
+        clock.t += 0.01
+        for to, m in c.tick():
+            if isinstance(m, p.Batch):
+                assert to == ident(2) and m == batch
+                sent_at.append(clock.t)
+                c.undelivered(to, m)
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)]
+    assert sent_at[0] - start < 0.02  # the first again at once: a full queue clears soon
+    assert max(gaps) <= 1.0 + 0.011 and 15 <= len(sent_at) <= 30
+    clock.t += 1.0  # it has a pipe again: the copy goes, once
+    assert [m for _, m in c.tick() if isinstance(m, p.Batch)] == [batch]
+    assert [m for _, m in c.tick() if isinstance(m, p.Batch)] == []
+
+
 def test_requeue_reasons_survive_a_checkpoint(clock):
     c = running(clock)
     ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=2))
