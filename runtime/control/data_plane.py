@@ -118,14 +118,17 @@ class DataPlane:
         """A finished sample from a rollout worker; False (counted) if unexpected."""
         req = self.dispatcher.finished(t.sample_id, t.worker)
         if req is None:
+            d = self.dispatcher
             if self.delivered_ids.get(t.sample_id, -2) == t.worker:
                 why = "resent"  # at-least-once delivery: the same result, again
+            elif d.was_taken_back_from(t.sample_id, t.worker):
+                # requeued away from this worker (a role switch, say): someone else's now,
+                # whether or not its new owner delivered yet
+                why = "stale_worker"
             elif t.sample_id in self.delivered_ids:
-                why = "duplicate"
-            elif t.sample_id in self.dispatcher.outstanding or any(
-                r.sample_id == t.sample_id for r in self.dispatcher.pending
-            ):
-                why = "stale_worker"  # requeued after a role switch: not this worker's now
+                why = "duplicate"  # a sample this worker was never handed
+            elif t.sample_id in d.outstanding or any(r.sample_id == t.sample_id for r in d.pending):
+                why = "not_its_request"  # owed, but never handed to this worker
             else:
                 why = "unknown"
             self.rejected[why] += 1

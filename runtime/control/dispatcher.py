@@ -70,6 +70,11 @@ class Dispatcher:
         self.exhausted = False
         self.last_block: str | None = None  # why the last take stopped short, if it did
         self._started_groups: set[int] = set()
+        # sample_id -> the workers its request was taken back from. Such a worker may still
+        # report it late (its outbox was on the wire), also after the request's new owner
+        # delivered: that is a stale result, not a duplicate. Not checkpointed: a worker
+        # of the saved run cannot report to the resumed one.
+        self.taken_back_from: dict[int, set[int]] = {}
 
     def _refill(self) -> bool:
         try:
@@ -162,6 +167,11 @@ class Dispatcher:
         self.transitions["running->finished"] += 1
         return entry[0]
 
+    def was_taken_back_from(self, sample_id: int, worker: int) -> bool:
+        """Whether ``worker`` once held the request for ``sample_id`` and lost it to a
+        requeue (a role switch, its loss, a failure or a refusal)."""
+        return worker in self.taken_back_from.get(sample_id, ())
+
     def reinstate(self, req: Request, worker: int) -> None:
         """Undo :meth:`finished` (the result turned out not to match the request)."""
         self.outstanding[req.sample_id] = (req, worker)
@@ -178,6 +188,7 @@ class Dispatcher:
         self._at_worker.pop(worker, None)
         for req in reversed(back):
             del self.outstanding[req.sample_id]
+            self.taken_back_from.setdefault(req.sample_id, set()).add(worker)
             self.pending.appendleft(req)
             self.transitions["running->pending"] += 1
         self.requeue_reasons[reason] += len(back)
@@ -191,6 +202,7 @@ class Dispatcher:
             return False
         del self.outstanding[sample_id]
         self._at_worker[worker] -= 1
+        self.taken_back_from.setdefault(sample_id, set()).add(worker)
         r = entry[0]
         if r.resume is not None and reason.startswith("invalid:"):
             # A sample refused after continuing a partial may be refused for the partial

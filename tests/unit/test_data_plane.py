@@ -93,7 +93,7 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
     dp = DataPlane(cfg, prompts(), clock)
     running = {}  # sample_id -> (request, worker, version when started)
     ghosts = []  # requests a departed worker may still report late (its outbox)
-    duplicates = resent = 0
+    duplicates = resent = stale = 0
     batches = []
     in_training = None
     for _ in range(events):
@@ -115,14 +115,20 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
                 resent += 1
         elif e < 0.75 and ghosts:
             # A late result from a worker that lost this request in a role switch: it was
-            # requeued (and maybe re-dispatched), so it is rejected; the new owner's counts.
+            # requeued (and maybe re-dispatched, maybe delivered by its new owner), so it is
+            # rejected as stale; the new owner's counts.
             req, worker, version = ghosts.pop(rng.randrange(len(ghosts)))
             owner = running.get(req.sample_id)
             if owner is None or owner[1] != worker:
                 came_from = dp.delivered_ids.get(req.sample_id)
                 assert not dp.deliver(traj(req, version, worker, rng=rng))
-                duplicates += came_from is not None and came_from != worker
+                stale += came_from != worker
                 resent += came_from == worker
+        elif e < 0.77 and (held := list(dp.buffer.samples())):
+            # valid-shaped nonsense: worker 4, never handed anything, sends a delivered id
+            forged = rng.choice(held)
+            assert not dp.deliver(traj(forged, dp.policy_version, worker=4, rng=rng))
+            duplicates += 1
         elif e < 0.85 and in_training is None:
             batch = dp.next_batch()
             if batch is not None:
@@ -154,6 +160,7 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
     ledger = dp.ledger()
     assert ledger["lost"] == 0 and ledger["duplicated"] == duplicates
     assert dp.rejected["resent"] == resent
+    assert dp.rejected["stale_worker"] == stale
     assert ledger["delivered"] == len(dp.delivered_ids)
     assert ledger["delivered"] == ledger["held_in_buffer"] + ledger["evicted"] + ledger["retired"]
     assert ledger["dispatched"] == ledger["delivered"] + ledger["outstanding"]
@@ -409,3 +416,21 @@ def test_with_sync_every_2_a_sample_first_trained_after_its_publication_is_repla
     assert mine <= set(dp.buffer.replay)
     replayed = step(5, 1)  # version 1 at version 2: still within delta
     assert len(replayed) == 1 and dp.buffer.replay[replayed[0]].oldest_version == 1
+
+
+def test_a_late_result_after_its_new_owner_delivered_is_stale_not_a_duplicate():
+    # A rollout rank switched to training while its result was on the wire; the request
+    # went to another rank, which delivered first. The ledger's `duplicated` is for a
+    # sample sent by a worker never handed it (CI once counted the late one: 4 of them).
+    cfg = build_config({"train": {"batch_size": 4}, "algorithm": {"group_size": 1}})
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    (req,) = dp.request_work(1, 1)
+    assert dp.worker_gone(1) == 1
+    (again,) = dp.request_work(2, 1)
+    assert again.sample_id == req.sample_id
+    assert dp.deliver(traj(again, 0, worker=2))
+    assert not dp.deliver(traj(req, 0, worker=1))
+    assert not dp.deliver(traj(req, 0, worker=3))
+    assert dp.rejected == {"stale_worker": 1, "duplicate": 1}
+    assert dp.ledger()["duplicated"] == 1
