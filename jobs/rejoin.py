@@ -11,8 +11,9 @@ between two steps, with the trainer state of the replicas that stayed
 Where it runs: a local run's rank is a detached process on this machine; a Slurm run's is a
 new job step on the run's own allocation, on the node the lost rank ran on
 (:func:`srun_command`: ``--overlap``, since the run's first step holds every CPU, memory and
-GPU of the allocation). Its ``srun`` client runs here (start_new_session: it lives as long as
-the step, which ends with the rank or with the job).
+GPU of the allocation). Its ``srun`` client runs here, detached: it lives as long as the
+step, which ends with the rank or with the job, and the step as long as it (if the machine
+the command was typed on goes down, the rank is lost again).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from jobs.errors import UserError
@@ -29,6 +31,27 @@ from runtime.config.recipe import load_recipe
 from runtime.config.schema import Config
 from runtime.entry import SLURM_STEP_ENV
 from runtime.store.run_dir import RunPaths, read_json
+
+# Variables of the Slurm job, step or MPI launch the command may have been typed in (an
+# salloc shell, a batch script): srun would take them as options of the new step, and a
+# local rank would take itself for a Slurm task (its GPU from SLURM_LOCALID, its attempt
+# from SLURM_JOB_ID); nor is it a submitit task (it reads dist.json and control.json).
+# SLURM_CONF says where the controller is, and stays.
+INHERITED_LAUNCHER_PREFIXES = (
+    "SLURM_",
+    "SBATCH_",
+    "SALLOC_",
+    "SRUN_",
+    "PMI_",
+    "PMIX_",
+    "SUBMITIT_",
+)
+KEPT_LAUNCHER_VARS = frozenset({"SLURM_CONF"})
+
+# How long the CLI watches the new process (or its srun client) before it says "started":
+# srun refuses a bad node, job or option within this. A rank that fails later (it takes
+# longer to import torch) says why in its log, and rank 0 never takes it back.
+STARTUP_CHECK_S = 3.0
 
 
 def rank_env(cfg: Config, rank: int, attempt: str) -> dict[str, str]:
@@ -40,10 +63,27 @@ def rank_env(cfg: Config, rank: int, attempt: str) -> dict[str, str]:
         "REFLOW_WORLD_SIZE": str(cfg.world_size),
         "REFLOW_ATTEMPT": job,
         "SLURM_RESTART_COUNT": restarts or "0",
-        # the rank's place on its node (ranks fill nodes in order): a one-task step's
-        # SLURM_LOCALID is 0, and the GPU index follows LOCAL_RANK first
-        "LOCAL_RANK": str(rank % cfg.resources.gpus_per_node),
     }
+
+
+def process_env(
+    base: Mapping[str, str], cfg: Config, rank: int, attempt: str, *, slurm_step: bool
+) -> dict[str, str]:
+    """The environment of the new rank (or of the srun client that starts it): ``base``
+    without what an enclosing launcher set, and the rank's variables (:func:`rank_env`).
+    A Slurm step's rank also gets ``LOCAL_RANK``, its place on its node (ranks fill nodes
+    in order), since a one-task step's ``SLURM_LOCALID`` is 0; a local rank chooses its GPU
+    as its first start did, from its rank."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if k in KEPT_LAUNCHER_VARS or not k.startswith(INHERITED_LAUNCHER_PREFIXES)
+    }
+    env.update(rank_env(cfg, rank, attempt))
+    if slurm_step:
+        env["LOCAL_RANK"] = str(rank % cfg.resources.gpus_per_node)
+        env[SLURM_STEP_ENV] = "1"
+    return env
 
 
 def srun_command(cfg: Config, job_id: str, node: str, argv: list[str]) -> list[str]:
@@ -102,28 +142,44 @@ def start(paths: RunPaths, rank: int) -> str:
         raise UserError(f"rank {rank} of run {paths.name} is not a lost rank")
     attempt = str(read_json(paths.control).get("attempt", ""))
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, **rank_env(cfg, rank, attempt), "PYTHONPATH": str(repo)}
-    for key in [k for k in env if k.startswith("SUBMITIT_")]:
-        del env[key]  # not a submitit task: the rank reads dist.json and control.json
     argv = [sys.executable, "-u", "-m", "jobs.rejoin", str(paths.root), str(rank)]
     job = read_json(paths.job)
-    where = "pid {pid}"
+    step = None  # (job id, node) of the Slurm step it runs as
     if job.get("backend") == "slurm":
-        node = _lost_rank_node(status, rank, paths.name)
-        argv = srun_command(cfg, str(job["job_id"]), node, argv)
-        env[SLURM_STEP_ENV] = "1"
-        where = f"a step of slurm job {job['job_id']} on {node}, srun pid {{pid}}"
-    with (paths.logs / f"rank{rank}.rejoin.log").open("ab") as out:
+        step = (str(job["job_id"]), _lost_rank_node(status, rank, paths.name))
+        argv = srun_command(cfg, *step, argv)
+    env = process_env(os.environ, cfg, rank, attempt, slurm_step=step is not None)
+    env["PYTHONPATH"] = str(repo)
+    log = paths.logs / f"rank{rank}.rejoin.log"
+    proc = start_detached(argv, env, repo, log, STARTUP_CHECK_S)
+    if step is None:
+        return f"pid {proc.pid}"
+    return f"a step of slurm job {step[0]} on {step[1]}, srun pid {proc.pid}"
+
+
+def start_detached(
+    argv: list[str], env: dict[str, str], cwd: Path, log: Path, check_s: float
+) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own (not the CLI's: it lives as long as the run),
+    its output appended to ``log``; a process that ends within ``check_s`` is a one-line
+    error quoting the last line it wrote."""
+    with log.open("ab") as out:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # not the CLI's: it lives as long as the run
-            cwd=repo,
+            start_new_session=True,
+            cwd=cwd,
             env=env,
         )
-    return where.format(pid=proc.pid)
+    try:
+        code = proc.wait(timeout=check_s)
+    except subprocess.TimeoutExpired:
+        return proc
+    lines = log.read_text(errors="replace").strip().splitlines()
+    said = lines[-1].strip() if lines else "nothing"
+    raise UserError(f"{Path(argv[0]).name} exited at once (exit {code}): {said} (see {log})")
 
 
 def main(run_dir: str) -> int:

@@ -15,6 +15,20 @@ import pytest
 
 from jobs.slurm import ACTIVE_STATES
 
+# a 2-node x 2-task run of synthetic engines (2:2), long enough to be stopped
+RECIPE = """
+name: onslurm
+data: {train: "embedded:synthetic"}
+workload: {max_response_tokens: 64}
+algorithm: {group_size: 4}
+train: {steps: 100000, batch_size: 16, lr: 0.001}
+reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
+resources: {nodes: 1, gpus_per_node: 2, initial_ratio: "2:2", device: cpu}
+engine: {rollout: synthetic, trainer: synthetic}
+control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 30}
+slurm: {cpus_per_task: 1, time_min: 15}
+"""
+
 
 def _cluster() -> str | None:
     """Why no cluster is usable, or None when one answers with idle nodes."""

@@ -27,22 +27,9 @@ import pytest
 
 from tests.helpers import REPO, lower_priority, reflow
 from tests.helpers import wait_for_status as wait_for
-from tests.slurm.cluster import require_cluster, wait_job_ended
+from tests.slurm.cluster import RECIPE, require_cluster, wait_job_ended
 
 require_cluster()
-
-SYNTHETIC = """
-name: back
-data: {train: "embedded:synthetic"}
-workload: {max_response_tokens: 64}
-algorithm: {group_size: 4}
-train: {steps: 100000, batch_size: 16, lr: 0.001}
-reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
-resources: {nodes: 1, gpus_per_node: 2, initial_ratio: "2:2", device: cpu}
-engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.004}
-control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 10}
-slurm: {cpus_per_task: 1, time_min: 15}
-"""
 
 
 def steps(job_id: str) -> list[list[str]]:
@@ -114,8 +101,11 @@ def stop_and_check_nothing_left(run_dir: Path) -> dict:
 
 def test_a_lost_rank_comes_back_as_a_step_on_the_allocation(tmp_path, runs_dir):
     recipe = tmp_path / "back.yaml"
-    recipe.write_text(SYNTHETIC)
-    reflow("launch", str(recipe), "--nodes", "2", check=True, timeout=120)
+    recipe.write_text(RECIPE)
+    args = ["launch", str(recipe), "--nodes", "2"]
+    for x in ("engine.synthetic_token_s=0.004", "control.heartbeat_timeout_s=10"):
+        args += ["--set", x]
+    reflow(*args, check=True, timeout=120)
     run_dir = next(runs_dir.iterdir())
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
     try:

@@ -7,23 +7,9 @@ import time
 
 from tests.helpers import reflow
 from tests.helpers import wait_for_status as wait_for
-from tests.slurm.cluster import require_cluster, squeue_state
+from tests.slurm.cluster import RECIPE, require_cluster, squeue_state
 
 require_cluster()
-
-
-RECIPE = """
-name: onslurm
-data: {train: "embedded:synthetic"}
-workload: {max_response_tokens: 64}
-algorithm: {group_size: 4}
-train: {steps: 100000, batch_size: 16, lr: 0.001}
-reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
-resources: {nodes: 1, gpus_per_node: 2, initial_ratio: "2:2", device: cpu}
-engine: {rollout: synthetic, trainer: synthetic}
-control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 30}
-slurm: {cpus_per_task: 1, time_min: 15}
-"""
 
 
 def test_two_nodes_train_report_slurm_state_and_stop_cleanly(tmp_path, runs_dir):
