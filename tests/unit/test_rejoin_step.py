@@ -116,6 +116,7 @@ def test_a_slurm_steps_rank_gets_its_node_local_index_and_no_enclosing_job():
     # a one-task step's SLURM_LOCALID is 0: rank 13 is GPU 5 of node 1
     assert not any(k.startswith(("SBATCH_", "SRUN_", "PMI")) for k in env)
     assert "SLURM_JOB_ID" not in env and "SLURM_NTASKS" not in env
+    assert "SLURM_LOCALID" not in env
     assert env["LOCAL_RANK"] == "5" and not guards_its_processes(env)
 
 
