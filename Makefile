@@ -31,6 +31,11 @@ endif
 	# without it the code rewards fall back to rlimits only, with a loud warning.
 	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q bubblewrap >/dev/null; } \
 		|| echo "WARNING: bubblewrap (bwrap) is not installed: the sandbox falls back to rlimits only"
+	# The sandbox's interpreter gets sortedcontainers, as LeetCode's judge has it (its
+	# solutions use SortedList; one of the 200 LeetCodeDataset v0.2.0 references does).
+	/usr/bin/python3 -c "import sortedcontainers" 2>/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && apt-get install -y -q python3-sortedcontainers >/dev/null; } \
+		|| echo "WARNING: python3-sortedcontainers is not installed: programs using SortedList fail"
 	$(BIN)/python -c "import reflow_cli.main, runtime, jobs"
 	touch $@
 

@@ -32,6 +32,12 @@ SLICES: list[tuple[str, int | None]] = [
     ("mbpp/mbpp.jsonl", 300),
     ("humaneval/HumanEval.jsonl.gz", None),
 ]
+# Files taken from a public repository snapshot, not from ../shared/data (SOURCES.md says
+# from which commit and how): this script does not make them, only lists their checksums.
+FETCHED: list[str] = [
+    "leetcode/LeetCodeDataset-v0.2.0-test.jsonl.gz",
+    "leetcode/LeetCodeDataset-v0.1.0-train-nodes.jsonl.gz",
+]
 
 
 def slice_bytes(source: Path, lines: int | None) -> bytes:
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.source}: no such folder (the full public data)", file=sys.stderr)
         return 2
     made = {name: slice_bytes(args.source / name, lines) for name, lines in SLICES}
-    sums = "".join(f"{sha256(data)}  {name}\n" for name, data in made.items())
+    fetched = {name: _read(args.target / name) or b"" for name in FETCHED}
+    sums = "".join(f"{sha256(data)}  {name}\n" for name, data in {**made, **fetched}.items())
     if args.check:
         stale = [n for n, d in made.items() if _read(args.target / n) != d]
         if _read(args.target / SUMS) != sums.encode():
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_bytes(data)
     (args.target / SUMS).write_text(sums)
     print("| file | records | bytes | sha256 |\n|---|---|---|---|")
-    for name, data in made.items():
+    for name, data in {**made, **fetched}.items():
         print(f"| {name} | {records(data, name)} | {len(data)} | {sha256(data)} |")
     return 0
 

@@ -122,8 +122,12 @@ def test_stdio_integers_compare_exactly(sandbox):
     tests = parse_tests({"inputs": ["\n"], "outputs": ["1000000\n"]})
     assert score("print(1000000)", tests, sandbox) == 1.0
     assert score("print(1000001)", tests, sandbox) == 0.0
-    floats = parse_tests({"inputs": ["\n"], "outputs": ["0.3333333\n"]})
+    floats = parse_tests({"inputs": ["\n"], "outputs": ["0.3333333\n"], "tolerance": 1e-6})
     assert score("print(1 / 3)", floats, sandbox) == 1.0
+    # No stated tolerance: a decimal answer is the number printed, exactly.
+    exact = parse_tests({"inputs": ["\n"], "outputs": ["0.3333333\n"]})
+    assert score("print(1 / 3)", exact, sandbox) == 0.0
+    assert score("print('0.33333330')", exact, sandbox) == 1.0
 
 
 def test_call_based_a_float_is_not_a_string_answer(sandbox):

@@ -53,7 +53,7 @@ def test_bad_tests_are_one_line(tests, message):
 def test_outputs_match_like_apps():
     assert outputs_match("1\n6\n-1\n", "1\n6\n-1")
     assert outputs_match("1 \n6\n\n", "1\n6\n")  # trailing whitespace and blank lines
-    assert outputs_match("0.3333333", "0.33333333")  # float tolerance
+    assert outputs_match("0.3333333", "0.33333333", 1e-6)  # the problem's stated tolerance
     assert outputs_match("1 2\n3", "1\n2 3")  # token-wise fallback
     assert not outputs_match("1\n6\n", "1\n7\n")
     assert not outputs_match("1 2", "1 2 3")
@@ -79,8 +79,9 @@ def test_extract_program_prefers_the_last_python_block():
 def test_integers_compare_exactly_and_tolerance_is_for_decimals_only():
     assert not outputs_match("1000001", "1000000")  # 1e-6 relative would have let it in
     assert not outputs_match("1000001\n", "1000000.0\n")  # an integer on one side: exact
-    assert outputs_match("2", "2.0") and outputs_match("+7", "7")
-    assert outputs_match("1000000.4", "1000000.0")  # both decimals: the tolerance
+    assert outputs_match("2", "2.0") and not outputs_match("+7", "7")
+    assert not outputs_match("1000000.4", "1000000.0")  # no tolerance stated: exact
+    assert outputs_match("1000000.4", "1000000.0", 1e-6)  # both decimals: the tolerance
     assert not values_match(3.0, "3") and not values_match("3", 3.0)
     assert not values_match(True, 1) and not values_match(1, True)
     assert not values_match(1000001, 1000000) and not values_match(1000001.0, 1000000)

@@ -4,6 +4,7 @@ output (:func:`outputs_match`), a call's plain return value against the expected
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -12,13 +13,13 @@ from typing import Any
 _INT = re.compile(r"[+-]?\d+")
 
 
-def outputs_match(got: str, expected: str) -> bool:
+def outputs_match(got: str, expected: str, tolerance: float | None = None) -> bool:
     """stdout against the expected output: line by line (trailing whitespace and blank
-    lines at the ends ignored), else token by token. Tokens that are both integers compare
-    as integers, exactly (``1000001`` is not ``1000000``); a tolerance (1e-6, relative or
-    absolute) applies only when both tokens are numbers and neither is an integer; an
-    integer and a decimal compare exactly as numbers (``2`` is ``2.0``); anything else
-    compares as text."""
+    lines at the ends ignored), else token by token. An expected integer must be printed
+    as that integer, digit for digit (no ``1e20`` for 100000000000000000000, no ``7`` for
+    ``007``); an expected decimal matches a number equal to it (``2.50`` is ``2.5``), or
+    within ``tolerance`` where the problem states one; anything else compares as text.
+    Never converts a token to ``int``: a 5,000-digit line is compared, not parsed."""
     g = [line.rstrip() for line in got.strip().splitlines()]
     e = [line.rstrip() for line in expected.strip().splitlines()]
     if g == e:
@@ -26,48 +27,77 @@ def outputs_match(got: str, expected: str) -> bool:
     gt, et = got.split(), expected.split()
     if len(gt) != len(et):
         return False
-    return all(_tokens_match(a, b) for a, b in zip(gt, et, strict=True))
+    return all(_tokens_match(a, b, tolerance) for a, b in zip(gt, et, strict=True))
 
 
-def _tokens_match(a: str, b: str) -> bool:
+_DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def _tokens_match(a: str, b: str, tolerance: float | None) -> bool:
     if a == b:
         return True
-    a_int, b_int = _INT.fullmatch(a) is not None, _INT.fullmatch(b) is not None
-    if a_int and b_int:
-        return int(a) == int(b)
+    if _INT.fullmatch(b) or not _DECIMAL.fullmatch(b) or not _DECIMAL.fullmatch(a):
+        return False  # an integer, a word, or not a number printed where one was expected
+    if len(a) > 400 or len(b) > 400:
+        return False  # longer decimals than any checker reads: only equal text passes
     try:
-        x, y = float(a), float(b)
-    except ValueError:
+        x, y = decimal.Decimal(a), decimal.Decimal(b)
+    except decimal.InvalidOperation:
         return False
-    if a_int or b_int:
-        return x == y
-    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6)
+    if x == y:
+        return True
+    if tolerance is None:
+        return False
+    fx, fy = float(x), float(y)
+    return math.isclose(fx, fy, rel_tol=tolerance, abs_tol=tolerance)
 
 
-def values_match(got: Any, expected: Any) -> bool:
+# Floats returned by a call compare up to rounding: a correct program that sums in
+# another order may differ in the last bits, never in the 9th significant digit (near 0,
+# by 1e-12 at most).
+_ROUNDING = 1e-9
+
+
+def values_match(got: Any, expected: Any, tolerance: float | None = None) -> bool:
     """A call's return value (as plain data) against the expected one, by type: integers,
     strings and booleans exactly (a bool is not an int, a number is not a string), floats
-    with a 1e-6 tolerance only against floats, an int and a float exactly as numbers;
-    tuples compare as lists (JSON has no tuples); APPS's list wrap of a single output
-    counts either way."""
-    if _equal(got, expected):
+    against floats up to rounding (relative 1e-9) or within the problem's stated
+    ``tolerance``, an int and a float exactly as numbers; tuples compare as lists (JSON has
+    no tuples); APPS's list wrap of a single output counts either way."""
+    tol = _ROUNDING if tolerance is None else tolerance
+    if _equal(got, expected, tol):
         return True
-    return type(expected) is list and len(expected) == 1 and _equal(got, expected[0])
+    return type(expected) is list and len(expected) == 1 and _equal(got, expected[0], tol)
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: Any, b: Any, tol: float) -> bool:
     ta, tb = type(a), type(b)
     if ta is float and tb is float:
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+        if a != a or b != b:
+            return False  # NaN equals nothing, not even an expected NaN
+        return a == b or math.isclose(
+            a, b, rel_tol=tol, abs_tol=tol * 1e-3 if tol == _ROUNDING else tol
+        )
     if ta in (int, float) and tb in (int, float):
         return a == b
     if ta in (list, tuple) and tb in (list, tuple):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_equal(x, y, tol) for x, y in zip(a, b, strict=True))
     if ta is dict and tb is dict:
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_equal(a[k], b[k], tol) for k in a)
     if ta is not tb:
         return False  # bool vs int, str vs number, None vs anything else
     return bool(a == b) if ta in (str, bool, type(None)) else False
+
+
+def shown(value: Any, limit: int = 300) -> str:
+    """A value as one clipped line for a failure message; never raises (an integer of
+    more digits than ``str`` converts is shown by its size)."""
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    except (ValueError, TypeError, RecursionError):
+        text = f"<a {type(value).__name__} too large to show>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _json_like(x: Any) -> Any:
@@ -85,5 +115,8 @@ def _json_key(k: Any) -> Any:
     if type(k) is str:
         return k
     if type(k) in (int, float, bool) or k is None:
-        return json.dumps(k)
+        try:
+            return json.dumps(k)
+        except ValueError:
+            return None  # an integer key too long to write: it matches no expected key
     return k  # a tuple key: no JSON form, so it matches no expected object

@@ -4,18 +4,22 @@ one replay for all of them), and turns the runs into a :class:`CodeResult`."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.workloads.rewards.code.compare import _json_like, outputs_match, values_match
+from runtime.workloads.rewards.code.compare import _json_like, outputs_match, shown, values_match
 from runtime.workloads.rewards.code.harness import _harness, _verdict
 from runtime.workloads.rewards.code.plain import _decode, _NotPlain
-from runtime.workloads.rewards.code.prelude import PRELUDE
-from runtime.workloads.rewards.code.probe import _top_level_definitions, probe_code, program_names
+from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
+from runtime.workloads.rewards.code.probe import (
+    free_names,
+    probe_code,
+    program_bindings,
+    program_names,
+)
 from runtime.workloads.rewards.code.spec import TestSpec
 from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 
@@ -27,6 +31,10 @@ class TestFailure:
     expected: Any
     got: str
     status: str
+    why: str = ""  # one line: the exception and its message, the limit hit, what differed
+
+    def line(self) -> str:
+        return f"test {self.index}: {self.status}" + (f": {self.why}" if self.why else "")
 
 
 @dataclass
@@ -38,19 +46,52 @@ class CodeResult:
     failures: list[TestFailure] = field(default_factory=list)
     wall_s: float = 0.0
 
-    def as_json(self) -> dict[str, Any]:
-        return {
+    def as_json(self, explain: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "score": self.score,
             "passed": self.passed,
             "total": self.total,
             "error": self.error,
         }
+        if explain:
+            failed = {f.index: f.line() for f in self.failures}
+            out["tests"] = [failed.get(i, f"test {i}: ok") for i in range(self.total)]
+        return out
 
 
 def _no_verdict(r: RunResult) -> tuple[str, str]:
     if not r.ok:
         return r.status, _tail(r)
     return "early_exit", "the program ended before the harness reported every test"
+
+
+_LIMITS = {
+    "cpu_limit": "the CPU-time limit",
+    "memory_limit": "the memory limit",
+    "output_limit": "the output limit",
+    "file_limit": "the file-size limit",
+    "signal": "a signal",
+}
+
+
+def _why(status: str, got: str, wall_s: float) -> str:
+    """One line saying why a test failed: the last line of a traceback (the exception's
+    type and message), the limit a run hit, or the grader's own refusal."""
+    if status == "ok":
+        return ""
+    if status == "timeout":
+        return f"timeout after {wall_s:g} s"
+    if status == "total_timeout":
+        return "not run: the program's time for all its tests ran out"
+    if status in _LIMITS:
+        return f"stopped by {_LIMITS[status]}"
+    lines = [x.strip() for x in (got or "").strip().splitlines() if x.strip()]
+    last = lines[-1] if lines else ""
+    if last.startswith("_Refused: "):
+        last = last[len("_Refused: ") :]
+    if status == "wrong_answer" and last == "AssertionError" and len(lines) > 1:
+        last = f"AssertionError at {lines[-2]}"  # the failing assert, as written
+    return last[:300]
 
 
 def run_tests(
@@ -70,16 +111,23 @@ def run_tests(
     units: list[str] = []
     names: list[list[str]] = []
     probes: list[str | None] = []
+    preamble = tests.preamble
+    bindings = program_bindings(program)
     if tests.kind in ("script", "asserts"):
-        defined = _top_level_definitions(program)
         if tests.kind == "script":
-            units = [tests.script]
+            units = [f"{preamble}\n{tests.script}"]
         else:
-            units = [f"{tests.script}\n{line}\n" for line in tests.inputs]
+            units = [f"{preamble}\n{tests.script}\n{line}\n" for line in tests.inputs]
+        helpers = _node_helpers_needed(units)
+        if helpers:
+            # The tests' own copy of LeetCode's helpers, so that the judging one
+            # (is_same_list) is never the program's; the program gets one too.
+            units = [f"{NODE_HELPERS}\n{code}" for code in units]
+            preamble = f"{NODE_HELPERS}\n{preamble}"
         for code in units:
             try:
-                names.append(program_names(code, defined, tests.fn_name))
-                probes.append(probe_code(code, names[-1]))
+                names.append(program_names(code, set(bindings.defined), tests.fn_name))
+                probes.append(probe_code(code, names[-1], set(bindings.classes)))
             except (SyntaxError, ValueError, RecursionError):
                 names.append([])
                 probes.append(None)
@@ -97,13 +145,13 @@ def run_tests(
         if limits is None:
             return i, (False, "total_timeout", "")
         if tests.kind == "stdio":
-            r = sandbox.run_python(PRELUDE + program, tests.inputs[i], limits)
+            r = sandbox.run_python(PRELUDE + preamble + program, tests.inputs[i], limits)
             if not r.ok:
                 return i, (False, r.status, _tail(r))
-            ok = outputs_match(r.stdout, tests.outputs[i])
+            ok = outputs_match(r.stdout, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", r.stdout)
         if tests.kind == "call":
-            job = {"mode": "call", "program": program, "fn": tests.fn_name}
+            job = {"mode": "call", "program": program, "fn": tests.fn_name, "preamble": preamble}
             r = _harness(sandbox, {**job, "args": tests.inputs[i]}, limits)
             v = _verdict(r)
             if v is None:
@@ -114,12 +162,20 @@ def run_tests(
                 got = _json_like(_decode(v["value"]))
             except (_NotPlain, TypeError, ValueError, KeyError, IndexError, RecursionError):
                 return i, (False, "non_plain", "the harness could not read the value")
-            ok = values_match(got, tests.outputs[i])
-            return i, (ok, "ok" if ok else "wrong_answer", json.dumps(got, default=repr))
+            ok = values_match(got, tests.outputs[i], tests.tolerance)
+            return i, (ok, "ok" if ok else "wrong_answer", shown(got))
         probe = probes[i]
         if probe is None:
             return i, (False, "error", "the test code does not parse")
-        job = {"mode": "record", "program": program, "probe": probe, "names": names[i]}
+        job = {
+            "mode": "record",
+            "program": program,
+            "preamble": preamble,
+            "probe": probe,
+            "names": names[i],
+            "own": sorted(bindings.defined | bindings.imported),
+            "entry": tests.fn_name,
+        }
         r = _harness(sandbox, job, limits)
         v = _verdict(r)
         if v is None:
@@ -144,17 +200,17 @@ def run_tests(
     for i in range(tests.total):
         ok, status, got = outcome[i]
         if not ok:
+            expected = tests.outputs[i] if tests.outputs else None
+            why = _why(status, got, per_test)
+            if status == "wrong_answer" and tests.kind in ("stdio", "call"):
+                why = f"expected {shown(expected, 80)}, got {shown(got, 80)}"
             failures.append(
                 TestFailure(
-                    i,
-                    tests.inputs[i] if tests.inputs else None,
-                    tests.outputs[i] if tests.outputs else None,
-                    got,
-                    status,
+                    i, tests.inputs[i] if tests.inputs else None, expected, got, status, why
                 )
             )
     passed = tests.total - len(failures)
-    error = None if not failures else f"test {failures[0].index}: {failures[0].status}"
+    error = None if not failures else failures[0].line()
     wall = time.monotonic() - start
     return CodeResult(float(passed == tests.total), passed, tests.total, error, failures, wall)
 
@@ -188,6 +244,17 @@ def _replay(
         ok = isinstance(res, dict) and res.get("ok") is True
         status = "ok" if ok else str(res.get("status", "error"))
         outcome[i] = (ok, status, "" if ok else str(res.get("error", "")))
+
+
+def _node_helpers_needed(units: list[str]) -> bool:
+    """Whether a test uses LeetCode's node helpers without defining them itself."""
+    for code in units:
+        try:
+            if free_names(code) & NODE_HELPER_NAMES:
+                return True
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+    return False
 
 
 def _tail(r: RunResult | None) -> str:

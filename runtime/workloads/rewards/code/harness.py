@@ -10,7 +10,8 @@ import inspect
 import json
 from typing import Any
 
-from runtime.workloads.rewards.code.plain import _DEPTH, _decode, _encode, _NotPlain
+from runtime.workloads.rewards.code import plain
+from runtime.workloads.rewards.code.plain import _DEPTH, _NODES, _decode, _encode, _NotPlain
 from runtime.workloads.rewards.code.prelude import PRELUDE
 from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 
@@ -38,7 +39,7 @@ def _exc_name(e):
 
 def _tb(e):
     frames = traceback.extract_tb(e.__traceback__)
-    frames = [f for f in frames if f.filename in ("main.py", "<test>")]
+    frames = [f for f in frames if f.filename in ("main.py", "<test>", "<preamble>")]
     text = "".join(
         ["Traceback (most recent call last):\n", *traceback.format_list(frames),
          *traceback.format_exception_only(type(e), e)]
@@ -84,19 +85,33 @@ def _apply(orig, new):
         orig.extend(new)
 
 
-def _load(program):
+def _load(program, preamble=""):
     ns = _fresh()
+    if preamble:
+        exec(_compile(preamble, "<preamble>"), ns)
     exec(_compile(program, "main.py"), ns)
     return ns
 
 
+def _classes(ns):
+    # The ListNode/TreeNode classes values are rebuilt as in this namespace, where it has them.
+    return {k: ns[k] for k in ("ListNode", "TreeNode") if isinstance(ns.get(k), type)}
+
+
+def _solution_method(ns, name):
+    # APPS's fn_name and a plain entry point may name a method of LeetCode's class Solution.
+    cls = ns.get("Solution")
+    if isinstance(cls, type) and callable(getattr(cls, name, None)):
+        return getattr(cls(), name)
+    return _MISSING
+
+
 def _call(job):
     try:
-        ns = _load(job["program"])
-        name, target = job["fn"], ns.get("Solution")
-        if target is not None and hasattr(target, name):
-            fn = getattr(target(), name)
-        else:
+        ns = _load(job["program"], job.get("preamble", ""))
+        name = job["fn"]
+        fn = _solution_method(ns, name)
+        if fn is _MISSING:
             fn = ns[name]
         out = fn(*job["args"])
     except BaseException as e:
@@ -109,27 +124,83 @@ def _call(job):
 
 def _record(job):
     try:
-        ns = _load(job["program"])
+        ns = _load(job["program"], job.get("preamble", ""))
     except BaseException as e:
         return {"status": "error", "error": _tb(e)}
+    own, prelude, entry = set(job.get("own", ())), _fresh(), job.get("entry")
     calls, objects, keep = [], {}, []
+    program_classes = _classes(ns)
+    tests = _fresh()
+
+    class _Obj:
+        """An object of the program's own class as the tests see it here: its methods
+        are calls into the program (recorded like any other), an attribute set on it is
+        set on the object, one read from it is recorded as a plain value."""
+
+        __slots__ = ("_h",)
+
+        def __getattr__(self, attr):
+            return member(object.__getattribute__(self, "_h"), attr)
+
+        def __setattr__(self, attr, value):
+            setattr(keep[object.__getattribute__(self, "_h")], attr, value)
 
     def handle_of(x):
+        if type(x) is _Obj:
+            return object.__getattribute__(x, "_h")
         return objects.get(id(x))
 
-    def resolve(n):
+    def real(n):  # a handle, as the program's code receives it
         return keep[n]
 
-    def proxy(name):
-        target = ns.get(name, _MISSING)
+    def wrapped(n):  # a handle, as the tests receive it
+        o = _Obj.__new__(_Obj)
+        object.__setattr__(o, "_h", n)
+        return o
 
+    found = {}
+
+    def lookup(name):
+        if name not in found:
+            found[name] = target_of(name)
+        return found[name]
+
+    def target_of(name):
+        target = ns.get(name, _MISSING)
+        if target is not _MISSING and name not in own and target is prelude.get(name, None):
+            target = _MISSING  # the prelude's, not the program's: an empty program has it too
+        if target is _MISSING and name == entry:
+            target = _solution_method(ns, name)
+        if target is _MISSING:
+            raise NameError(f"name {name!r} is not defined by the program")
+        return target
+
+    def member(h, attr):
+        value = getattr(keep[h], attr)
+        name = f"{h}.{attr}"
+        if callable(value):
+            return recorder(name, lambda: value)
+        rec = {"n": name, "a": "get"}
+        calls.append(rec)
+        return result(rec, value)
+
+    def result(rec, out):
+        try:
+            rec["r"] = _encode(out, handle_of)
+        except _NotPlain as e:
+            rec.pop("r", None)
+            rec["np"] = str(e)
+            raise _Refused("non-plain result")
+        return _decode(rec["r"], wrapped, _classes(tests))
+
+    def recorder(name, find_target):
         def call(*args, **kwargs):
-            if target is _MISSING:
-                raise NameError(f"name {name!r} is not defined")
+            target = find_target()
             key = _key(args, kwargs, handle_of)
-            copies = [a if _opaque(k) else _decode(k, resolve) for a, k in zip(args, key[0])]
+            copies = [a if _opaque(k) else _decode(k, real, program_classes)
+                      for a, k in zip(args, key[0])]
             given = dict(key[1])
-            kw = {n: v if _opaque(given[n]) else _decode(given[n], resolve)
+            kw = {n: v if _opaque(given[n]) else _decode(given[n], real, program_classes)
                   for n, v in kwargs.items()}
             rec = {"n": name, "a": key}
             calls.append(rec)
@@ -144,27 +215,25 @@ def _record(job):
             if isinstance(target, type):
                 objects[id(out)] = rec["h"] = len(keep)
                 keep.append(out)
-                return out
+                return wrapped(rec["h"])
+            value = result(rec, out)
+            changed = {}
             try:
-                rec["r"] = _encode(out, handle_of)
-                changed = {}
                 for i, (a, c, k) in enumerate(zip(args, copies, key[0])):
                     if c is not a and _encode(c, handle_of) != k:
                         changed[str(i)] = _encode(c, handle_of)
-                        _apply(a, _decode(changed[str(i)], resolve))
+                        _apply(a, _decode(changed[str(i)], wrapped, _classes(tests)))
             except _NotPlain as e:
-                rec.pop("r", None)
                 rec["np"] = str(e)
-                raise _Refused("non-plain result")
+                raise _Refused("non-plain argument")
             if changed:
                 rec["u"] = changed
-            return _decode(rec["r"], resolve)
+            return value
 
         return call
 
-    tests = _fresh()
     for name in job["names"]:
-        tests[name] = proxy(name)
+        tests[name] = recorder(name, lambda name=name: lookup(name))
     random.seed(0)
     try:
         exec(_compile(job["probe"], "<test>"), tests)
@@ -175,11 +244,13 @@ def _record(job):
 
 def _replay_one(code, calls, names):
     used = [False] * len(calls)
-    handles, flags = {}, []
+    handles, flags, made = {}, [], [0]
+    ns = _fresh()
 
     class _Handle:
         """An object of the program's own class, in the replay: it may be passed back to
-        the program and given attributes, never compared or tested."""
+        the program and given attributes, and its methods answer from the record; it is
+        never compared or tested."""
 
         def _refuse(self, *a, **k):
             flags.append("non_plain")
@@ -187,6 +258,19 @@ def _replay_one(code, calls, names):
 
         __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _refuse
         __len__ = __iter__ = __contains__ = __hash__ = __int__ = __float__ = __index__ = _refuse
+
+        def __getattr__(self, attr):
+            name = f"{object.__getattribute__(self, '_n')}.{attr}"
+            i = next((i for i, r in enumerate(calls) if not used[i] and r.get("n") == name),
+                     None)
+            if i is None:
+                flags.append("error")
+                raise _Refused(f"the program's object was not asked for {attr!r} here")
+            if calls[i].get("a") != "get":
+                return proxy(name)
+            used[i] = True
+            made[0] += 1
+            return answer(name, calls[i], ())
 
     def handle_of(x):
         return object.__getattribute__(x, "_n") if type(x) is _Handle else None
@@ -209,6 +293,27 @@ def _replay_one(code, calls, names):
                     return i
         return None
 
+    def answer(name, rec, args):
+        if "x" in rec:
+            cls = getattr(builtins, rec["x"], None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                flags.append("error")
+                raise _Refused(f"{name}() ended the program ({rec['x']})")
+            if issubclass(cls, (StopIteration, StopAsyncIteration)):
+                # Raised into map(), filter() or iter(f, x), it would end the test's
+                # loop there, as if every case had been checked.
+                flags.append("error")
+                raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
+            raise cls(f"raised by the program in {name}()")
+        if "np" in rec:
+            flags.append("non_plain")
+            raise _Refused(f"{name}() returned a {rec['np']}, not a plain value")
+        if "h" in rec:
+            return resolve(rec["h"])
+        for i_arg, after in rec.get("u", {}).items():
+            _apply(args[int(i_arg)], _decode(after, resolve, _classes(ns)))
+        return _decode(rec["r"], resolve, _classes(ns))
+
     def proxy(name):
         def call(*args, **kwargs):
             i = find(name, _key(args, kwargs, handle_of))
@@ -216,29 +321,10 @@ def _replay_one(code, calls, names):
                 flags.append("error")
                 raise _Refused(f"{name}(...) here was not run by the program")
             used[i] = True
-            rec = calls[i]
-            if "x" in rec:
-                cls = getattr(builtins, rec["x"], None)
-                if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                    flags.append("error")
-                    raise _Refused(f"{name}() ended the program ({rec['x']})")
-                if issubclass(cls, (StopIteration, StopAsyncIteration)):
-                    # Raised into map(), filter() or iter(f, x), it would end the test's
-                    # loop there, as if every case had been checked.
-                    flags.append("error")
-                    raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
-                raise cls(f"raised by the program in {name}()")
-            if "np" in rec:
-                flags.append("non_plain")
-                raise _Refused(f"{name}() returned a {rec['np']}, not a plain value")
-            if "h" in rec:
-                return resolve(rec["h"])
-            for i_arg, after in rec.get("u", {}).items():
-                _apply(args[int(i_arg)], _decode(after, resolve))
-            return _decode(rec["r"], resolve)
+            made[0] += 1
+            return answer(name, calls[i], args)
         return call
 
-    ns = _fresh()
     for name in names:
         ns[name] = proxy(name)
     random.seed(0)
@@ -250,6 +336,11 @@ def _replay_one(code, calls, names):
         return {"ok": False, "status": flags[0] if flags else "error", "error": _tb(e)}
     if flags:
         return {"ok": False, "status": flags[0], "error": "the test caught the grader's refusal"}
+    if not made[0]:
+        # A test that never reached the program measured nothing of it (an empty program
+        # whose function the tests found elsewhere, say).
+        return {"ok": False, "status": "no_program_call",
+                "error": "the test called nothing of the program"}
     return {"ok": True}
 
 
@@ -285,9 +376,15 @@ def _harness_source() -> str:
         f"PRELUDE = {PRELUDE!r}\n",
         f"MARK = {_MARK!r}\n",
         f"_DEPTH = {_DEPTH!r}\n",
+        f"_NODES = {_NODES!r}\n",
         inspect.getsource(_NotPlain),
         inspect.getsource(_encode),
+        inspect.getsource(plain._encode_nodes),
         inspect.getsource(_decode),
+        inspect.getsource(plain._decode_nodes),
+        inspect.getsource(plain._DefaultListNode),
+        inspect.getsource(plain._DefaultTreeNode),
+        "_DEFAULT_NODE_CLASSES = {'ListNode': _DefaultListNode, 'TreeNode': _DefaultTreeNode}\n",
         _HARNESS_MAIN,
     ]
     return "\n\n".join(parts)

@@ -2,7 +2,15 @@
 
 :func:`_encode` and :func:`_decode` are also pasted, by their source, into the in-sandbox
 harness (:mod:`runtime.workloads.rewards.code.harness`), so each must stay self-contained:
-no name from this module but ``_NotPlain`` and ``_DEPTH``, no import outside the body."""
+no name from this module but ``_NotPlain``, ``_DEPTH``, ``_NODES`` and the two node
+helpers, no import outside the body.
+
+LeetCode's linked lists and binary trees (``ListNode(val, next)``, ``TreeNode(val, left,
+right)``) cross as data too: an object of a class so named is read by its ``val`` and links
+only (its methods never run here), walked without recursion, and refused when a node is
+reached twice (a cycle, or a tree sharing a subtree). The other side rebuilds it as its
+own class of that name: the tests' class in the tests' process, the program's in the
+program's."""
 
 from __future__ import annotations
 
@@ -14,6 +22,78 @@ class _NotPlain(Exception):
 
 
 _DEPTH = 200  # deeper (or cyclic) structures are refused rather than recursed through
+_NODES = 1_000_000  # nodes of one linked list or tree; more is refused
+
+
+def _encode_nodes(x: Any, handle_of: Any, depth: int) -> Any:
+    """A ListNode chain as ``["LN", [val, ...]]``, a TreeNode as ``["TN", [[val, left,
+    right], ...]]`` in breadth-first order (links are indices, -1 for none); None when
+    ``x`` is neither. Only the instance's own ``val`` and link attributes are read."""
+    kind = type(x).__name__
+    links = {"ListNode": ("next",), "TreeNode": ("left", "right")}.get(kind)
+    if links is None:
+        return None
+    seen: set[int] = set()
+    order = [x]
+    out = []
+    i = 0
+    while i < len(order):
+        node = order[i]
+        i += 1
+        if type(node).__name__ != kind:
+            raise _NotPlain(f"{kind} linked to a {type(node).__qualname__}")
+        if id(node) in seen or len(order) > _NODES:
+            raise _NotPlain(f"{kind} reached twice (a cycle or a shared node)")
+        seen.add(id(node))
+        try:
+            own = object.__getattribute__(node, "__dict__")
+        except AttributeError:
+            raise _NotPlain(f"{kind} without attributes") from None
+        if "val" not in own:
+            raise _NotPlain(f"{kind} without a val")
+        row = [_encode(own["val"], handle_of, depth + 1)]
+        for link in links:
+            child = own.get(link)
+            if child is None:
+                row.append(-1)
+            else:
+                row.append(len(order))
+                order.append(child)
+        out.append(row)
+    if kind == "ListNode":
+        return ["LN", [row[0] for row in out]]
+    return ["TN", out]
+
+
+def _decode_nodes(tag: Any, body: Any, resolve: Any, classes: Any) -> Any:
+    """The object :func:`_encode_nodes` read, built of ``classes[kind]`` (a class taking
+    no arguments is not needed: nodes are made with ``__new__`` and given attributes)."""
+    kind = "ListNode" if tag == "LN" else "TreeNode"
+    cls = (classes or {}).get(kind) or _DEFAULT_NODE_CLASSES[kind]
+    if type(body) is not list or len(body) > _NODES:
+        raise _NotPlain("malformed nodes")
+    nodes = []
+    for _ in body:
+        node = cls.__new__(cls)
+        nodes.append(node)
+    if tag == "LN":
+        for i, v in enumerate(body):
+            nodes[i].val = _decode(v, resolve, classes)
+            nodes[i].next = nodes[i + 1] if i + 1 < len(nodes) else None
+        return nodes[0] if nodes else None
+    linked: set[int] = set()
+    for i, (node, row) in enumerate(zip(nodes, body, strict=True)):
+        if type(row) is not list or len(row) != 3:
+            raise _NotPlain("malformed tree")
+        node.val = _decode(row[0], resolve, classes)
+        for link, j in (("left", row[1]), ("right", row[2])):
+            # Each node has one parent that comes before it: a record cannot make a cycle.
+            if type(j) is not int or not (j == -1 or i < j < len(nodes)) or j in linked:
+                raise _NotPlain("malformed tree")
+            if j != -1:
+                linked.add(j)
+            setattr(node, link, None if j == -1 else nodes[j])
+    return nodes[0] if nodes else None
 
 
 def _encode(x: Any, handle_of: Any = None, depth: int = 0) -> Any:
@@ -58,11 +138,15 @@ def _encode(x: Any, handle_of: Any = None, depth: int = 0) -> Any:
     h = handle_of(x) if handle_of is not None else None
     if h is not None:
         return ["h", h]
+    nodes = _encode_nodes(x, handle_of, depth)
+    if nodes is not None:
+        return nodes
     raise _NotPlain(f"{t.__module__}.{t.__qualname__}")
 
 
-def _decode(v: Any, resolve: Any = None) -> Any:
-    """The value :func:`_encode` wrote (``resolve`` maps a handle number to its object)."""
+def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
+    """The value :func:`_encode` wrote (``resolve`` maps a handle number to its object,
+    ``classes`` names the ``ListNode``/``TreeNode`` classes to rebuild nodes as)."""
     t = type(v)
     if v is None or t is bool or t is int or t is str or t is float:
         return v
@@ -72,7 +156,7 @@ def _decode(v: Any, resolve: Any = None) -> Any:
     if tag == "f":
         return float(body)
     if tag in ("l", "t", "s", "fs"):
-        items = [_decode(x, resolve) for x in body]
+        items = [_decode(x, resolve, classes) for x in body]
         return {"l": list, "t": tuple, "s": set, "fs": frozenset}[tag](items)
     if tag == "b":
         return bytes.fromhex(body)
@@ -84,16 +168,33 @@ def _decode(v: Any, resolve: Any = None) -> Any:
         kind = {"d": dict, "C": collections.Counter, "O": collections.OrderedDict}[tag]
         out = kind()
         for k, x in body:
-            out[_decode(k, resolve)] = _decode(x, resolve)
+            out[_decode(k, resolve, classes)] = _decode(x, resolve, classes)
         return out
     if tag == "D":
         factories = {"int": int, "list": list, "set": set, "str": str, "float": float}
         out = collections.defaultdict(factories.get(body[0]))
         for k, x in body[1]:
-            out[_decode(k, resolve)] = _decode(x, resolve)
+            out[_decode(k, resolve, classes)] = _decode(x, resolve, classes)
         return out
     if tag == "Q":
-        return collections.deque([_decode(x, resolve) for x in body[0]], body[1])
+        return collections.deque([_decode(x, resolve, classes) for x in body[0]], body[1])
     if tag == "h" and resolve is not None:
         return resolve(body)
+    if tag in ("LN", "TN"):
+        return _decode_nodes(tag, body, resolve, classes)
     raise _NotPlain(f"unknown tag {tag!r}")
+
+
+class _DefaultListNode:
+    """What a ListNode is rebuilt as where no class of that name is at hand."""
+
+    def __init__(self, val: Any = 0, next: Any = None) -> None:
+        self.val, self.next = val, next
+
+
+class _DefaultTreeNode:
+    def __init__(self, val: Any = 0, left: Any = None, right: Any = None) -> None:
+        self.val, self.left, self.right = val, left, right
+
+
+_DEFAULT_NODE_CLASSES = {"ListNode": _DefaultListNode, "TreeNode": _DefaultTreeNode}

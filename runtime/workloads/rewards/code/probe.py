@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
+import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.workloads.rewards.code.prelude import PRELUDE
@@ -56,26 +59,69 @@ def _imported(tree: ast.AST) -> set[str]:
     }
 
 
-def _top_level_definitions(program: str) -> set[str]:
-    """Names the program binds at module level by def, class or assignment (imports left
-    out: a program's ``import math`` is the same ``math`` the tests get)."""
+@dataclass(frozen=True)
+class Bindings:
+    """What a program binds at module level (in its top-level ``if``/``try``/``with``/loop
+    bodies too): by def, class or assignment (``defined``; imports left out, since a
+    program's ``import math`` is the same ``math`` the tests get), the classes among them,
+    and the names it imports."""
+
+    defined: frozenset[str] = frozenset()
+    classes: frozenset[str] = frozenset()
+    imported: frozenset[str] = frozenset()
+
+
+def program_bindings(program: str) -> Bindings:
     try:
         tree = _parse(program)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set()
+        return Bindings()
     out: set[str] = set()
+    classes: set[str] = set()
+    imported: set[str] = set()
     todo = list(tree.body)
     while todo:
         s = todo.pop()
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(s.name)
+            if isinstance(s, ast.ClassDef):
+                classes.add(s.name)
         elif isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = s.targets if isinstance(s, ast.Assign) else [s.target]
             out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(s, (ast.Import, ast.ImportFrom)):
+            imported |= _imported(s)
         elif isinstance(s, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             todo += [c for c in ast.iter_child_nodes(s) if isinstance(c, ast.stmt)]
             todo += [c for h in getattr(s, "handlers", []) for c in h.body]
+    return Bindings(frozenset(out), frozenset(classes), frozenset(imported))
+
+
+def _star_imported(tree: ast.AST) -> set[str]:
+    """The names ``from M import *`` binds, for the standard library's modules (a test's
+    preamble star-imports math, collections, ...: ``comb`` there is the test's own)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.ImportFrom) or n.level or not n.module:
+            continue
+        if not any(a.name == "*" for a in n.names):
+            continue
+        if n.module.split(".")[0] not in sys.stdlib_module_names:
+            continue
+        try:
+            module = importlib.import_module(n.module)
+        except Exception:  # a module missing here binds nothing we know of
+            continue
+        public = getattr(module, "__all__", None)
+        out |= set(public if public is not None else (k for k in dir(module) if k[:1] != "_"))
     return out
+
+
+def free_names(test_code: str) -> set[str]:
+    """The names ``test_code`` reads without binding them itself."""
+    tree = _parse(test_code)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return loaded - _bound(tree) - _star_imported(tree)
 
 
 def program_names(test_code: str, defined: set[str], entry: str | None) -> list[str]:
@@ -85,9 +131,7 @@ def program_names(test_code: str, defined: set[str], entry: str | None) -> list[
     no entry point (as MBPP), no other program name in the test, and exactly one such name
     (MBPP 126 tests ``sum``). Otherwise every builtin the tests use stays the real one, so
     the program's redefinition of ``set`` or ``abs`` cannot judge the expected side."""
-    tree = _parse(test_code)
-    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    free = loaded - _bound(tree)
+    free = free_names(test_code)
     out = {n for n in free if n == entry or (n not in _BUILTINS and n not in _PRELUDE_NAMES)}
     if not out and entry is None:
         shadowed = free & defined
@@ -96,64 +140,111 @@ def program_names(test_code: str, defined: set[str], entry: str | None) -> list[
     return sorted(out)
 
 
-def _carriers(tree: ast.Module, names: set[str]) -> set[str]:
-    """``names`` plus the test's names that hold one of them: a parameter of a function the
+def _carriers(tree: ast.Module, names: set[str], classes: set[str]) -> tuple[set[str], set[str]]:
+    """The test's names that hold the program: ``names`` plus a parameter of a function the
     test defines, where a call passes it a program name (``check(candidate)`` called as
-    ``check(add)``), and a variable assigned one (``fn = candidate``). Flow-insensitive; a
-    name the test defines with ``def``/``class`` is never one."""
+    ``check(add)``) or a method of a program object (``check(Solution().minOperations)``),
+    and a variable assigned one (``fn = candidate``); and apart, the names that hold an
+    object of one of the program's ``classes`` (``obj = LRUCache(2)``), whose method calls
+    are calls into the program. Flow-insensitive; a name the test defines with
+    ``def``/``class`` is never one."""
     defs = {
         n.name: n
         for n in ast.walk(tree)
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
     }
     funcs = {k: v for k, v in defs.items() if not isinstance(v, ast.ClassDef)}
-    out = set(names)
+    out, objects = set(names), set()
+    shapes = _Shapes(out, objects, classes & names)
     changed = True
     while changed:
         changed = False
         for n in ast.walk(tree):
             new: set[str] = set()
+            new_objects: set[str] = set()
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in funcs:
                 a = funcs[n.func.id].args  # type: ignore[union-attr]
                 params = [p.arg for p in (*a.posonlyargs, *a.args)]
+                passed = []
                 for i, arg in enumerate(n.args):
                     if isinstance(arg, ast.Starred):
                         break
-                    if isinstance(arg, ast.Name) and arg.id in out and i < len(params):
-                        new.add(params[i])
-                for kw in n.keywords:
-                    if kw.arg and isinstance(kw.value, ast.Name) and kw.value.id in out:
-                        new.add(kw.arg)
-            elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in out:
-                new |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+                    if i < len(params):
+                        passed.append((params[i], arg))
+                passed += [(kw.arg, kw.value) for kw in n.keywords if kw.arg]
+                for param, arg in passed:
+                    if shapes.callable(arg):
+                        new.add(param)
+                    elif shapes.obj(arg):
+                        new_objects.add(param)
+            elif isinstance(n, ast.Assign):
+                targets = {t.id for t in n.targets if isinstance(t, ast.Name)}
+                if shapes.callable(n.value):
+                    new |= targets
+                elif shapes.obj(n.value):
+                    new_objects |= targets
             new -= set(defs)
-            if new - out:
+            new_objects -= set(defs)
+            if new - out or new_objects - objects:
                 out |= new
+                objects |= new_objects
                 changed = True
-    return out
+    return out, objects
+
+
+class _Shapes:
+    """What an expression of the test is, as far as the program goes: something callable
+    of the program's (a program name, or a method of a program object), or a program
+    object (a name holding one, or a call of a program class)."""
+
+    def __init__(self, names: set[str], objects: set[str], classes: set[str]) -> None:
+        self.names, self.objects, self.classes = names, objects, classes
+
+    def obj(self, e: ast.AST) -> bool:
+        if isinstance(e, ast.Name):
+            return e.id in self.objects
+        return (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Name)
+            and e.func.id in self.classes
+            and e.func.id in self.names
+        )
+
+    def method(self, e: ast.AST) -> bool:
+        # Only a program object's methods: an attribute of a value the program returned
+        # (``candidate(x).count(5)``) is the test's own call, answers and all.
+        return isinstance(e, ast.Attribute) and self.obj(e.value)
+
+    def callable(self, e: ast.AST) -> bool:
+        return (isinstance(e, ast.Name) and e.id in self.names) or self.method(e)
 
 
 class _Probe:
-    def __init__(self, tree: ast.Module, names: list[str]) -> None:
-        self.names = _carriers(tree, set(names))
+    def __init__(self, tree: ast.Module, names: list[str], classes: set[str]) -> None:
+        self.names, self.objects = _carriers(tree, set(names), classes)
+        self.shapes = _Shapes(self.names, self.objects, classes)
 
     def kept_call(self, n: ast.AST) -> bool:
-        # A call into the program: a program name, or a name that holds one (``candidate``).
-        # Calls of builtins, imports, methods and the test's own helpers are the test's own
-        # work: they are never kept whole (their arguments hold the answers), only the
-        # calls into the program inside them are.
-        if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Name):
+        # A call into the program: a program name, a name that holds one (``candidate``),
+        # or a method of a program object (``Solution().twoSum(...)``, ``obj.get(1)``).
+        # Calls of builtins, imports, other methods and the test's own helpers are the
+        # test's own work: they are never kept whole (their arguments hold the answers),
+        # only the calls into the program inside them are.
+        if not isinstance(n, ast.Call):
             return False
-        return n.func.id in self.names or self.hand_off(n)
+        if isinstance(n.func, ast.Name):
+            return n.func.id in self.names or self.hand_off(n)
+        return self.shapes.method(n.func)
 
     def hand_off(self, n: ast.Call) -> bool:
-        # ``check(add)``: a call of the test's own function that passes it the program and
-        # nothing else (an answer beside the program would be kept with it).
+        # ``check(add)``, ``check(Solution().minOperations)``: a call of the test's own
+        # function that passes it the program and nothing else (an answer beside the
+        # program would be kept with it).
         given = [*n.args, *(kw.value for kw in n.keywords)]
         return (
             bool(given)
             and all(kw.arg is not None for kw in n.keywords)
-            and all(isinstance(a, ast.Name) and a.id in self.names for a in given)
+            and all(self.shapes.callable(a) or self.shapes.obj(a) for a in given)
         )
 
     def calls_in(self, expr: ast.AST) -> list[ast.expr]:
@@ -254,16 +345,28 @@ def _value_calls(probe: _Probe, s: ast.stmt) -> list[ast.expr]:
     return [] if value is None else probe.calls_in(value)
 
 
-def probe_code(test_code: str, names: list[str]) -> str:
+def probe_code(test_code: str, names: list[str], classes: set[str] | None = None) -> str:
     """``test_code`` as the record run executes it: each ``assert`` becomes the calls it
     makes into the program (its comparison and message, where the answers are, are
     dropped); then only statements that those calls' arguments and the control flow around
     them need are kept (a backward slice over names, flow-insensitive, so it keeps more
-    rather than less). Raises SyntaxError for test code that does not parse."""
+    rather than less). ``classes``: the program names that are classes (their objects'
+    methods are calls into the program). Raises SyntaxError for test code that does not
+    parse."""
     tree = _parse(test_code)
-    probe = _Probe(tree, names)
+    probe = _Probe(tree, names, set(classes or ()))
     tree.body = probe.neuter(tree.body)
-    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+    # A def or class of the test's that makes no call into the program (``list_node``,
+    # ``TreeNode``) is one unit: where an argument needs it, it is kept whole, its body
+    # included, since slicing a helper's body would change what it computes.
+    atomic = {
+        id(n): n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and not any(probe.kept_call(c) for c in ast.walk(n))
+    }
+    inside_atomic = {id(c) for n in atomic.values() for c in ast.walk(n) if c is not n}
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and id(n) not in inside_atomic]
     kept: set[int] = set()  # kept as written
     reduced: set[int] = set()  # kept as the calls into the program in it, nothing else
     needed: set[str] = set()
@@ -276,6 +379,12 @@ def probe_code(test_code: str, names: list[str]) -> str:
         changed = False
         for s in stmts:
             if id(s) in kept:
+                continue
+            if id(s) in atomic:
+                if _binds(s) & needed:
+                    kept.add(id(s))
+                    needed |= names_in([s])
+                    changed = True
                 continue
             parts = _own_parts(s)
             calls = any(probe.kept_call(n) for p in parts for n in ast.walk(p))
@@ -301,6 +410,9 @@ def probe_code(test_code: str, names: list[str]) -> str:
                 out += [ast.Expr(value=c) for c in _value_calls(probe, s)]
                 continue
             if id(s) not in kept and not isinstance(s, _CONTROL):
+                continue
+            if id(s) in atomic:
+                out.append(s)
                 continue
             for name in ("body", "orelse", "finalbody"):
                 if isinstance(getattr(s, name, None), list) and getattr(s, name):

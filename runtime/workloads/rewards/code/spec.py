@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +21,17 @@ class TestSpec:
     kind: str  # stdio | call | script | asserts
     inputs: list[Any] = field(default_factory=list)  # asserts: the assert lines
     outputs: list[Any] = field(default_factory=list)
-    fn_name: str | None = None  # call: the function; script: the entry point, when given
+    # call: the function (or a method of ``class Solution``); script: the program name the
+    # entry point starts from (``add``, or ``Solution`` for ``Solution().minOperations``)
+    fn_name: str | None = None
     script: str = ""  # script: the test code; asserts: the setup code
+    # Code run before the program in its process and before the tests in theirs: the
+    # dataset's own imports and helpers (LeetCodeDataset's ``prompt``). The tests' copy is
+    # theirs: a helper it defines (``is_same_list``) judges as the dataset wrote it.
+    preamble: str = ""
+    # The absolute-or-relative error the problem allows on decimal answers (a checker's
+    # stated 1e-6); None: decimals compare exactly as numbers, floats up to rounding.
+    tolerance: float | None = None
 
     @property
     def total(self) -> int:
@@ -35,6 +46,8 @@ class TestSpec:
             [self.outputs[i] for i in indices],
             self.fn_name,
             self.script,
+            self.preamble,
+            self.tolerance,
         )
 
 
@@ -55,14 +68,18 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
             return TestSpec("script", script=obj)
     if not isinstance(obj, dict):
         raise TestSpecError(f"tests: expected an object, got {type(obj).__name__}")
+    preamble = obj.get("preamble") or ""
+    if not isinstance(preamble, str):
+        raise TestSpecError("tests: 'preamble' must be a string of code")
+    tolerance = _tolerance(obj.get("tolerance"))
     if "test" in obj:
         script = str(obj["test"])
         entry = obj.get("entry_point") or None
+        target = None
         if entry:
-            if not isinstance(entry, str) or not entry.isidentifier():
-                raise TestSpecError(f"tests: entry_point {entry!r} is not a Python identifier")
+            target = entry_target(entry)
             script += f"\n\ncheck({entry})\n"
-        return TestSpec("script", fn_name=entry, script=script)
+        return TestSpec("script", fn_name=target, script=script, preamble=preamble)
     if "test_list" in obj:
         asserts = obj["test_list"]
         if not isinstance(asserts, list) or not all(isinstance(a, str) for a in asserts):
@@ -70,7 +87,9 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
         if not asserts:
             raise TestSpecError("tests: no test cases")
         setup = str(obj.get("test_setup_code") or "")
-        return TestSpec("asserts", list(asserts), [None] * len(asserts), script=setup)
+        return TestSpec(
+            "asserts", list(asserts), [None] * len(asserts), script=setup, preamble=preamble
+        )
     if "inputs" not in obj or "outputs" not in obj:
         raise TestSpecError("tests: need 'inputs' and 'outputs' (APPS) or 'test' (HumanEval)")
     inputs, outputs = obj["inputs"], obj["outputs"]
@@ -86,8 +105,78 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
     if name:
         if not isinstance(name, str) or not name.isidentifier():
             raise TestSpecError(f"tests: fn_name {name!r} is not a Python identifier")
-        return TestSpec("call", list(inputs), list(outputs), name)
-    return TestSpec("stdio", [_as_text(x) for x in inputs], [_as_text(x) for x in outputs])
+        return TestSpec(
+            "call", list(inputs), list(outputs), name, preamble=preamble, tolerance=tolerance
+        )
+    return TestSpec(
+        "stdio",
+        [_as_text(x) for x in inputs],
+        [_as_text(x) for x in outputs],
+        preamble=preamble,
+        tolerance=tolerance,
+    )
+
+
+def entry_target(entry: Any) -> str:
+    """The program name an ``entry_point`` starts from: ``add`` for ``add``, ``Solution``
+    for ``Solution().minOperations`` or ``Solution(3).run`` (constructor arguments must be
+    literals: the object is built in the program's run, from the test's words only)."""
+    bad = TestSpecError(
+        f"tests: entry_point {entry!r} is not a function name or Class(args).method"
+    )
+    if not isinstance(entry, str):
+        raise bad
+    try:
+        node = ast.parse(entry.strip(), mode="eval").body
+    except SyntaxError:
+        raise bad from None
+    if isinstance(node, ast.Name):
+        return node.id
+    if not (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+    ):
+        raise bad
+    call = node.value
+    for arg in [*call.args, *(kw.value for kw in call.keywords)]:
+        try:
+            ast.literal_eval(arg)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            raise bad from None
+    if any(kw.arg is None for kw in call.keywords):
+        raise bad
+    return call.func.id
+
+
+def _tolerance(value: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value < 1:
+        raise TestSpecError(f"tests: tolerance {value!r} must be a number between 0 and 1")
+    return float(value)
+
+
+# "absolute or relative error does not exceed 10^{-6}", "within 1e-6", "error of at most
+# 10^-9": the error a problem statement allows, as Codeforces/AtCoder/APPS write it.
+_STATED = re.compile(
+    r"(?:absolute|relative)[^.]{0,80}?error[^.]{0,60}?"
+    r"(?:10\s*\^\s*\{?\s*[-\u2212]\s*(\d+)\s*\}?|10\*\*\s*[-\u2212]\s*(\d+)|1\s*e\s*[-\u2212]\s*(\d+)"
+    r"|0\.(0*)1\b)",
+    re.I | re.S,
+)
+
+
+def stated_tolerance(problem: str) -> float | None:
+    """The error a problem statement allows on real-valued answers, or None when it states
+    none (then answers compare exactly)."""
+    m = _STATED.search(problem or "")
+    if m is None:
+        return None
+    if m.group(4) is not None:
+        return 10.0 ** -(len(m.group(4)) + 1)
+    exp = int(next(g for g in m.groups()[:3] if g is not None))
+    return 10.0**-exp if 0 < exp < 19 else None
 
 
 def _as_text(x: Any) -> str:
