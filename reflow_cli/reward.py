@@ -49,24 +49,28 @@ def _score_math(item: tuple[int, str]) -> dict[str, Any]:
     return {"score": math_reward(record["response"], record["gold"])}
 
 
-def _score_code(item: tuple[int, str], recipe: str | None) -> dict[str, Any]:
+def _score_code(item: tuple[int, str], recipe: str | None, explain: bool = False) -> dict[str, Any]:
+    lineno = item[0]
+    try:
+        return _grade_code(item, recipe, explain)
+    except Exception as exc:  # noqa: BLE001 (one line's failure must not end the batch)
+        return {"score": None, "error": f"line {lineno}: internal error: {type(exc).__name__}"}
+
+
+def _grade_code(item: tuple[int, str], recipe: str | None, explain: bool) -> dict[str, Any]:
     lineno, line = item
     record = _record(lineno, line, ("program",))
     if isinstance(record, str):
         return {"score": None, "error": record}
-    from runtime.workloads.rewards.code import TestSpecError, parse_tests, run_tests
+    from runtime.workloads.rewards.code import TestSpecError, parse_tests, run_tests, tests_of
     from runtime.workloads.sandbox import sandbox_for
 
     if not isinstance(record["program"], str):
         return {"score": None, "error": f"line {lineno}: field 'program' must be a string"}
-    if "tests" in record:
-        source = record["tests"]
-    elif "test" in record:  # HumanEval/MBPP style: the tests are code
-        source = {"test": record["test"], "entry_point": record.get("entry_point")}
-    else:
+    if "tests" not in record and "test" not in record:
         return {"score": None, "error": f"line {lineno}: missing field 'tests' (or 'test')"}
     try:
-        spec = parse_tests(source)
+        spec = parse_tests(tests_of(record))
     except TestSpecError as exc:
         return {"score": None, "error": f"line {lineno}: {exc}"}
     cfg = _config(recipe)
@@ -78,7 +82,7 @@ def _score_code(item: tuple[int, str], recipe: str | None) -> dict[str, Any]:
         total_timeout_s=cfg.workload.reward_timeout_s,
         parallel=cfg.sandbox.parallel,
     )
-    return result.as_json()
+    return result.as_json(explain=explain)
 
 
 _CONFIGS: dict[str | None, Any] = {}
@@ -116,10 +120,14 @@ def code_cmd(
         Optional[Path],  # noqa: UP045
         typer.Option(help="take the sandbox limits from this recipe (default: the defaults)"),
     ] = None,
+    explain: Annotated[
+        bool, typer.Option(help="add 'tests': one line per test saying how it ended and why")
+    ] = False,
 ) -> None:
     """Run {"program", "tests": {"inputs", "outputs", "fn_name"?}} (APPS) or
-    {"program", "test", "entry_point"?} (HumanEval/MBPP) lines in the sandbox; out:
-    {"score", "passed", "total", "error"}."""
+    {"program", "test", "entry_point"?, "preamble"?} (HumanEval/MBPP/LeetCode) lines in the
+    sandbox; out: {"score", "passed", "total", "error"} (docs/code-reward.md)."""
     if recipe is not None:
         _config(str(recipe))  # a bad recipe is one line (RecipeError), before any input
-    _serve(partial(_score_code, recipe=None if recipe is None else str(recipe)), workers)
+    rec = None if recipe is None else str(recipe)
+    _serve(partial(_score_code, recipe=rec, explain=explain), workers)

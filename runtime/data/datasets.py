@@ -116,9 +116,10 @@ def load_records(
     out = []
     for i, record in enumerate(READERS[fmt](path)):
         own = sorted(record)  # the file's fields, before roles are added
+        original = dict(record)  # roles read the file's fields, never another role
         for role in roles:
             source = mapping.get(role, role)
-            found, value = _lookup(record, source)
+            found, value = _lookup(original, source)
             if not found:
                 where = f" (data.fields.{role})" if role in mapping else ""
                 raise DatasetError(
@@ -178,6 +179,19 @@ def check_template(template: str, record: dict[str, Any], path: str | Path) -> N
         )
 
 
+def check_code_tests(records: list[dict[str, Any]], path: str | Path) -> None:
+    """Every record's tests parse into a form the code grader grades under its guarantees,
+    or one line names the record and the field (a run on tests it cannot grade would train
+    on a reward of 0, silently)."""
+    from runtime.workloads.rewards.code.spec import TestSpecError, parse_tests, tests_of
+
+    for i, record in enumerate(records):
+        try:
+            parse_tests(tests_of(record), fn_name=record.get("fn_name") or None)
+        except TestSpecError as exc:
+            raise DatasetError(f"{path}: record {i}: {exc} (data.fields.tests)") from None
+
+
 def check_dataset(cfg: Any) -> int | None:
     """Validate ``data.train`` (and ``data.eval``) of a config before a launch; returns the
     number of training records, None for an embedded source."""
@@ -190,6 +204,8 @@ def check_dataset(cfg: Any) -> int | None:
             continue
         records = load_records(source, d.format, d.fields, required)
         check_template(d.prompt_template, records[0], source)
+        if "tests" in required:
+            check_code_tests(records, source)
         if name == "train":
             count = len(records)
     return count

@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.workloads.agents import scoring
 from runtime.workloads.agents.base import AgentEnv, Episode
-from runtime.workloads.rewards.code import extract_program, parse_tests
+from runtime.workloads.rewards.code import extract_program, parse_tests, tests_of
 
 
 def feedback_text(result: dict[str, Any] | None, error: str | None) -> str:
@@ -50,7 +50,7 @@ class CodeAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
         w, settings = env.cfg.workload, env.cfg.sandbox
         record = env.record(prompt)
-        tests, fn_name = record["tests"], record.get("fn_name") or None
+        tests, fn_name = tests_of(record), record.get("fn_name") or None
         total = parse_tests(tests, fn_name=fn_name).total
         public, hidden = split_tests(total, w.public_tests)
         ep = env.episode(request_id, prompt)

@@ -78,15 +78,19 @@ from runtime.workloads.rewards.code.driver import CodeResult, TestFailure, run_t
 from runtime.workloads.rewards.code.prelude import PRELUDE
 from runtime.workloads.rewards.code.probe import probe_code, program_names
 from runtime.workloads.rewards.code.spec import (
+    TEST_FIELDS,
     TestSpec,
     TestSpecError,
     extract_program,
     parse_tests,
+    stated_tolerance,
+    tests_of,
 )
 from runtime.workloads.sandbox import Sandbox, sandbox_for
 
 __all__ = [
     "PRELUDE",
+    "TEST_FIELDS",
     "CodeResult",
     "Sandbox",
     "TestFailure",
@@ -99,5 +103,7 @@ __all__ = [
     "program_names",
     "run_tests",
     "sandbox_for",
+    "stated_tolerance",
+    "tests_of",
     "values_match",
 ]

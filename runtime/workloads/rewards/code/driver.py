@@ -85,7 +85,7 @@ def _why(status: str, got: str, wall_s: float) -> str:
         return "not run: the program's time for all its tests ran out"
     if status in _LIMITS:
         return f"stopped by {_LIMITS[status]}"
-    lines = [x.strip() for x in (got or "").strip().splitlines() if x.strip()]
+    lines = [x.strip() for x in (got or "").strip().splitlines() if x.strip(" ^~\t")]
     last = lines[-1] if lines else ""
     if last.startswith("_Refused: "):
         last = last[len("_Refused: ") :]
@@ -164,35 +164,39 @@ def run_tests(
                 return i, (False, "non_plain", "the harness could not read the value")
             ok = values_match(got, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", shown(got))
-        probe = probes[i]
-        if probe is None:
-            return i, (False, "error", "the test code does not parse")
+        raise AssertionError(f"no per-test run for {tests.kind} tests")
+
+    if tests.kind in ("stdio", "call"):
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            futures = [pool.submit(one, i) for i in range(tests.total)]
+            for fut in futures:
+                i, res = fut.result()
+                if res is not None:
+                    outcome[i] = res
+                    if fail_fast and not res[0]:
+                        deadline = 0.0  # the rest return at once as not run
+    else:
+        outcome.update(
+            {
+                i: (False, "error", "the test code does not parse")
+                for i, p in enumerate(probes)
+                if p is None
+            }
+        )
+        order = [i for i, p in enumerate(probes) if p is not None]
+        left = deadline - time.monotonic()
+        limits = (
+            None if left <= 0.05 else sandbox.limits.with_wall(min(per_test * len(order), left))
+        )
         job = {
             "mode": "record",
             "program": program,
             "preamble": preamble,
-            "probe": probe,
-            "names": names[i],
             "own": sorted(bindings.defined | bindings.imported),
             "entry": tests.fn_name,
+            "units": [{"probe": probes[i], "names": names[i]} for i in order],
         }
-        r = _harness(sandbox, job, limits)
-        v = _verdict(r)
-        if v is None:
-            return i, (False, *_no_verdict(r))
-        if not isinstance(v.get("calls"), list):
-            return i, (False, str(v.get("status", "error")), str(v.get("error", "")))
-        recorded[i] = v["calls"]
-        return i, None
-
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(one, i) for i in range(tests.total)]
-        for fut in futures:
-            i, res = fut.result()
-            if res is not None:
-                outcome[i] = res
-                if fail_fast and not res[0]:
-                    deadline = 0.0  # the rest return at once as not run
+        _record_all(sandbox, job, order, limits, recorded, outcome)
     if recorded:
         _replay(sandbox, units, names, recorded, outcome, limits_left())
 
@@ -213,6 +217,40 @@ def run_tests(
     error = None if not failures else failures[0].line()
     wall = time.monotonic() - start
     return CodeResult(float(passed == tests.total), passed, tests.total, error, failures, wall)
+
+
+def _record_all(
+    sandbox: Sandbox,
+    job: dict[str, Any],
+    order: list[int],
+    limits: SandboxLimits | None,
+    recorded: dict[int, list[Any]],
+    outcome: dict[int, tuple[bool, str, str]],
+) -> None:
+    """The record run: the program and the probes of all its tests, one process (one
+    sandbox start for a task's asserts, not one each)."""
+    if not order:
+        return
+    if limits is None:
+        outcome.update({i: (False, "total_timeout", "") for i in order})
+        return
+    r = _harness(sandbox, job, limits)
+    v = _verdict(r)
+    results = v.get("results") if v else None
+    if not isinstance(results, list) or len(results) != len(order):
+        if v is not None and "status" in v:
+            status, got = str(v.get("status", "error")), str(v.get("error", ""))
+        elif v is None:
+            status, got = _no_verdict(r)
+        else:
+            status, got = "error", "the record run reported no results"
+        outcome.update({i: (False, status, got) for i in order})
+        return
+    for i, res in zip(order, results, strict=True):
+        if isinstance(res, dict) and isinstance(res.get("calls"), list):
+            recorded[i] = res["calls"]
+        else:
+            outcome[i] = (False, "error", "the record run reported no calls")
 
 
 def _replay(

@@ -104,8 +104,16 @@ def _encode(x: Any, handle_of: Any = None, depth: int = 0) -> Any:
     data, never an object the program wrote. ``handle_of`` names objects that may stand for
     themselves (instances of the program's classes passed between its calls)."""
     t = type(x)
-    if x is None or t is bool or t is int or t is str:
+    if x is None or t is bool or t is str:
         return x
+    if t is int:
+        # JSON readers (the grader's among them) refuse integers of over 4,300 digits:
+        # a longer one travels as its digits, up to 100,000 of them.
+        if x.bit_length() <= 13_000:
+            return x
+        if x.bit_length() > 332_200:
+            raise _NotPlain("an integer of over 100,000 digits")
+        return ["I", str(x)]
     if depth > _DEPTH:
         raise _NotPlain("nested too deep")
     if t is float:
@@ -155,6 +163,15 @@ def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
     tag, body = v
     if tag == "f":
         return float(body)
+    if tag == "I":
+        digits = body[1:] if type(body) is str and body[:1] == "-" else body
+        if type(digits) is not str or not 0 < len(digits) <= 100_000:
+            raise _NotPlain("malformed integer")
+        if any(c not in "0123456789" for c in digits):
+            raise _NotPlain("malformed integer")
+        import decimal  # int() of a str is capped at 4,300 digits; a Decimal is not
+
+        return int(decimal.Decimal(body))
     if tag in ("l", "t", "s", "fs"):
         items = [_decode(x, resolve, classes) for x in body]
         return {"l": list, "t": tuple, "s": set, "fs": frozenset}[tag](items)

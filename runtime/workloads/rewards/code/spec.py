@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.workloads.rewards.code import formats
+
 
 class TestSpecError(ValueError):
     """Tests that cannot be run; the message is one line naming the problem."""
@@ -55,6 +57,13 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
     """A TestSpec from an APPS ``input_output`` (dict or JSON string), a HumanEval-style
     ``{"test", "entry_point"?}``, an MBPP-style ``{"test_list", "test_setup_code"?}``, or a
     test script string."""
+    try:
+        return _parse(obj, fn_name)
+    except formats.FormatError as exc:
+        raise TestSpecError(str(exc)) from None
+
+
+def _parse(obj: Any, fn_name: str | None) -> TestSpec:
     if isinstance(obj, list):
         obj = {"test_list": obj}
     if isinstance(obj, str):
@@ -65,9 +74,23 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
             except json.JSONDecodeError as exc:
                 raise TestSpecError(f"tests: not valid JSON ({exc.msg})") from None
         else:
-            return TestSpec("script", script=obj)
+            obj = {"test": obj}
     if not isinstance(obj, dict):
         raise TestSpecError(f"tests: expected an object, got {type(obj).__name__}")
+    if isinstance(obj.get("verification_info"), (str, dict)):
+        info = obj["verification_info"]
+        if isinstance(info, str):
+            try:
+                info = json.loads(info)
+            except json.JSONDecodeError as exc:
+                raise TestSpecError(f"tests: verification_info is not JSON ({exc.msg})") from None
+        if not isinstance(info, dict):
+            raise TestSpecError("tests: verification_info must be an object")
+        obj = {**obj, **info}
+    if "public_test_cases" in obj or "private_test_cases" in obj:
+        obj = {**obj, **formats.livecodebench_tests(obj)}
+    elif "test_cases" in obj:
+        obj = {**obj, **formats.verifiable_tests(obj)}
     preamble = obj.get("preamble") or ""
     if not isinstance(preamble, str):
         raise TestSpecError("tests: 'preamble' must be a string of code")
@@ -75,6 +98,9 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
     if "test" in obj:
         script = str(obj["test"])
         entry = obj.get("entry_point") or None
+        if not entry and formats.is_pytest(script):
+            setup, calls = formats.pytest_tests(script)
+            return TestSpec("asserts", calls, [None] * len(calls), script=setup, preamble=preamble)
         target = None
         if entry:
             target = entry_target(entry)
@@ -115,6 +141,33 @@ def parse_tests(obj: Any, *, fn_name: str | None = None) -> TestSpec:
         preamble=preamble,
         tolerance=tolerance,
     )
+
+
+# The fields of a record that travel with its tests (each one a role ``data.fields`` can
+# map a dataset's own column to: LeetCodeDataset's ``prompt`` is the ``preamble``).
+TEST_FIELDS = ("entry_point", "preamble", "tolerance", "fn_name")
+
+
+def tests_of(record: dict[str, Any]) -> Any:
+    """What :func:`parse_tests` takes, from a dataset record or a ``reflow reward code``
+    line: its ``tests`` (or ``test``: APPS ``input_output``, a test script, asserts, or an
+    object holding them), with the :data:`TEST_FIELDS` it has beside them."""
+    tests = record["tests"] if "tests" in record else record.get("test")
+    extra = {k: record[k] for k in TEST_FIELDS if record.get(k) is not None}
+    if not extra:
+        return tests
+    if isinstance(tests, str) and tests.lstrip().startswith("{"):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as exc:
+            raise TestSpecError(f"tests: not valid JSON ({exc.msg})") from None
+    if isinstance(tests, str):
+        tests = {"test": tests}
+    elif isinstance(tests, list):
+        tests = {"test_list": tests}
+    if not isinstance(tests, dict):
+        raise TestSpecError(f"tests: expected an object, got {type(tests).__name__}")
+    return {**tests, **{k: v for k, v in extra.items() if k not in tests}}
 
 
 def entry_target(entry: Any) -> str:

@@ -1,0 +1,138 @@
+"""The second adversarial pass on the code grader (issue "Code rewards on the datasets
+people train on"): wrong programs that scored 1.0 and right ones that scored 0, one class
+each, with controls in the same style that must pass; and failures that say why."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from runtime.workloads.rewards.code import TestSpec, parse_tests, run_tests, sandbox_for
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"
+)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return sandbox_for()
+
+
+def grade(program: str, tests: TestSpec, sandbox):
+    return run_tests(program, tests, sandbox, test_timeout_s=4, total_timeout_s=20)
+
+
+def stdio(expected: str, **extra) -> TestSpec:
+    return parse_tests({"inputs": [""], "outputs": [expected], **extra})
+
+
+# -- comparison rules: tolerance belongs to the problem, never to integers or strings --
+
+
+@pytest.mark.parametrize(
+    "printed, expected, right",
+    [
+        ("100000000000000000000", "100000000000000000000", True),
+        ("1e20", "100000000000000000000", False),  # a big integer printed as a float
+        ("100000000000000004096", "100000000000000000000", False),  # off by thousands
+        ("007", "007", True),
+        ("7", "007", False),  # dropped zero-padding
+        ("101", "00000101", False),  # binary width
+        ("0.10", "0.1", True),  # the same decimal
+        ("0.1000004", "0.1", False),  # money or probability: no tolerance stated
+    ],
+)
+def test_stdio_comparison_rules(printed, expected, right, sandbox):
+    assert grade(f"print({printed!r})", stdio(expected), sandbox).score == float(right)
+
+
+def test_a_stated_tolerance_applies_to_decimals_only(sandbox):
+    tests = stdio("0.333333 5", tolerance=1e-6)
+    assert grade("print(1 / 3, 5)", tests, sandbox).score == 1.0
+    assert grade("print(1 / 3, '5.0000001')", tests, sandbox).score == 0.0
+
+
+def test_call_results_compare_exactly_up_to_rounding(sandbox):
+    tests = parse_tests({"fn_name": "price", "inputs": [[1]], "outputs": [0.1]})
+    assert grade("def price(x):\n    return 0.3 - 0.2", tests, sandbox).score == 1.0
+    assert grade("def price(x):\n    return 0.1000004", tests, sandbox).score == 0.0
+
+
+# -- the prelude: names the grader imports for the program are not the program --
+
+
+def test_an_empty_program_does_not_pass_a_test_of_a_prelude_named_function(sandbox):
+    tests = parse_tests(["assert gcd(12, 18) == 6", "assert gcd(7, 5) == 1"])
+    assert grade("", tests, sandbox).score == 0.0
+    assert grade("import math\n", tests, sandbox).score == 0.0
+    right = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
+    assert grade(right, tests, sandbox).score == 1.0
+    entry = parse_tests({"test": "def check(c):\n    assert c(4, 6) == 2\n", "entry_point": "gcd"})
+    assert grade("x = 1\n", entry, sandbox).score == 0.0
+    assert grade(right, entry, sandbox).score == 1.0
+
+
+def test_a_test_that_never_calls_the_program_fails(sandbox):
+    r = grade(
+        "def f(x):\n    return x\n", parse_tests(["assert sorted([2, 1]) == [1, 2]"]), sandbox
+    )
+    assert r.score == 0.0 and r.failures[0].status == "no_program_call"
+
+
+# -- semantics kept by record and replay --
+
+
+def test_state_kept_between_asserts_is_seen_as_in_the_datasets_harness(sandbox):
+    tests = parse_tests(["assert nxt() == 1", "assert nxt() == 2"])
+    assert grade("n = [0]\ndef nxt():\n    n[0] += 1\n    return n[0]\n", tests, sandbox).score == 1
+    # One run per assert hid this: every call was the first.
+    assert grade("def nxt(_n=[0]):\n    return 1\n", tests, sandbox).score == 0.0
+
+
+def test_nan_cannot_pass_a_negated_tolerance_check(sandbox):
+    tests = parse_tests(["assert not abs(area(2) - 12.566370614359172) > 1e-6"])
+    assert grade("def area(r):\n    return float('nan')\n", tests, sandbox).score == 0.0
+    assert (
+        grade("import math\ndef area(r):\n    return math.pi * r * r\n", tests, sandbox).score == 1
+    )
+
+
+# -- false negatives --
+
+
+def test_big_integer_results_are_graded_not_an_early_exit(sandbox):
+    big = 7**6000  # 5,071 digits: over the 4,300 a str() of an int may have
+    call = parse_tests({"fn_name": "f", "inputs": [[6000]], "outputs": [big]})
+    assert grade("def f(n):\n    return 7 ** n\n", call, sandbox).score == 1.0
+    assert grade("def f(n):\n    return 7 ** n + 1\n", call, sandbox).score == 0.0
+    asserts = parse_tests(["assert f(6000) == 7 ** 6000", "assert f(6000) % 10 == 1"])
+    assert grade("def f(n):\n    return 7 ** n\n", asserts, sandbox).score == 1.0
+    assert grade("def f(n):\n    return 7 ** n - 2\n", asserts, sandbox).score == 0.0
+
+
+def test_a_5000_digit_line_is_compared_not_parsed(sandbox):
+    digits = "9" * 5000
+    assert grade(f"print('{digits}')", stdio(digits), sandbox).score == 1.0
+    assert grade(f"print('{digits}8')", stdio(digits), sandbox).score == 0.0
+
+
+# -- failures that say why --
+
+
+def test_failures_say_why(sandbox):
+    tests = parse_tests({"test": "def check(c):\n    assert c(1) == 1\n", "entry_point": "f"})
+    r = grade("def f(x):\n    return x // 0\n", tests, sandbox)
+    assert r.error.startswith("test 0: error: ZeroDivisionError"), r.error
+    r = grade("def f(x):\n    return x + 1\n", tests, sandbox)
+    assert r.error.startswith("test 0: wrong_answer: AssertionError at assert c(1) == 1"), r.error
+    r = grade("class Solution:\n    pass\n\ndef f(x):\n    return Solution()\n", tests, sandbox)
+    assert r.error == (
+        "test 0: non_plain: f() returned a __main__.Solution where a plain value was expected"
+    ), r.error
+    r = run_tests("import time\ntime.sleep(30)", stdio("1"), sandbox, test_timeout_s=2)
+    assert r.error == "test 0: timeout: timeout after 2 s", r.error
+    r = grade("print(2)", stdio("1"), sandbox)
+    assert r.error == "test 0: wrong_answer: expected 1, got 2", r.error
+    assert r.as_json(explain=True)["tests"] == ["test 0: wrong_answer: expected 1, got 2"]
