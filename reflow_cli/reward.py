@@ -53,7 +53,7 @@ def _score_code(item: tuple[int, str], recipe: str | None, explain: bool = False
     lineno = item[0]
     try:
         return _grade_code(item, recipe, explain)
-    except Exception as exc:  # noqa: BLE001 (one line's failure must not end the batch)
+    except Exception as exc:
         return {"score": None, "error": f"line {lineno}: internal error: {type(exc).__name__}"}
 
 

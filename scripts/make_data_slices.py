@@ -37,6 +37,7 @@ SLICES: list[tuple[str, int | None]] = [
 FETCHED: list[str] = [
     "leetcode/LeetCodeDataset-v0.2.0-test.jsonl.gz",
     "leetcode/LeetCodeDataset-v0.1.0-train-nodes.jsonl.gz",
+    "kodcode/KodCode-prefill-demo-first27.jsonl.gz",
 ]
 
 

@@ -136,3 +136,101 @@ def test_failures_say_why(sandbox):
     r = grade("print(2)", stdio("1"), sandbox)
     assert r.error == "test 0: wrong_answer: expected 1, got 2", r.error
     assert r.as_json(explain=True)["tests"] == ["test 0: wrong_answer: expected 1, got 2"]
+
+
+# -- expected values reaching the program's process --
+
+# A wrong program that searches everything its process holds (the frames that called it,
+# their code's constants, every object the collector tracks) for the expected answer
+# 424242 and returns it when found: it scores 1.0 wherever a test's answer reaches the
+# process the program runs in.
+SNOOP = (
+    "import gc, sys\n\ndef f(*args):\n"
+    "    want = int('4242' + '42')  # never a constant of its own code\n"
+    "    seen = set()\n    frame = sys._getframe(1)\n"
+    "    while frame is not None:\n"
+    "        seen |= set(frame.f_code.co_consts) | set(map(repr, frame.f_locals.values()))\n"
+    "        frame = frame.f_back\n"
+    "    for o in gc.get_objects():\n"
+    "        if type(o) is type(f.__code__):\n            seen |= set(o.co_consts)\n"
+    "        elif type(o) in (list, tuple, dict):\n            seen |= set(map(repr, o))\n"
+    "    if want in seen or str(want) in seen:\n        return want\n"
+    "    return 0\n"
+)
+LEAKS = {
+    "comprehension": "assert [f(x) for x in [1]] == [424242]\n",
+    "tuple_assignment": "x, want = 1, 424242\nassert f(x) == want\n",
+    "reused_variable": "x = 424242\nassert f(1) == x\nx = 3\nassert f(x) == 0\n",
+    "match": (
+        "match f(1):\n    case 424242:\n        pass\n    case _:\n        raise AssertionError\n"
+    ),
+    "if_header": "if f(1) != 424242:\n    raise AssertionError('wrong')\n",
+    "table": "for arg, want in [(1, 424242)]:\n    assert f(arg) == want\n",
+    "helper_handed_the_answer": (
+        "def check(candidate, want):\n    assert candidate(1) == want\n\ncheck(f, 424242)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("style", sorted(LEAKS))
+def test_no_expected_value_reaches_the_program(style, sandbox):
+    tests = parse_tests(LEAKS[style])
+    r = grade(SNOOP, tests, sandbox)
+    assert r.score == 0.0, (style, r)
+    # The control: a program that computes the answer passes the same test.
+    right = "def f(*args):\n    return 424242 if args != (3,) else 0\n"
+    assert grade(right, tests, sandbox).score == 1.0, style
+
+
+# -- semantics the old record/replay changed --
+
+
+def test_an_argument_the_program_changes_is_changed_for_the_test(sandbox):
+    tests = parse_tests(
+        ["xs = [3, 1, 2]\nassert sort_in_place(xs) is None\nassert xs == [1, 2, 3]"]
+    )
+    assert grade("def sort_in_place(xs):\n    xs.sort()\n", tests, sandbox).score == 1.0
+    assert grade("def sort_in_place(xs):\n    pass\n", tests, sandbox).score == 0.0
+
+
+def test_the_programs_random_is_not_the_tests(sandbox):
+    # The test draws its inputs; a program that reseeds or patches random changes only its
+    # own process's generator.
+    tests = parse_tests(
+        [
+            "import random\nrandom.seed(7)\nxs = [random.randint(0, 9) for _ in range(5)]\n"
+            "assert total(xs) == sum(xs)"
+        ]
+    )
+    assert grade("def total(xs):\n    return sum(xs)\n", tests, sandbox).score == 1.0
+    rigged = "import random\nrandom.randint = lambda a, b: 0\ndef total(xs):\n    return 0\n"
+    assert grade(rigged, tests, sandbox).score == 0.0
+
+
+def test_a_test_that_maps_over_the_program(sandbox):
+    tests = parse_tests(["assert list(map(sq, [1, 2, 3])) == [1, 4, 9]"])
+    assert grade("def sq(x):\n    return x * x\n", tests, sandbox).score == 1.0
+    assert grade("def sq(x):\n    return x + x\n", tests, sandbox).score == 0.0
+
+
+def test_a_structure_the_test_builds_of_the_programs_class(sandbox):
+    # MBPP 367/927 build a tree of the program's Node in their setup code, setting
+    # attributes of the objects: the program's objects are what is changed.
+    setup = "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)\n"
+    tests = parse_tests({"test_list": ["assert depth(root) == 3"], "test_setup_code": setup})
+    node = (
+        "class Node:\n    def __init__(self, v):\n"
+        "        self.v, self.left, self.right = v, None, None\n"
+    )
+    right = node + (
+        "def depth(n):\n    return 0 if n is None else 1 + max(depth(n.left), depth(n.right))\n"
+    )
+    assert grade(right, tests, sandbox).score == 1.0
+    assert grade(right.replace("1 + max", "max"), tests, sandbox).score == 0.0
+
+
+def test_a_builtin_type_crosses_by_name(sandbox):
+    tests = parse_tests(["assert drop(('a', 1, 2.5), int) == ['a', 2.5]"])
+    right = "def drop(xs, t):\n    return [x for x in xs if not isinstance(x, t)]\n"
+    assert grade(right, tests, sandbox).score == 1.0
+    assert grade(right.replace("not ", ""), tests, sandbox).score == 0.0

@@ -126,39 +126,31 @@ def test_only_exact_plain_types_cross_the_boundary():
             _encode(bad)
 
 
-def test_the_probe_keeps_the_calls_and_drops_the_answers():
-    from runtime.workloads.rewards.code import probe_code, program_names
+def test_the_names_that_stand_for_the_program():
+    from runtime.workloads.rewards.code import program_names
 
     test = (
         "def check(candidate):\n"
-        "    assert candidate([5, 4]) == 25, 'hint 25'\n"
         "    lst = list(range(-9, 10, 2))\n"
         "    odd_sum = sum([i**2 for i in lst if i > 0])\n"
         "    assert candidate(lst) == odd_sum\n"
-        "    for x in range(3):\n"
-        "        assert abs(candidate([x]) - 1234.5) < 1e-6\n"
         "\ncheck(f)\n"
     )
     names = program_names(test, {"f", "sum"}, "f")
     assert names == ["f"]  # the entry point; a builtin the program shadows stays real
-    probe = probe_code(test, names)
-    assert "candidate([5, 4])" in probe and "candidate(lst)" in probe
-    assert "candidate([x])" in probe and "check(f)" in probe and "lst = " in probe
-    for answer in ("25", "odd_sum", "1234.5", "hint"):
-        assert answer not in probe
     # with no entry point (MBPP) a builtin the program defines is the function under test
     # when nothing else in the test can be
     assert program_names("assert sum(10, 15) == 6\n", {"sum"}, None) == ["sum"]
-    assert "6" not in probe_code("assert sum(10, 15) == 6\n", ["sum"])
+    # a name a test star-imports from the standard library is the test's
+    assert program_names("from math import *\nassert f(2) == comb(4, 2)\n", set(), None) == ["f"]
 
 
 def test_a_builtin_the_program_redefines_is_not_the_program_beside_another_name():
-    from runtime.workloads.rewards.code import probe_code, program_names
+    from runtime.workloads.rewards.code import program_names
 
     test = "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"
     names = program_names(test, {"set", "similar_elements"}, None)
     assert names == ["similar_elements"]
-    assert probe_code(test, names) == "similar_elements((3, 4, 5, 6), (5, 7, 4, 10))"
     # also a name the program never defines (it may be missing): it is what is tested
     assert program_names("assert abs(area(2) - 12.566) < 0.01\n", {"abs"}, None) == ["area"]
     # two shadowed builtins and nothing else: neither is taken for the program's
@@ -166,42 +158,3 @@ def test_a_builtin_the_program_redefines_is_not_the_program_beside_another_name(
     # with an entry point, only it and non-builtin names are the program's
     script = "def check(candidate):\n    assert len(candidate(1)) == len([1])\n\ncheck(f)\n"
     assert program_names(script, {"len", "f"}, "f") == ["f"]
-
-
-def test_a_test_helper_call_keeps_only_the_program_calls_in_its_arguments():
-    from runtime.workloads.rewards.code import probe_code
-
-    helpers = (
-        "def _close(a, b):\n    return abs(a - b) < 1e-6\n\n"
-        "def _must(a, b):\n    assert abs(a - b) < 1e-6\n\n"
-    )
-    for body in (
-        "    assert _close(candidate(2.0), 1.4142135)\n",
-        "    _must(candidate(2.0), 1.4142135)\n",
-        "    ok = _close(candidate(2.0), 1.4142135)\n    assert ok\n",
-        "    close = lambda a, b: abs(a - b) < 1e-6\n    assert close(candidate(2.0), 1.4142135)\n",
-        "    assert all(_close(candidate(x), 1.4142135) for x in [2.0])\n",
-    ):
-        probe = probe_code(helpers + "def check(candidate):\n" + body + "\ncheck(f)\n", ["f"])
-        assert "1.4142135" not in probe and "_close(" not in probe, probe
-        assert "candidate(" in probe and "check(f)" in probe, probe
-        compile(probe, "<probe>", "exec")
-    # the program is handed to the test's function by a bare name, and only so
-    handed = "def check(candidate, want):\n    assert candidate(2) == want\n\ncheck(f, 4)\n"
-    assert "4" not in probe_code(handed, ["f"]).replace("check(f, 4)", "")
-    assert "check(f, 4)" not in probe_code(handed, ["f"])
-    # a variable that holds the program is a way into it
-    alias = "def check(candidate):\n    g = candidate\n    assert g(3) == 9\n\ncheck(f)\n"
-    probe = probe_code(alias, ["f"])
-    assert "g(3)" in probe and "9" not in probe
-
-
-def test_an_assert_only_body_leaves_a_probe_that_compiles():
-    from runtime.workloads.rewards.code import probe_code
-
-    test = (
-        "def check(candidate):\n    for ok in map(lambda x: candidate(x) == 2 * x, [1, 2]):\n"
-        "        assert ok\n    try:\n        assert candidate(0) == 0\n"
-        "    finally:\n        assert True\n\ncheck(f)\n"
-    )
-    compile(probe_code(test, ["f"]), "<probe>", "exec")

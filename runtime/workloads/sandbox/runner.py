@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.workloads.sandbox import cgroups, seccomp
@@ -129,54 +130,60 @@ class Sandbox:
         self, source: str, stdin: str = "", limits: SandboxLimits | None = None
     ) -> RunResult:
         limits = limits or self.limits
+        with self.launched(source, limits) as run:
+            deadline = run.start + limits.wall_s
+            out, err, why = _pump(run.proc, stdin.encode(), deadline, limits.output_bytes)
+            if why is None:
+                try:
+                    run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    why = "timeout"
+            return run.result(out, err, why)
+
+    @contextlib.contextmanager
+    def launched(self, source: str, limits: SandboxLimits) -> Iterator[Launched]:
+        """``source`` started as ``/code/main.py`` under every layer of the sandbox, its
+        stdin, stdout and stderr pipes open; on leaving, its process group, its uid's
+        processes and its cgroup are killed and its folders removed."""
         scratch = self._scratch_root()
-        code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-", dir=scratch))
-        work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-", dir=scratch))
-        try:
+        with contextlib.ExitStack() as stack:
+            code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-", dir=scratch))
+            stack.callback(shutil.rmtree, code_dir, ignore_errors=True)
+            work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-", dir=scratch))
+            stack.callback(shutil.rmtree, work_dir, ignore_errors=True)
             code_dir.chmod(0o755)
             (code_dir / "main.py").write_text(source, encoding="utf-8")
             (code_dir / "main.py").chmod(0o644)
-            if self.uids is None:
-                return self._run_in_cgroup(code_dir, work_dir, stdin, limits, None)
-            with self.uids.claim() as uid:
+            uid = None
+            if self.uids is not None:
+                uid = stack.enter_context(self.uids.claim())
                 os.chown(work_dir, uid, uid)
                 work_dir.chmod(0o700)
+                stack.callback(_kill_uid, uid)
+            cg = None
+            if self.cgroups is not None:
                 try:
-                    return self._run_in_cgroup(code_dir, work_dir, stdin, limits, uid)
-                finally:
-                    _kill_uid(uid)
-        finally:
-            shutil.rmtree(code_dir, ignore_errors=True)
-            shutil.rmtree(work_dir, ignore_errors=True)
+                    cg = cgroups.RunCgroup(
+                        self.cgroups,
+                        cgroups.run_name(uid),
+                        limits.group_memory_bytes,
+                        limits.max_processes,
+                    )
+                except OSError as exc:
+                    raise SandboxError(f"sandbox: cannot set up the run's cgroup: {exc}") from exc
+                stack.callback(cg.close)
+            proc, start = self._start(code_dir, work_dir, limits, uid, cg)
+            stack.callback(_kill_group, proc)
+            yield Launched(proc, start, cg)
 
-    def _run_in_cgroup(
-        self, code_dir: Path, work_dir: Path, stdin: str, limits: SandboxLimits, uid: int | None
-    ) -> RunResult:
-        if self.cgroups is None:
-            return self._run(code_dir, work_dir, stdin, limits, uid, None)
-        try:
-            cg = cgroups.RunCgroup(
-                self.cgroups,
-                cgroups.run_name(uid),
-                limits.group_memory_bytes,
-                limits.max_processes,
-            )
-        except OSError as exc:
-            raise SandboxError(f"sandbox: cannot set up the run's cgroup: {exc}") from exc
-        try:
-            return self._run(code_dir, work_dir, stdin, limits, uid, cg)
-        finally:
-            cg.close()
-
-    def _run(
+    def _start(
         self,
         code_dir: Path,
         work_dir: Path,
-        stdin: str,
         limits: SandboxLimits,
         uid: int | None,
         cg: cgroups.RunCgroup | None,
-    ) -> RunResult:
+    ) -> tuple[subprocess.Popen, float]:
         argv = [self.python, "-s", str(code_dir / "main.py")]
         fds: list[int] = []  # passed to the launch, closed here once it started
         try:
@@ -204,24 +211,27 @@ class Sandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-            fds.clear()
-        try:
-            out, err, why = _pump(proc, stdin.encode(), start + limits.wall_s, limits.output_bytes)
-            if why is None:
-                try:
-                    proc.wait(timeout=max(0.0, start + limits.wall_s - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    why = "timeout"
-        finally:
-            _kill_group(proc)
-        if cg is not None and cg.never_joined():
+        return proc, start
+
+
+class Launched:
+    """A sandboxed process under way (:meth:`Sandbox.launched`)."""
+
+    def __init__(self, proc: subprocess.Popen, start: float, cg: cgroups.RunCgroup | None) -> None:
+        self.proc, self.start, self.cg = proc, start, cg
+
+    def result(self, out: bytes, err: bytes, why: str | None) -> RunResult:
+        """How the run ended, once its output is read: its process group is killed first
+        (a run is over once its caller has what it wanted)."""
+        _kill_group(self.proc)
+        if self.cg is not None and self.cg.never_joined():
             raise SandboxError(f"sandbox: the launch could not join its cgroup: {_text(err)}")
-        code = proc.returncode
-        wall = time.monotonic() - start
+        code = self.proc.returncode
+        wall = time.monotonic() - self.start
         status = why or _status(code)
         # A process the OOM killer took may show as any status (SIGKILL, a parent's
         # error, a parent still waiting at the timeout): the limit is the cause.
-        if cg is not None and status != "output_limit" and cg.oom_kills():
+        if self.cg is not None and status != "output_limit" and self.cg.oom_kills():
             status = "memory_limit"
         return RunResult(status, code, _text(out), _text(err), wall)
 

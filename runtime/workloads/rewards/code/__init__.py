@@ -1,18 +1,20 @@
 """Code-execution reward: run a program against test cases in the sandbox, with a verdict
 the program cannot forge.
 
-Four test styles, as the public datasets write them:
+Four test styles, as the public datasets write them (:mod:`.formats` turns LeetCode's,
+KodCode's pytest files, LiveCodeBench's and the verifiable-coding sets' into these; the
+list with each format's ``data.fields`` mapping is in docs/code-reward.md):
 
 - ``stdio`` (APPS/CodeContests ``{"inputs": [str], "outputs": [str]}``): each input is
-  the program's stdin; its stdout must match the output (trailing whitespace ignored, then
-  token by token; see :func:`outputs_match` for where a tolerance applies);
+  the program's stdin; its stdout must match the output (see :func:`outputs_match`: an
+  integer digit for digit, a decimal exactly or within the problem's stated tolerance);
 - ``call`` (APPS ``fn_name``): each input is the argument list of ``fn_name`` (a function,
   or a method of LeetCode's ``class Solution``); the return value must equal the output
   (APPS wraps some outputs in a list: both forms count; see :func:`values_match`);
-- ``script`` (HumanEval ``test`` + ``entry_point``): test code that calls the program; it
-  passes when it runs to its end without an error;
-- ``asserts`` (MBPP ``test_list``, or a list of strings): each assert line is one test,
-  run after ``test_setup_code``.
+- ``script`` (HumanEval ``test`` + ``entry_point``, LeetCode's ``Solution().method``):
+  test code that calls the program; it passes when it runs to its end without an error;
+- ``asserts`` (MBPP ``test_list``, a list of strings, a pytest file's test functions):
+  each is one test, run after ``test_setup_code``.
 
 How a verdict is reached (docs/code-reward.md has the whole argument):
 
@@ -21,62 +23,43 @@ How a verdict is reached (docs/code-reward.md has the whole argument):
   function and reports the return value as *plain data* (exact built-in types, see
   :func:`_encode`; a subclass or an object with an ``__eq__`` of its own is refused), which
   is compared here.
-- script/asserts tests hold their answers in code, so each runs twice. The *record* run
-  (program + harness) executes a probe made from the test code: every ``assert`` is cut
-  down to the calls into the program it makes, and statements that only compute expected
-  values are sliced away (:func:`probe_code`). The harness records each call's arguments
-  and plain result. The *replay* run (harness + the test code as written, no program in
-  it) runs the real asserts with every call into the program answered from that record.
-  The test passes only when the replay ran to its end: an early exit, a missing or
-  duplicated record, a call the record lacks, or a non-plain result is a failure.
-- The program's file is the harness alone; the program and the tests come on stdin, the
-  probe having no answers in it. Whatever the record run prints (it is the program's to
-  forge) is only a claim about what the program's functions returned, which the program
-  could as well have returned; it cannot name the answers, which it never saw.
+- script/asserts tests hold their answers in code, so the program and the tests run in two
+  sandboxed processes at once (:mod:`.relay`). The tests' process runs the test code as
+  written, with every name that stands for the program (:func:`program_names`) bound to a
+  stand-in; each call of a stand-in sends its plain arguments through the grader to the
+  program's process, which runs the call and answers with a plain value (or the exception
+  it raised, or a handle to an object of its class). The program's process never sees the
+  tests, only the arguments of its calls; the tests' process never runs program code.
+- A test passes only when it ran to its end and called the program at least once: an
+  early exit of the program's process, a non-plain answer, comparing an object of the
+  program's class, a ``StopIteration`` raised into the test's loop, or a NaN are failures.
 
-What the program's code may decide is kept to its own calls. A probe keeps whole only the
-calls of program names, of names that hold one (``candidate``, by
-:func:`_carriers`), and hand-offs like ``check(add)`` whose arguments are all such names;
-of any other call (builtins, imports, the test's own helpers such as ``_close(candidate(x),
-1.41)``) it keeps only the program calls inside the arguments, and an expression or
-assignment that no later call needs is cut down the same way. A builtin or prelude name the
-program redefines counts as the program's only with no entry point, no other program name
-in the test and no second such name (MBPP 126 tests ``sum``); elsewhere the replay, which
-holds no program code, runs the real builtin. A recorded ``StopIteration`` or
-``StopAsyncIteration`` is refused: raised into ``map`` or ``iter(f, x)`` it would end the
-test's iteration early.
+A builtin or prelude name the program redefines counts as the program's only with no entry
+point, no other program name in the test and no second such name (MBPP 126 tests ``sum``);
+elsewhere the tests' process runs the real builtin, and a name only the prelude gave the
+program is not the program's. Residual risk, honestly: a check that judges with a helper
+the program defines (HumanEval 32's ``poly``) is judged by the program, as in HumanEval's
+own harness; a test that derives an argument from its answer with the program's own code
+(HumanEval 38/50's ``encode_*``) hands it that answer. The sandbox (runtime/workloads/
+sandbox) bounds what either process can do; nothing here depends on the program failing
+to inspect its own process.
 
-Residual risk, honestly: a probe keeps what the calls' arguments need, so a test that
-derives an argument from its answer gives the answer away (HumanEval 38/50 encode the
-answer with the prompt's ``encode_*``, which is the program's own code); a check that
-judges with a helper the program defines (HumanEval 32's ``poly``) is judged by the
-program, as in HumanEval's own harness; a table of ``(input, answer)`` pairs that a loop
-walks stays in the probe whole, and so do the headers of ``if``/``while``/``for`` and
-``return``/``raise`` statements that call the program (their comparisons and lambdas
-included); a builtin-named function under test (MBPP 126's ``sum``, or an entry point
-named like a builtin) is the program's throughout its test, expected side included, as
-in the datasets' own harnesses. A test helper that calls the program itself, or is handed
-it beside other arguments, has no calls in the probe: such a test fails even for a right
-program (a cost in correctness, never a pass). The sandbox (runtime/workloads/sandbox)
-bounds what either run can do; nothing here depends on the program failing to inspect its
-own process.
+Tests of one program share ``total_timeout_s``; stdio and call tests run ``parallel`` at
+a time. The score is 1.0 when every test passes, else 0.0; ``passed``/``total`` say how
+close it came, and each failure says why in one line (``error``).
 
-Each run is one sandboxed process, tests of one program run ``parallel`` at a time, and
-all of them share ``total_timeout_s``. The score is 1.0 when every test passes, else 0.0;
-``passed``/``total`` say how close it came.
-
-The parts, one module each: :mod:`.spec` (parsing the tests, taking the program from a
-response), :mod:`.probe` (cutting the answers out of test code), :mod:`.plain` (the plain
-values that cross from the program's process), :mod:`.harness` (the in-sandbox source and
-its verdict line), :mod:`.compare` (answers against the expected ones) and :mod:`.driver`
-(:func:`run_tests`). The public names are all importable from here, with the sandbox the
-grader runs in (:func:`sandbox_for`, from :mod:`runtime.workloads.sandbox`).
+The parts, one module each: :mod:`.spec` and :mod:`.formats` (parsing the tests, taking
+the program from a response), :mod:`.names` (which names are the program's), :mod:`.plain`
+(the plain values that cross between the processes), :mod:`.harness` (the in-sandbox
+source), :mod:`.relay` (the conversation), :mod:`.compare` (answers against the expected
+ones) and :mod:`.driver` (:func:`run_tests`). The public names are all importable from
+here, with the sandbox the grader runs in (:func:`sandbox_for`).
 """
 
 from runtime.workloads.rewards.code.compare import outputs_match, values_match
 from runtime.workloads.rewards.code.driver import CodeResult, TestFailure, run_tests
+from runtime.workloads.rewards.code.names import program_names
 from runtime.workloads.rewards.code.prelude import PRELUDE
-from runtime.workloads.rewards.code.probe import probe_code, program_names
 from runtime.workloads.rewards.code.spec import (
     TEST_FIELDS,
     TestSpec,
@@ -99,7 +82,6 @@ __all__ = [
     "extract_program",
     "outputs_match",
     "parse_tests",
-    "probe_code",
     "program_names",
     "run_tests",
     "sandbox_for",

@@ -1,6 +1,6 @@
-"""The driver: :func:`run_tests` runs a program against its tests, one sandboxed process
-per run (stdio and call tests one run each; script and asserts tests a record run each and
-one replay for all of them), and turns the runs into a :class:`CodeResult`."""
+"""The driver: :func:`run_tests` runs a program against its tests (stdio and call tests one
+sandboxed run each; script and asserts tests all in one conversation between the program's
+process and the tests', :mod:`.relay`) and turns the runs into a :class:`CodeResult`."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ from typing import Any
 
 from runtime.workloads.rewards.code.compare import _json_like, outputs_match, shown, values_match
 from runtime.workloads.rewards.code.harness import _harness, _verdict
+from runtime.workloads.rewards.code.names import free_names, program_bindings, program_names
 from runtime.workloads.rewards.code.plain import _decode, _NotPlain
 from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
-from runtime.workloads.rewards.code.probe import (
-    free_names,
-    probe_code,
-    program_bindings,
-    program_names,
-)
+from runtime.workloads.rewards.code.relay import converse
 from runtime.workloads.rewards.code.spec import TestSpec
 from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 
@@ -109,8 +105,7 @@ def run_tests(
     deadline = start + total_timeout_s
     per_test = test_timeout_s or sandbox.limits.wall_s
     units: list[str] = []
-    names: list[list[str]] = []
-    probes: list[str | None] = []
+    names: list[list[str] | None] = []
     preamble = tests.preamble
     bindings = program_bindings(program)
     if tests.kind in ("script", "asserts"):
@@ -127,14 +122,10 @@ def run_tests(
         for code in units:
             try:
                 names.append(program_names(code, set(bindings.defined), tests.fn_name))
-                probes.append(probe_code(code, names[-1], set(bindings.classes)))
             except (SyntaxError, ValueError, RecursionError):
-                names.append([])
-                probes.append(None)
+                names.append(None)
 
-    # (ok, status, got); a record run's calls wait in ``recorded`` for the replay
-    outcome: dict[int, tuple[bool, str, str]] = {}
-    recorded: dict[int, list[Any]] = {}
+    outcome: dict[int, tuple[bool, str, str]] = {}  # (ok, status, got)
 
     def limits_left() -> SandboxLimits | None:
         left = deadline - time.monotonic()
@@ -176,29 +167,26 @@ def run_tests(
                     if fail_fast and not res[0]:
                         deadline = 0.0  # the rest return at once as not run
     else:
-        outcome.update(
-            {
-                i: (False, "error", "the test code does not parse")
-                for i, p in enumerate(probes)
-                if p is None
-            }
-        )
-        order = [i for i, p in enumerate(probes) if p is not None]
+        bad = [i for i, n in enumerate(names) if n is None]
+        outcome.update({i: (False, "error", "the test code does not parse") for i in bad})
+        order = [i for i, n in enumerate(names) if n is not None]
         left = deadline - time.monotonic()
-        limits = (
-            None if left <= 0.05 else sandbox.limits.with_wall(min(per_test * len(order), left))
-        )
-        job = {
-            "mode": "record",
-            "program": program,
-            "preamble": preamble,
-            "own": sorted(bindings.defined | bindings.imported),
-            "entry": tests.fn_name,
-            "units": [{"probe": probes[i], "names": names[i]} for i in order],
-        }
-        _record_all(sandbox, job, order, limits, recorded, outcome)
-    if recorded:
-        _replay(sandbox, units, names, recorded, outcome, limits_left())
+        if order and left <= 0.05:
+            outcome.update({i: (False, "total_timeout", "") for i in order})
+        elif order:
+            job = {
+                "program": program,
+                "preamble": preamble,
+                "own": sorted(bindings.defined | bindings.imported),
+                "entry": tests.fn_name,
+            }
+            found = converse(
+                sandbox,
+                job,
+                [{"code": units[i], "names": names[i]} for i in order],
+                sandbox.limits.with_wall(min(per_test * len(order), left)),
+            )
+            outcome.update(dict(zip(order, found, strict=True)))
 
     failures = []
     for i in range(tests.total):
@@ -217,71 +205,6 @@ def run_tests(
     error = None if not failures else failures[0].line()
     wall = time.monotonic() - start
     return CodeResult(float(passed == tests.total), passed, tests.total, error, failures, wall)
-
-
-def _record_all(
-    sandbox: Sandbox,
-    job: dict[str, Any],
-    order: list[int],
-    limits: SandboxLimits | None,
-    recorded: dict[int, list[Any]],
-    outcome: dict[int, tuple[bool, str, str]],
-) -> None:
-    """The record run: the program and the probes of all its tests, one process (one
-    sandbox start for a task's asserts, not one each)."""
-    if not order:
-        return
-    if limits is None:
-        outcome.update({i: (False, "total_timeout", "") for i in order})
-        return
-    r = _harness(sandbox, job, limits)
-    v = _verdict(r)
-    results = v.get("results") if v else None
-    if not isinstance(results, list) or len(results) != len(order):
-        if v is not None and "status" in v:
-            status, got = str(v.get("status", "error")), str(v.get("error", ""))
-        elif v is None:
-            status, got = _no_verdict(r)
-        else:
-            status, got = "error", "the record run reported no results"
-        outcome.update({i: (False, status, got) for i in order})
-        return
-    for i, res in zip(order, results, strict=True):
-        if isinstance(res, dict) and isinstance(res.get("calls"), list):
-            recorded[i] = res["calls"]
-        else:
-            outcome[i] = (False, "error", "the record run reported no calls")
-
-
-def _replay(
-    sandbox: Sandbox,
-    units: list[str],
-    names: list[list[str]],
-    recorded: dict[int, list[Any]],
-    outcome: dict[int, tuple[bool, str, str]],
-    limits: SandboxLimits | None,
-) -> None:
-    """The real tests, with no program in the process: every call into the program is
-    answered from its record. One run for all of a program's recorded tests."""
-    order = sorted(recorded)
-    if limits is None:
-        outcome.update({i: (False, "total_timeout", "") for i in order})
-        return
-    job = {
-        "mode": "replay",
-        "units": [{"code": units[i], "calls": recorded[i], "names": names[i]} for i in order],
-    }
-    r = _harness(sandbox, job, limits)
-    v = _verdict(r)
-    results = v.get("results") if v else None
-    if not isinstance(results, list) or len(results) != len(order):
-        status, got = _no_verdict(r) if v is None else ("error", "the replay reported no results")
-        outcome.update({i: (False, status, got) for i in order})
-        return
-    for i, res in zip(order, results, strict=True):
-        ok = isinstance(res, dict) and res.get("ok") is True
-        status = "ok" if ok else str(res.get("status", "error"))
-        outcome[i] = (ok, status, "" if ok else str(res.get("error", "")))
 
 
 def _node_helpers_needed(units: list[str]) -> bool:

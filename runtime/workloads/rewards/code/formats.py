@@ -25,6 +25,8 @@ import pickle
 import zlib
 from typing import Any
 
+from runtime.workloads.rewards.code.names import parse
+
 
 class FormatError(ValueError):
     """Tests in a public format the grader cannot take; one line naming the field."""
@@ -40,7 +42,7 @@ def is_pytest(code: str) -> bool:
     """Whether ``code`` is a pytest file: top-level ``test_`` functions and no top-level
     statement that runs anything (a HumanEval test calls its ``check`` itself)."""
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     tests = [s for s in tree.body if _is_test_function(s)]
@@ -57,10 +59,9 @@ def pytest_tests(code: str) -> tuple[str, list[str]]:
     removed and every ``solution.f`` made ``f`` (so ``f`` is a name of the program's, as
     a test's free names are); and each test function's body as code of its own, one per
     parameter set of a ``pytest.mark.parametrize``, its parameters bound before it. A body
-    runs inline, not as a call, so that the probe slices it like an MBPP assert and a
-    parameter that only the asserts read (the expected value) never reaches the program's
-    run. Raises :class:`FormatError` for what it cannot run: fixtures, other decorators."""
-    tree = _Unqualify().visit(ast.parse(code))
+    runs inline, not as a call, as an MBPP assert does. Raises :class:`FormatError` for
+    what it cannot run: fixtures, other decorators."""
+    tree = _Unqualify().visit(parse(code))
     tests: list[str] = []
     setup: list[ast.stmt] = []
     for s in tree.body:
@@ -146,7 +147,7 @@ def _parametrize(name: str, dec: ast.expr, cases: list[dict[str, Any]]) -> list[
 
 # The pytest the tests import, in the sandbox (its interpreter has no pytest): raises,
 # approx and fail, the parts test files of the code-RL sets use. It is the tests' code, so
-# it runs on the tests' side of the replay; the program's run has it only to record calls.
+# it runs in the tests' process (the program's process has it too, unused).
 PYTEST_SHIM = """
 import math as _math
 import re as _re

@@ -1,8 +1,12 @@
-"""The harness: /code/main.py of every call, record and replay run, and how its one
-verdict line is read back.
+"""The harness: /code/main.py of every sandboxed process of the grader but a stdio run.
+``call`` runs one call of an APPS ``fn_name`` and prints one verdict line; ``serve`` is
+the program's side of a conversation (:mod:`.relay`): it loads the program and answers
+each call; ``tests`` is the tests' side: it runs the test code with the program's names
+bound to stand-ins that ask the program's side.
 
-Everything else (the program, the tests, the recorded calls) comes on stdin as JSON, so
-no file in the sandbox holds the program or its tests."""
+Everything else (the program, the tests, each call) comes on stdin as JSON lines, so no
+file in the sandbox holds the program or its tests; what the harness writes goes to the
+stdout it was started with, apart from what the program and the tests print."""
 
 from __future__ import annotations
 
@@ -12,7 +16,14 @@ from typing import Any
 
 from runtime.workloads.rewards.code import plain
 from runtime.workloads.rewards.code.formats import PYTEST_SHIM
-from runtime.workloads.rewards.code.plain import _DEPTH, _NODES, _decode, _encode, _NotPlain
+from runtime.workloads.rewards.code.plain import (
+    _DEPTH,
+    _NODES,
+    _PLAIN_TYPES,
+    _decode,
+    _encode,
+    _NotPlain,
+)
 from runtime.workloads.rewards.code.prelude import PRELUDE
 from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 
@@ -28,7 +39,7 @@ _MISSING = object()
 
 class _Refused(BaseException):
     """Raised into the tests where the program's answer cannot be used; a BaseException so
-    that a test's ``except Exception`` does not swallow it (a flag also records it)."""
+    that a test's ``except Exception`` does not swallow it (a flag also notes it)."""
 
 
 def _exc_name(e):
@@ -36,6 +47,14 @@ def _exc_name(e):
         if getattr(builtins, c.__name__, None) is c:
             return c.__name__
     return "BaseException"
+
+
+def _exc_args(e):
+    # What the program put in its exception, as plain data (a test may compare str(e)).
+    try:
+        return _encode(list(e.args)[:8])
+    except BaseException:
+        return ["l", []]
 
 
 def _tb(e):
@@ -148,152 +167,180 @@ def _call(job):
         return {"status": "non_plain", "error": f"returned a {e} where a plain value was expected"}
 
 
-def _record(job):
+class _Channel:
+    """The harness's own lines: requests and replies on the stdin and stdout it was
+    started with, apart from what the program or the tests read and print (their stdin is
+    empty, their stdout goes to stderr)."""
+
+    def __init__(self):
+        self.inp = os.fdopen(os.dup(0), "rb", buffering=0)
+        self.out = os.dup(1)
+        r, w = os.pipe()
+        os.close(w)
+        os.dup2(r, 0)
+        os.dup2(2, 1)
+        sys.stdin = open(0, closefd=False)
+
+    def read(self):
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = self.inp.readline()
+            if not chunk:
+                break
+            line += chunk
+        if not line:
+            return None
+        try:
+            msg = _loads(line)
+        except ValueError:
+            return None
+        return msg if type(msg) is dict else None
+
+    def write(self, obj):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        data = ("\n" + MARK + _dumps(obj) + "\n").encode()
+        while data:
+            data = data[_write(self.out, data):]
+
+
+def _serve(job, channel):
+    """The program's side: load it, then answer each call the tests make, one line in and
+    one line out, until the grader closes stdin. It never sees a test, only the arguments
+    of the calls into it."""
     try:
         ns = _load(job["program"], job.get("preamble", ""))
     except BaseException as e:
-        return {"status": "error", "error": _tb(e)}
+        channel.write({"ready": False, "error": _tb(e)})
+        return
+    channel.write({"ready": True})
     own, prelude, entry = set(job.get("own", ())), _fresh(), job.get("entry")
-    objects, keep = {}, []
-    calls = []  # the unit under way's (rebound per unit; the closures read it late)
-    program_classes = _classes(ns)
-    tests = {}  # the namespace of the unit under way
-
-    class _Obj:
-        """An object of the program's own class as the tests see it here: its methods
-        are calls into the program (recorded like any other), an attribute set on it is
-        set on the object, one read from it is recorded as a plain value."""
-
-        __slots__ = ("_h",)
-
-        def __getattr__(self, attr):
-            return member(object.__getattribute__(self, "_h"), attr)
-
-        def __setattr__(self, attr, value):
-            setattr(keep[object.__getattribute__(self, "_h")], attr, value)
+    objects, keep, found = {}, [], {}
+    classes = _classes(ns)
 
     def handle_of(x):
-        if type(x) is _Obj:
-            return object.__getattribute__(x, "_h")
         return objects.get(id(x))
 
-    def real(n):  # a handle, as the program's code receives it
+    def real(n):
+        if type(n) is not int or not 0 <= n < len(keep):
+            raise _NotPlain("unknown object")
         return keep[n]
 
-    def wrapped(n):  # a handle, as the tests receive it
-        o = _Obj.__new__(_Obj)
-        object.__setattr__(o, "_h", n)
-        return o
-
-    found = {}
-
-    def lookup(name):
+    def target_of(name):
+        if "." in name:
+            h, attr = name.split(".", 1)
+            return getattr(real(int(h)), attr)
         if name not in found:
-            found[name] = target_of(name)
+            target = ns.get(name, _MISSING)
+            if target is not _MISSING and name not in own and target is prelude.get(name):
+                target = _MISSING  # the prelude's, not the program's: an empty one has it
+            if target is _MISSING and name == entry:
+                target = _solution_method(ns, name)
+            if target is _MISSING:
+                raise NameError(name)
+            found[name] = target
         return found[name]
 
-    def target_of(name):
-        target = ns.get(name, _MISSING)
-        if target is not _MISSING and name not in own and target is prelude.get(name, None):
-            target = _MISSING  # the prelude's, not the program's: an empty program has it too
-        if target is _MISSING and name == entry:
-            target = _solution_method(ns, name)
-        if target is _MISSING:
-            raise NameError(f"name {name!r} is not defined by the program")
-        return target
-
-    def member(h, attr):
-        value = getattr(keep[h], attr)
-        name = f"{h}.{attr}"
-        if callable(value):
-            return recorder(name, lambda: value)
-        rec = {"n": name, "a": "get"}
-        calls.append(rec)
-        return result(rec, value)
-
-    def result(rec, out):
+    def value(out):
         try:
-            rec["r"] = _encode(out, handle_of)
-            if _has_nan(rec["r"]):
-                # NaN fails every comparison, so a negated check (``assert not
-                # abs(got - want) > 1e-6``) passes on it: no answer is NaN here.
-                raise _NotPlain("NaN")
+            enc = _encode(out, handle_of)
         except _NotPlain as e:
-            rec.pop("r", None)
-            rec["np"] = str(e)
-            raise _Refused("non-plain result")
-        return _decode(rec["r"], wrapped, _classes(tests))
+            return {"np": str(e)}
+        if _has_nan(enc):
+            # NaN fails every comparison, so a negated check (``assert not abs(got -
+            # want) > 1e-6``) passes on it: no answer is NaN here.
+            return {"np": "NaN"}
+        return {"r": enc}
 
-    def recorder(name, find_target):
-        def call(*args, **kwargs):
-            key = _key(args, kwargs, handle_of)
+    def answer(req):
+        name, op = req.get("n"), req.get("op")
+        if type(name) is not str:
+            return {"np": "malformed request"}
+        if op == "set":
+            target = None
+        else:
             try:
-                target = find_target()
+                target = target_of(name)
             except NameError:
-                calls.append({"n": name, "a": key, "x": "NameError"})
-                raise
-            copies = [a if _opaque(k) else _decode(k, real, program_classes)
-                      for a, k in zip(args, key[0])]
-            given = dict(key[1])
-            kw = {n: v if _opaque(given[n]) else _decode(given[n], real, program_classes)
-                  for n, v in kwargs.items()}
-            rec = {"n": name, "a": key}
-            calls.append(rec)
-            state = random.getstate()  # the tests' random numbers stay the tests' own
+                return {"x": "NameError", "xa": ["l", []]}
+            except (_NotPlain, AttributeError, ValueError) as e:
+                return {"x": "AttributeError", "xa": ["l", [str(e)[:200]]]}
+        if op == "get":
+            return {"callable": True} if callable(target) else value(target)
+        if op == "set":
+            # A test setting an attribute of the program's object (MBPP builds trees so:
+            # ``root.left = Node(2)``): the object itself is changed.
+            h, _, attr = name.partition(".")
             try:
-                out = target(*copies, **kw)
+                setattr(real(int(h)), attr, _decode(req.get("v"), real, classes))
             except BaseException as e:
-                rec["x"] = _exc_name(e)
-                raise
-            finally:
-                random.setstate(state)
-            if isinstance(target, type):
-                objects[id(out)] = rec["h"] = len(keep)
-                keep.append(out)
-                return wrapped(rec["h"])
-            value = result(rec, out)
-            changed = {}
-            try:
-                for i, (a, c, k) in enumerate(zip(args, copies, key[0])):
-                    if c is not a and _encode(c, handle_of) != k:
-                        changed[str(i)] = _encode(c, handle_of)
-                        _apply(a, _decode(changed[str(i)], wrapped, _classes(tests)))
-            except _NotPlain as e:
-                rec["np"] = str(e)
-                raise _Refused("non-plain argument")
-            if changed:
-                rec["u"] = changed
-            return value
-
-        return call
-
-    # One program for all the units, in order, as the dataset's own harness runs its
-    # asserts: state the program keeps between calls (a global counter, a mutable
-    # default) is seen by the later ones. Each unit's tests start afresh.
-    results = []
-    for unit in job["units"]:
-        calls = []
-        tests.clear()
-        tests.update(_fresh())
-        for name in unit["names"]:
-            tests[name] = recorder(name, lambda name=name: lookup(name))
-        random.seed(0)
+                return {"x": _exc_name(e), "xa": _exc_args(e)}
+            return {"r": None}
+        key = req.get("a")
         try:
-            exec(_compile(unit["probe"], "<test>"), tests)
+            args = [_decode(k, real, classes) for k in key[0]]
+            kwargs = {k: _decode(v, real, classes) for k, v in key[1]}
         except BaseException:
-            pass  # the replay meets the same end and judges it
-        results.append({"calls": calls})
-    return {"results": results}
+            return {"np": "malformed arguments"}
+        try:
+            out = target(*args, **kwargs)
+        except BaseException as e:
+            return {"x": _exc_name(e), "xa": _exc_args(e)}
+        if isinstance(target, type):
+            objects[id(out)] = len(keep)
+            keep.append(out)
+            return {"h": len(keep) - 1}
+        reply = value(out)
+        changed = {}
+        try:
+            for i, (a, k) in enumerate(zip(args, key[0])):
+                after = _encode(a, handle_of)
+                if after != k:
+                    changed[str(i)] = after
+        except _NotPlain as e:
+            return {"np": f"argument changed into a {e}"}
+        if changed and "r" in reply:
+            reply["u"] = changed
+        return reply
+
+    while True:
+        req = channel.read()
+        if req is None:
+            return
+        channel.write(answer(req))
 
 
-def _replay_one(code, calls, names):
-    used = [False] * len(calls)
+def _tests(job, channel):
+    """The tests' side: each unit of test code as written, with every name that stands
+    for the program bound to a stand-in that asks the program's process (through the
+    grader) and hands back only plain data. No program code is in this process."""
+    for unit in job["units"]:
+        channel.write({"unit": _unit(unit["code"], unit["names"], channel)})
+    channel.write({"done": True})
+
+
+def _unit(code, names, channel):
     handles, flags, made = {}, [], [0]
     ns = _fresh()
 
+    def ask(req):
+        channel.write({"ask": req})
+        reply = channel.read()
+        if reply is None:
+            flags.append("error")
+            raise _Refused("the grader stopped answering")
+        if "gone" in reply:
+            flags.append(str(reply["gone"]))
+            why = reply.get("why") or f"the program's process ended ({reply['gone']})"
+            raise _Refused(str(why))
+        return reply
+
     class _Handle:
-        """An object of the program's own class, in the replay: it may be passed back to
-        the program and given attributes, and its methods answer from the record; it is
+        """An object of the program's own class: it may be passed back to the program,
+        given attributes, and its methods called (through the program's process); it is
         never compared or tested."""
 
         def _refuse(self, *a, **k):
@@ -303,18 +350,22 @@ def _replay_one(code, calls, names):
         __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = _refuse
         __len__ = __iter__ = __contains__ = __hash__ = __int__ = __float__ = __index__ = _refuse
 
+        def __setattr__(self, attr, value):
+            name = f"{object.__getattribute__(self, '_n')}.{attr}"
+            try:
+                v = _encode(value, handle_of)
+            except _NotPlain:
+                flags.append("non_plain")
+                raise _Refused(f"{name} was given a value that cannot leave the tests")
+            answer(name, ask({"op": "set", "n": name, "v": v}), ())
+
         def __getattr__(self, attr):
             name = f"{object.__getattribute__(self, '_n')}.{attr}"
-            i = next((i for i, r in enumerate(calls) if not used[i] and r.get("n") == name),
-                     None)
-            if i is None:
-                flags.append("error")
-                raise _Refused(f"the program's object was not asked for {attr!r} here")
-            if calls[i].get("a") != "get":
-                return proxy(name)
-            used[i] = True
+            reply = ask({"op": "get", "n": name})
             made[0] += 1
-            return answer(name, calls[i], ())
+            if reply.get("callable") is True:
+                return proxy(name)
+            return answer(name, reply, ())
 
     def handle_of(x):
         return object.__getattribute__(x, "_n") if type(x) is _Handle else None
@@ -326,20 +377,9 @@ def _replay_one(code, calls, names):
             handles[n] = h
         return handles[n]
 
-    def find(name, key):
-        loose = '["?", null]' in _dumps(key)
-        for exact in (True, False):
-            for i, rec in enumerate(calls):
-                if used[i] or rec.get("n") != name:
-                    continue
-                a = rec.get("a")
-                if a == key if exact else loose and '["?", null]' in _dumps(a):
-                    return i
-        return None
-
     def answer(name, rec, args):
         if "x" in rec:
-            cls = getattr(builtins, rec["x"], None)
+            cls = getattr(builtins, str(rec["x"]), None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 flags.append("error")
                 raise _Refused(f"{name}() ended the program ({rec['x']})")
@@ -350,27 +390,33 @@ def _replay_one(code, calls, names):
                 raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
             if cls is NameError:
                 raise NameError(f"{name} is not defined by the program")
-            raise cls(f"raised by the program in {name}()")
+            try:
+                a = _decode(rec.get("xa", ["l", []]))
+                exc = cls(*a) if type(a) is list else cls()
+            except BaseException:
+                exc = cls(f"raised by the program in {name}()")
+            raise exc
         if "np" in rec:
             flags.append("non_plain")
-            raise _Refused(
-                f"{name}() returned a {rec['np']} where a plain value was expected"
-            )
+            raise _Refused(f"{name}() returned a {rec['np']} where a plain value was expected")
         if "h" in rec:
             return resolve(rec["h"])
-        for i_arg, after in rec.get("u", {}).items():
-            _apply(args[int(i_arg)], _decode(after, resolve, _classes(ns)))
-        return _decode(rec["r"], resolve, _classes(ns))
+        try:
+            for i_arg, after in dict(rec.get("u") or {}).items():
+                _apply(args[int(i_arg)], _decode(after, resolve, _classes(ns)))
+            return _decode(rec["r"], resolve, _classes(ns))
+        except (_NotPlain, KeyError, IndexError, TypeError, ValueError, RecursionError):
+            flags.append("non_plain")
+            raise _Refused(f"{name}() answered with nothing the grader can read")
 
     def proxy(name):
         def call(*args, **kwargs):
-            i = find(name, _key(args, kwargs, handle_of))
-            if i is None:
-                flags.append("error")
-                raise _Refused(f"{name}(...) here was not run by the program")
-            used[i] = True
+            key = _key(args, kwargs, handle_of)
+            if any(_opaque(k) for k in key[0]) or any(_opaque(v) for _, v in key[1]):
+                flags.append("non_plain")
+                raise _Refused(f"{name}() was given a value that cannot leave the tests")
             made[0] += 1
-            return answer(name, calls[i], args)
+            return answer(name, ask({"op": "call", "n": name, "a": key}), args)
         return call
 
     for name in names:
@@ -392,31 +438,26 @@ def _replay_one(code, calls, names):
     return {"ok": True}
 
 
-def _replay(job):
-    return {"results": [_replay_one(u["code"], u["calls"], u["names"]) for u in job["units"]]}
-
-
 def _main():
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)
-    job = _loads(sys.stdin.read())
     try:
         import pytest
     except ImportError:  # the tests of pytest-style sets import it; the sandbox has none
         shim = type(sys)("pytest")
         exec(PYTEST_SHIM, shim.__dict__)
         sys.modules["pytest"] = shim
-    out = os.dup(1)
-    os.dup2(2, 1)  # what the program and the tests print goes to stderr, apart from this
-    result = {"call": _call, "record": _record, "replay": _replay}[job["mode"]](job)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    data = ("\n" + MARK + _dumps(result) + "\n").encode()
-    while data:
-        data = data[_write(out, data):]
+    channel = _Channel()
+    job = channel.read()
+    if job is None:
+        _exit(2)
+    mode = job.get("mode")
+    if mode == "call":
+        channel.write(_call(job))
+    elif mode == "serve":
+        _serve(job, channel)
+    elif mode == "tests":
+        _tests(job, channel)
     _exit(0)  # no atexit handler or lingering thread of the program's runs after this
 
 
@@ -432,6 +473,7 @@ def _harness_source() -> str:
         f"MARK = {_MARK!r}\n",
         f"_DEPTH = {_DEPTH!r}\n",
         f"_NODES = {_NODES!r}\n",
+        f"_PLAIN_TYPES = ({', '.join(t.__name__ for t in _PLAIN_TYPES)})\n",
         inspect.getsource(_NotPlain),
         inspect.getsource(_encode),
         inspect.getsource(plain._encode_nodes),
@@ -462,4 +504,4 @@ def _verdict(r: RunResult) -> dict[str, Any] | None:
 
 
 def _harness(sandbox: Sandbox, job: dict[str, Any], limits: SandboxLimits) -> RunResult:
-    return sandbox.run_python(_HARNESS, json.dumps(job), limits)
+    return sandbox.run_python(_HARNESS, json.dumps(job) + "\n", limits)

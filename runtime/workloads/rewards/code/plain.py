@@ -2,8 +2,8 @@
 
 :func:`_encode` and :func:`_decode` are also pasted, by their source, into the in-sandbox
 harness (:mod:`runtime.workloads.rewards.code.harness`), so each must stay self-contained:
-no name from this module but ``_NotPlain``, ``_DEPTH``, ``_NODES`` and the two node
-helpers, no import outside the body.
+no name from this module but ``_NotPlain``, ``_DEPTH``, ``_NODES``, ``_PLAIN_TYPES`` and
+the two node helpers, no import outside the body.
 
 LeetCode's linked lists and binary trees (``ListNode(val, next)``, ``TreeNode(val, left,
 right)``) cross as data too: an object of a class so named is read by its ``val`` and links
@@ -23,6 +23,8 @@ class _NotPlain(Exception):
 
 _DEPTH = 200  # deeper (or cyclic) structures are refused rather than recursed through
 _NODES = 1_000_000  # nodes of one linked list or tree; more is refused
+# Built-in types that may cross by name (the real one on each side).
+_PLAIN_TYPES = (int, float, str, bool, bytes, complex, list, tuple, dict, set, frozenset)
 
 
 def _encode_nodes(x: Any, handle_of: Any, depth: int) -> Any:
@@ -87,7 +89,7 @@ def _decode_nodes(tag: Any, body: Any, resolve: Any, classes: Any) -> Any:
             raise _NotPlain("malformed tree")
         node.val = _decode(row[0], resolve, classes)
         for link, j in (("left", row[1]), ("right", row[2])):
-            # Each node has one parent that comes before it: a record cannot make a cycle.
+            # Each node has one parent that comes before it: an answer cannot make a cycle.
             if type(j) is not int or not (j == -1 or i < j < len(nodes)) or j in linked:
                 raise _NotPlain("malformed tree")
             if j != -1:
@@ -143,6 +145,8 @@ def _encode(x: Any, handle_of: Any = None, depth: int = 0) -> Any:
         return ["D", [names[factory], pairs]]
     if t is collections.deque:
         return ["Q", [[_encode(v, handle_of, d) for v in x], x.maxlen]]
+    if t is type and x in _PLAIN_TYPES:
+        return ["T", x.__name__]  # remove_datatype(xs, int): a built-in type by its name
     h = handle_of(x) if handle_of is not None else None
     if h is not None:
         return ["h", h]
@@ -197,6 +201,11 @@ def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
         return collections.deque([_decode(x, resolve, classes) for x in body[0]], body[1])
     if tag == "h" and resolve is not None:
         return resolve(body)
+    if tag == "T":
+        found = [c for c in _PLAIN_TYPES if c.__name__ == body]
+        if not found:
+            raise _NotPlain("unknown type")
+        return found[0]
     if tag in ("LN", "TN"):
         return _decode_nodes(tag, body, resolve, classes)
     raise _NotPlain(f"unknown tag {tag!r}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.workloads.rewards.code import formats
+from runtime.workloads.rewards.code.names import parse
 
 
 class TestSpecError(ValueError):
@@ -146,6 +147,7 @@ def _parse(obj: Any, fn_name: str | None) -> TestSpec:
 # The fields of a record that travel with its tests (each one a role ``data.fields`` can
 # map a dataset's own column to: LeetCodeDataset's ``prompt`` is the ``preamble``).
 TEST_FIELDS = ("entry_point", "preamble", "tolerance", "fn_name")
+_LCB_FIELDS = ("public_test_cases", "private_test_cases", "metadata")
 
 
 def tests_of(record: dict[str, Any]) -> Any:
@@ -153,6 +155,9 @@ def tests_of(record: dict[str, Any]) -> Any:
     line: its ``tests`` (or ``test``: APPS ``input_output``, a test script, asserts, or an
     object holding them), with the :data:`TEST_FIELDS` it has beside them."""
     tests = record["tests"] if "tests" in record else record.get("test")
+    if "public_test_cases" in record or "private_test_cases" in record:
+        # LiveCodeBench keeps its tests in three columns: the record holds them all.
+        tests = {k: record[k] for k in _LCB_FIELDS if k in record}
     extra = {k: record[k] for k in TEST_FIELDS if record.get(k) is not None}
     if not extra:
         return tests
@@ -180,7 +185,7 @@ def entry_target(entry: Any) -> str:
     if not isinstance(entry, str):
         raise bad
     try:
-        node = ast.parse(entry.strip(), mode="eval").body
+        node = parse(entry.strip(), mode="eval").body  # type: ignore[attr-defined]
     except SyntaxError:
         raise bad from None
     if isinstance(node, ast.Name):
