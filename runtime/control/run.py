@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config.layout import Layout, Role, initial_layout, ranks_with, rollout_drivers
@@ -26,6 +26,7 @@ from runtime.control.decode_rates import EngineRateProfile
 from runtime.control.idle import IdleBook
 from runtime.control.membership import Membership, Outgoing, WorkerInfo
 from runtime.control.rebalance import Rebalancer
+from runtime.control.reward_watch import ZeroRewardWatch
 from runtime.control.sample_check import RunBounds
 from runtime.control.scheduling import WindowStats
 from runtime.control.scheduling.concurrency import AimdSettings
@@ -44,6 +45,7 @@ class StepCounters:
     reward_sum: float = 0.0  # of the samples delivered since the last step
     delivered: int = 0
     consumed_total: int = 0
+    zero_reward: ZeroRewardWatch = field(default_factory=ZeroRewardWatch)
 
     def delivered_sample(self, reward: float, n_tokens: int) -> None:
         self.reward_sum += reward

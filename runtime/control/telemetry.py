@@ -7,6 +7,7 @@ Read-only views of the coordinator's state (the counters they need are kept in
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from runtime.config.layout import Role
@@ -15,6 +16,8 @@ from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
 from runtime.data.sample import Sample
 from runtime.transport import protocol as p
+
+log = logging.getLogger(__name__)
 
 LEDGER_KEYS = ("dispatched", "delivered", "consumed", "replayed", "evicted", "lost", "duplicated")
 
@@ -37,6 +40,10 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
             reward_failures=sum(1 for t in batch.samples if t.info.get("reward_error")),
             tokens=sum(t.n_valid for t in batch.samples),
         )
+        warning = n.zero_reward.observe(batch.samples)
+        if warning:
+            log.warning("%s", warning)
+            line["reward_warning"] = warning
     if n.delivered:  # every group, before a sampler drops any: the policy's own reward
         line["rollout_reward_mean"] = n.reward_sum / n.delivered
         line["rollout_samples"] = n.delivered

@@ -234,3 +234,12 @@ def test_a_builtin_type_crosses_by_name(sandbox):
     right = "def drop(xs, t):\n    return [x for x in xs if not isinstance(x, t)]\n"
     assert grade(right, tests, sandbox).score == 1.0
     assert grade(right.replace("not ", ""), tests, sandbox).score == 0.0
+
+
+def test_a_returned_generator_the_test_consumes(sandbox):
+    tests = parse_tests(["assert list(evens(6)) == [0, 2, 4]", "assert next(evens(6)) == 0"])
+    assert grade("def evens(n):\n    yield from range(0, n, 2)\n", tests, sandbox).score == 1.0
+    assert grade("def evens(n):\n    yield from range(0, n)\n", tests, sandbox).score == 0.0
+    endless = "import itertools\ndef evens(n):\n    return (2 * i for i in itertools.count())\n"
+    r = grade(endless, tests, sandbox)
+    assert r.score == 0.0 and r.failures[0].status == "non_plain", r

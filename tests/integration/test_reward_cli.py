@@ -84,3 +84,31 @@ def test_reward_code_bad_recipe_is_one_line(tmp_path):
     done = _reward_code(['{"program": "print(1)", "test": ""}'], "--recipe", str(bad))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "sandbox.memory_mb" in done.stderr
+
+
+def test_reward_code_grades_leetcode_lines_and_one_bad_program_costs_only_its_line():
+    from runtime.data.datasets import load_records
+
+    rows = load_records(DATA_SLICES / "leetcode/LeetCodeDataset-v0.2.0-test.jsonl.gz")[:3]
+    lines = [
+        json.dumps(
+            {
+                "program": r["completion"],
+                "test": r["test"],
+                "entry_point": r["entry_point"],
+                "preamble": r["prompt"],
+            }
+        )
+        for r in rows
+    ]
+    digits = "9" * 5000
+    big = {"program": "print(10 ** 5000 - 1)", "tests": {"inputs": [""], "outputs": [digits]}}
+    lines.insert(1, json.dumps(big))  # 5,000 digits: it ended the batch with no line answered
+    wrong = {"program": "def f(x):\n    return x + 1", "test": "assert f(1) == 1"}
+    lines.append(json.dumps(wrong))
+    done = _reward_code(lines, "--explain")
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(x) for x in done.stdout.splitlines()]
+    assert [o["score"] for o in out] == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert out[0]["tests"] == ["test 0: ok"]
+    assert out[-1]["tests"] == ["test 0: wrong_answer: AssertionError at assert f(1) == 1"]

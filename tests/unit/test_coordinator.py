@@ -564,3 +564,57 @@ def test_the_policy_version_goes_up_at_syncs_not_at_every_step(clock):
     out = train_step(c, 2, {})
     assert {m.policy_version for _, m in out if isinstance(m, p.WeightSync)} == {1}
     assert (c.step, c.policy_version, c.data.policy_version) == (2, 1, 1)
+
+
+def _zero_reward_step(c: Coordinator, step: int, why: str) -> None:
+    from runtime.config.layout import Role
+
+    rollout = c.layout.ranks(Role.ROLLOUT)[0]
+    for _ in range(100):
+        ((_, out), *_) = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+        if isinstance(out, p.Batch):
+            break
+        for req in c.data.request_work(rollout, c.cfg.algorithm.group_size):
+            t = traj(req, c.policy_version, worker=rollout, reward=0.0)
+            t.info["test_error"] = (
+                why if req.sample_id % 3 else "test 1: timeout: timeout after 6 s"
+            )
+            c.data.deliver(t)
+    done = p.StepDone(
+        rank=0,
+        step=step,
+        policy_version=c.cfg.train.version_at(step),
+        batch_id=out.batch_id,
+        metrics={},
+    )
+    c.handle(ident(0), done)
+
+
+def test_a_run_whose_reward_is_0_everywhere_says_so_naming_the_commonest_reason(clock):
+    from runtime.control.reward_watch import WATCHED_STEPS
+
+    c = make(
+        clock,
+        prompts=({"text": f"p{i}"} for i in itertools.count()),
+        train={"steps": WATCHED_STEPS + 2},
+    )
+    register_all(c)
+    for step in range(1, WATCHED_STEPS + 2):
+        _zero_reward_step(c, step, f"test {step}: error: NameError: f is not defined")
+    warned = [x for x in c.metrics_log if "reward_warning" in x]
+    assert [x["step"] for x in warned] == [WATCHED_STEPS]  # once, when the watch ends
+    assert warned[0]["reward_warning"].startswith(
+        f"reward 0 for every sample of the first {WATCHED_STEPS} steps"
+    )
+    assert warned[0]["reward_warning"].endswith("error: NameError: f is not defined")
+    # A reward above 0 in the window: no warning.
+    c = make(
+        clock,
+        prompts=({"text": f"p{i}"} for i in itertools.count()),
+        train={"steps": WATCHED_STEPS + 1},
+    )
+    register_all(c)
+    train_step(c, 1, {})  # rewards of 0 and 1
+    for step in range(2, WATCHED_STEPS + 2):
+        _zero_reward_step(c, step, "test 0: wrong_answer")
+    assert not any("reward_warning" in x for x in c.metrics_log)

@@ -84,4 +84,6 @@ class CodeAgent:
         ep.info["hidden_total"] = len(hidden)
         if error:
             ep.info["reward_error"] = error
+        elif result and result.get("error"):
+            ep.info["test_error"] = result["error"]  # why it scored 0: the first failure
         return ep

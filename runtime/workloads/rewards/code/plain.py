@@ -176,8 +176,10 @@ def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
         import decimal  # int() of a str is capped at 4,300 digits; a Decimal is not
 
         return int(decimal.Decimal(body))
-    if tag in ("l", "t", "s", "fs"):
+    if tag in ("l", "t", "s", "fs", "G"):
         items = [_decode(x, resolve, classes) for x in body]
+        if tag == "G":
+            return iter(items)  # a generator the program returned, drawn to its end there
         return {"l": list, "t": tuple, "s": set, "fs": frozenset}[tag](items)
     if tag == "b":
         return bytes.fromhex(body)

@@ -1,7 +1,8 @@
 """The prelude: what every program, and every test run beside or instead of it, starts with."""
 
 # Imports APPS's own grader gives every program (minus numpy, absent from the sandbox's
-# interpreter), so solutions written against that grader run unchanged.
+# interpreter), so solutions written against that grader run unchanged; and no cap on the
+# digits of an int printed or parsed (Python 3.11's 4,300 would fail a right answer).
 PRELUDE = """\
 import sys, time, itertools, collections, math, fractions, random, heapq, bisect, string, re
 from itertools import accumulate, product, permutations, combinations
@@ -11,6 +12,7 @@ from math import sqrt, sin, cos, tan, ceil, fabs, floor, gcd, exp, log, log2
 from typing import *
 from heapq import *
 sys.setrecursionlimit(10**6)
+getattr(sys, "set_int_max_str_digits", lambda n: None)(0)
 """
 
 # LeetCode's linked-list and tree helpers, as the public LeetCode RL dataset's tests call
