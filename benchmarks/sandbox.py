@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runtime.data.datasets import load_records
-from runtime.workloads.rewards.code import PRELUDE, parse_tests, run_tests, tests_of
+from runtime.workloads.rewards.code import PRELUDE, parse_tests, run_tests
 from runtime.workloads.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def grading(n: int, parallel: int) -> None:
     for name, items in graded_sets(n).items():
         one = timed(lambda it: sb.run_python(PRELUDE + it[2]).ok, items, parallel)
         full = timed(
-            lambda it: run_tests(it[0], parse_tests(tests_of(it[1])), sb).score == 1.0,
+            lambda it: run_tests(it[0], parse_tests(it[1]), sb).score == 1.0,
             items,
             parallel,
         )

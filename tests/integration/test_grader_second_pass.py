@@ -243,3 +243,28 @@ def test_a_returned_generator_the_test_consumes(sandbox):
     endless = "import itertools\ndef evens(n):\n    return (2 * i for i in itertools.count())\n"
     r = grade(endless, tests, sandbox)
     assert r.score == 0.0 and r.failures[0].status == "non_plain", r
+
+
+def test_eval_of_a_returned_string_runs_no_program_code_in_the_tests(sandbox):
+    tests = parse_tests(["assert eval(expr(2)) == 4", "assert check_later() == 1"])
+    right = "def expr(n):\n    return str(n * n)\n\ndef check_later():\n    return 1\n"
+    assert grade(right, tests, sandbox).score == 1.0  # a literal is evaluated
+    # A returned expression would run in the tests' process: it could rebind the test's
+    # names or assert itself. It is refused.
+    rigged = (
+        'def expr(n):\n    return "globals().update(check_later=lambda: 1) or 4"\n\n'
+        "def check_later():\n    return 0\n"
+    )
+    r = grade(rigged, tests, sandbox)
+    assert r.score == 0.0 and r.failures[0].status == "error", r
+
+
+def test_a_test_inspecting_the_programs_source_cannot_pass_vacuously(sandbox):
+    tests = parse_tests(
+        [
+            "import inspect\nassert 'sorted(' not in inspect.getsource(my_sort)\n"
+            "assert my_sort([2, 1]) == [1, 2]"
+        ]
+    )
+    r = grade("def my_sort(xs):\n    return sorted(xs)\n", tests, sandbox)
+    assert r.score == 0.0, r

@@ -31,7 +31,7 @@ from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 _MARK = "@@reflow-verdict@@"
 
 _HARNESS_MAIN = r'''
-import builtins, itertools, json, linecache, os, random, sys, traceback
+import ast, builtins, itertools, json, linecache, os, random, sys, traceback
 
 _write, _exit, _dumps, _loads = os.write, os._exit, json.dumps, json.loads
 _MISSING = object()
@@ -419,16 +419,43 @@ def _unit(code, names, channel):
             flags.append("non_plain")
             raise _Refused(f"{name}() answered with nothing the grader can read")
 
-    def proxy(name):
-        def call(*args, **kwargs):
+    class _StandIn:
+        """A name of the program's, in the tests: calling it calls the program. It is no
+        function of the tests' (``inspect.getsource`` of it fails rather than reading the
+        harness: a test that inspects the program's source cannot pass vacuously)."""
+
+        __slots__ = ("__name__",)
+
+        def __init__(self, name):
+            self.__name__ = name
+
+        def __call__(self, *args, **kwargs):
+            name = self.__name__
             key = _key(args, kwargs, handle_of)
             if any(_opaque(k) for k in key[0]) or any(_opaque(v) for _, v in key[1]):
                 flags.append("non_plain")
                 raise _Refused(f"{name}() was given a value that cannot leave the tests")
             made[0] += 1
             return answer(name, ask({"op": "call", "n": name, "a": key}), args)
-        return call
 
+        def __repr__(self):
+            return f"<the program's {self.__name__}>"
+
+    def proxy(name):
+        return _StandIn(name)
+
+    def literal_only(source, *args, **kwargs):
+        # A string the program returned, handed to eval or exec here, would run program
+        # code in the tests' process: only literals are evaluated.
+        if type(source) is str:
+            try:
+                return ast.literal_eval(source.strip())
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                pass
+        flags.append("error")
+        raise _Refused("eval/exec of code is refused in the tests' process (literals only)")
+
+    ns["__builtins__"] = {**vars(builtins), "eval": literal_only, "exec": literal_only}
     for name in names:
         ns[name] = proxy(name)
     random.seed(0)
