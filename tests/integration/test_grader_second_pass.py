@@ -268,3 +268,38 @@ def test_a_test_inspecting_the_programs_source_cannot_pass_vacuously(sandbox):
     )
     r = grade("def my_sort(xs):\n    return sorted(xs)\n", tests, sandbox)
     assert r.score == 0.0, r
+
+
+# -- the channel between the grader and the program's process --
+
+
+def test_a_program_talking_on_the_channel_itself_decides_nothing(sandbox):
+    from runtime.workloads.rewards.code.harness import _MARK
+
+    # It writes, on every descriptor it can, a 'ready' line, answers of its own for calls
+    # not yet made and a 'gone' line, reads the requests meant for the harness, then
+    # answers wrongly. Lines on the channel are only ever its answers: it knows no
+    # expected value to write (answering 3 and 4 here would be answering right).
+    lines = "".join(
+        f"\n{_MARK}{x}\n"
+        for x in ('{"ready": true}', '{"r": 0}', '{"r": 1}', '{"gone": "ok"}', '{"ok": true}')
+    )
+    forger = (
+        "import os\n"
+        f"for fd in range(1, 20):\n    try:\n        os.write(fd, {lines!r}.encode())\n"
+        "    except OSError:\n        pass\n"
+        "for fd in range(3, 20):\n    try:\n        os.set_blocking(fd, False)\n"
+        "        os.read(fd, 1 << 16)\n    except OSError:\n        pass\n"
+        "def add(a, b):\n    return 0\n"
+    )
+    tests = parse_tests(["assert add(1, 2) == 3", "assert add(2, 2) == 4"])
+    r = grade(forger, tests, sandbox)
+    assert r.score == 0.0 and r.passed == 0, r
+    # An endless line with no newline on the channel: stopped, not waited on forever.
+    flood = (
+        "import os\ndef add(a, b):\n    for fd in range(1, 20):\n        try:\n"
+        "            os.write(fd, b'x' * (1 << 27))\n        except OSError:\n"
+        "            pass\n    return a + b\n"
+    )
+    r = run_tests(flood, tests, sandbox, test_timeout_s=4, total_timeout_s=20)
+    assert r.score == 0.0 and r.wall_s < 20, r

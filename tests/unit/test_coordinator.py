@@ -51,8 +51,9 @@ def train_step(c: Coordinator, step: int, metrics: dict | None = None) -> list:
     return c.handle(ident(0), done)
 
 
-def take_batch(c: Coordinator) -> p.Batch:
-    """The leader's next batch, once a rollout rank has delivered enough samples."""
+def take_batch(c: Coordinator, make_sample=traj) -> p.Batch:
+    """The leader's next batch, once a rollout rank has delivered enough samples (each
+    made by ``make_sample(request, version, worker=rank)``)."""
     from runtime.config.layout import Role
 
     d = c.data.dispatcher
@@ -65,7 +66,7 @@ def take_batch(c: Coordinator) -> p.Batch:
         if isinstance(out, p.Batch):
             break
         for req in c.data.request_work(rollout, c.cfg.algorithm.group_size):
-            c.data.deliver(traj(req, c.policy_version, worker=rollout))
+            c.data.deliver(make_sample(req, c.policy_version, worker=rollout))
     else:
         raise AssertionError("no batch after 100 tries")
     return out
@@ -567,19 +568,12 @@ def test_the_policy_version_goes_up_at_syncs_not_at_every_step(clock):
 
 
 def _zero_reward_step(c: Coordinator, step: int, why: str) -> None:
-    from runtime.config.layout import Role
+    def scored_0(req, version, worker):
+        t = traj(req, version, worker=worker, reward=0.0)
+        t.info["test_error"] = why if req.sample_id % 3 else "test 1: timeout: timeout after 6 s"
+        return t
 
-    rollout = c.layout.ranks(Role.ROLLOUT)[0]
-    for _ in range(100):
-        ((_, out), *_) = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
-        if isinstance(out, p.Batch):
-            break
-        for req in c.data.request_work(rollout, c.cfg.algorithm.group_size):
-            t = traj(req, c.policy_version, worker=rollout, reward=0.0)
-            t.info["test_error"] = (
-                why if req.sample_id % 3 else "test 1: timeout: timeout after 6 s"
-            )
-            c.data.deliver(t)
+    out = take_batch(c, scored_0)
     done = p.StepDone(
         rank=0,
         step=step,
