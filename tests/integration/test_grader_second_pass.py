@@ -48,10 +48,10 @@ def test_stdio_comparison_rules(printed, expected, right, sandbox):
     assert grade(f"print({printed!r})", stdio(expected), sandbox).score == float(right)
 
 
-def test_a_stated_tolerance_applies_to_decimals_only(sandbox):
+def test_a_stated_tolerance_applies_to_numbers_only(sandbox):
     tests = stdio("0.333333 5", tolerance=1e-6)
     assert grade("print(1 / 3, 5)", tests, sandbox).score == 1.0
-    assert grade("print(1 / 3, '5.0000001')", tests, sandbox).score == 0.0
+    assert grade("print(1 / 3, '5.001')", tests, sandbox).score == 0.0
 
 
 def test_call_results_compare_exactly_up_to_rounding(sandbox):
@@ -129,7 +129,7 @@ def test_failures_say_why(sandbox):
     assert r.error.startswith("test 0: wrong_answer: AssertionError at assert c(1) == 1"), r.error
     r = grade("class Solution:\n    pass\n\ndef f(x):\n    return Solution()\n", tests, sandbox)
     assert r.error == (
-        "test 0: non_plain: f() returned a __main__.Solution where a plain value was expected"
+        "test 0: non_plain: f() returned a Solution object where a plain value was expected"
     ), r.error
     r = run_tests("import time\ntime.sleep(30)", stdio("1"), sandbox, test_timeout_s=2)
     assert r.error == "test 0: timeout: timeout after 2 s", r.error
@@ -303,3 +303,140 @@ def test_a_program_talking_on_the_channel_itself_decides_nothing(sandbox):
     )
     r = run_tests(flood, tests, sandbox, test_timeout_s=4, total_timeout_s=20)
     assert r.score == 0.0 and r.wall_s < 20, r
+
+
+# -- found by a review of the two-process grader (each failed before its fix) --
+
+
+def test_nan_is_refused_where_the_program_cannot_reach_the_check(sandbox):
+    program = (
+        "import sys\nsys.modules['__main__']._has_nan = lambda v: False\n"
+        "def area(r):\n    return float('nan')\n"
+    )
+    tests = parse_tests(["assert not abs(area(1) - 3.14159) > 1e-4"])
+    r = grade(program, tests, sandbox)
+    assert r.score == 0.0 and r.failures[0].status == "non_plain", r
+
+
+def test_a_forged_call_verdict_never_makes_the_grader_raise(sandbox):
+    from runtime.workloads.rewards.code.harness import _MARK
+
+    for value in ('["Q", [[], 100000000000000000000]]', '["c", [["I", "' + "9" * 400 + '"], 0]]'):
+        line = "\n" + _MARK + '{"value": ' + value + "}\n"
+        program = (
+            "import os\nfor fd in range(1, 12):\n    try:\n"
+            f"        os.write(fd, {line!r}.encode())\n"
+            "    except OSError:\n        pass\nos._exit(0)\ndef f(x):\n    return x\n"
+        )
+        tests = parse_tests({"fn_name": "f", "inputs": [[1]], "outputs": [1]})
+        assert grade(program, tests, sandbox).score == 0.0
+
+
+def test_a_lone_surrogate_in_a_program_is_its_own_error(sandbox):
+    r = grade("print(3)  # \ud800\n", stdio("3"), sandbox)
+    assert r.score == 0.0 and r.failures[0].status == "error", r
+
+
+def test_a_long_line_on_the_channel_costs_linear_time(sandbox):
+    program = (
+        "import os\ndata = b'x' * (24 << 20)\nfor fd in range(3, 8):\n    try:\n"
+        "        os.write(fd, data)\n    except OSError:\n        pass\n"
+        "def add(a, b):\n    return a + b\n"
+    )
+    r = run_tests(program, parse_tests(["assert add(1, 2) == 3"]), sandbox, test_timeout_s=20)
+    assert r.wall_s < 15, r  # quadratic re-splitting took minutes of the grader's CPU
+
+
+def test_a_large_argument_crosses_in_time(sandbox):
+    tests = parse_tests(["assert count(list(range(10 ** 6))) == 10 ** 6"])
+    assert grade("def count(xs):\n    return len(xs)\n", tests, sandbox).score == 1.0
+
+
+def test_a_structure_built_of_the_tests_own_class_crosses_as_data(sandbox):
+    setup = (
+        "class Node:\n    def __init__(self, d):\n"
+        "        self.data, self.left, self.right = d, None, None\n"
+        "root = Node(1)\nroot.left = Node(2)\n"
+    )
+    tests = parse_tests({"test_list": ["assert max_height(root) == 2"], "test_setup_code": setup})
+    height = (
+        "def max_height(n):\n"
+        "    return 0 if n is None else 1 + max(max_height(n.left), max_height(n.right))\n"
+    )
+    assert grade(height, tests, sandbox).score == 1.0
+    assert grade(height.replace("1 + max", "max"), tests, sandbox).score == 0.0
+
+
+def test_objects_of_the_programs_class_answer_as_it_would(sandbox):
+    stack = (
+        "class Stack:\n    def __init__(self):\n        self.x = []\n"
+        "    def push(self, v):\n        self.x.append(v)\n"
+        "    def __len__(self):\n        return len(self.x)\n"
+        "    def __str__(self):\n        return str(self.x)\n"
+        "    def __iter__(self):\n        return iter(self.x)\n"
+        "    @staticmethod\n    def cap():\n        return 8\n"
+    )
+    tests = parse_tests(
+        [
+            "s = Stack()\ns.push(1)\nassert isinstance(s, Stack) and len(s) == 1 and s\n"
+            "assert str(s) == '[1]' and list(s) == [1] and Stack.cap() == 8"
+        ]
+    )
+    assert grade(stack, tests, sandbox).score == 1.0
+    assert grade(stack.replace("str(self.x)", "'[1]' * 2"), tests, sandbox).score == 0.0
+    # Comparing one still hands the expected value to no one: refused.
+    r = grade(stack, parse_tests(["s = Stack()\nassert s == []"]), sandbox)
+    assert r.score == 0.0 and r.failures[0].status == "non_plain", r
+
+
+def test_common_return_types(sandbox):
+    tests = parse_tests(
+        [
+            "assert list(evens(5)) == [0, 2, 4]",
+            "assert list(sq([1, 2])) == [1, 4]",
+            "assert half(1) == 0.5",
+        ]
+    )
+    right = (
+        "from fractions import Fraction\ndef evens(n):\n    return range(0, n, 2)\n"
+        "def sq(xs):\n    return map(lambda x: x * x, xs)\n"
+        "def half(x):\n    return Fraction(x, 2)\n"
+    )
+    assert grade(right, tests, sandbox).score == 1.0
+    assert grade(right.replace("Fraction(x, 2)", "Fraction(x, 3)"), tests, sandbox).score == 0
+
+
+def test_a_linked_list_changed_in_place_reaches_the_test(sandbox):
+    test = (
+        "def check(candidate):\n    head = list_node([1, 2, 3, 4])\n    candidate(head)\n"
+        "    assert is_same_list(head, list_node([1, 4, 2, 3]))\n"
+    )
+    tests = parse_tests({"test": test, "entry_point": "Solution().reorderList"})
+    right = (
+        "class Solution:\n    def reorderList(self, head):\n        nodes = []\n"
+        "        while head:\n            nodes.append(head)\n            head = head.next\n"
+        "        i, j, order = 0, len(nodes) - 1, []\n        while i <= j:\n"
+        "            order.append(nodes[i])\n            if i != j:\n"
+        "                order.append(nodes[j])\n"
+        "            i, j = i + 1, j - 1\n        for a, b in zip(order, order[1:]):\n"
+        "            a.next = b\n        order[-1].next = None\n"
+    )
+    assert grade(right, tests, sandbox).score == 1.0
+    assert grade(right.replace("order[-1].next = None", "pass"), tests, sandbox).score == 0.0
+
+
+def test_a_program_with_a_main_block_is_graded_by_its_functions(sandbox):
+    program = (
+        "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n"
+        "    print(add(*map(int, input().split())))\n"
+    )
+    assert grade(program, parse_tests(["assert add(1, 2) == 3"]), sandbox).score == 1.0
+    as_script = parse_tests({"inputs": ["1 2\n"], "outputs": ["3\n"]})
+    assert grade(program, as_script, sandbox).score == 1.0
+
+
+def test_a_stated_tolerance_makes_integers_real_numbers_too(sandbox):
+    assert grade("print('3.000000000')", stdio("3", tolerance=1e-6), sandbox).score == 1.0
+    assert grade("print('3.000000000')", stdio("3"), sandbox).score == 0.0
+    call = parse_tests({"fn_name": "f", "inputs": [[1]], "outputs": [3], "tolerance": 1e-6})
+    assert grade("def f(x):\n    return 3.0000000001\n", call, sandbox).score == 1.0

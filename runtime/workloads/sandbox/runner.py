@@ -132,7 +132,8 @@ class Sandbox:
         limits = limits or self.limits
         with self.launched(source, limits) as run:
             deadline = run.start + limits.wall_s
-            out, err, why = _pump(run.proc, stdin.encode(), deadline, limits.output_bytes)
+            data = stdin.encode("utf-8", "surrogatepass")
+            out, err, why = _pump(run.proc, data, deadline, limits.output_bytes)
             if why is None:
                 try:
                     run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -152,7 +153,9 @@ class Sandbox:
             work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-", dir=scratch))
             stack.callback(shutil.rmtree, work_dir, ignore_errors=True)
             code_dir.chmod(0o755)
-            (code_dir / "main.py").write_text(source, encoding="utf-8")
+            # A lone surrogate in a model's text is written as is (then Python refuses
+            # the file, the program's error) rather than raising here.
+            (code_dir / "main.py").write_bytes(source.encode("utf-8", "surrogatepass"))
             (code_dir / "main.py").chmod(0o644)
             uid = None
             if self.uids is not None:

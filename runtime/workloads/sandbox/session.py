@@ -102,10 +102,13 @@ class Session:
         if stream is self._err:
             self._keep(self.stderr, chunk)
             return
-        self._pending += chunk
-        *lines, rest = bytes(self._pending).split(b"\n")
-        self._lines += lines
-        self._pending[:] = rest
+        if b"\n" not in chunk:  # split only what came now: a long line costs linear time
+            self._pending += chunk
+        else:
+            first, *lines, rest = chunk.split(b"\n")
+            self._lines.append(bytes(self._pending) + first)
+            self._lines += lines
+            self._pending[:] = rest
         if len(self._pending) > _LINE_BYTES:
             self.why = "output_limit"
 

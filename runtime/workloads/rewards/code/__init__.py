@@ -50,9 +50,9 @@ close it came, and each failure says why in one line (``error``).
 
 The parts, one module each: :mod:`.spec` and :mod:`.formats` (parsing the tests, taking
 the program from a response), :mod:`.names` (which names are the program's), :mod:`.plain`
-(the plain values that cross between the processes), :mod:`.harness` (the in-sandbox
-source), :mod:`.relay` (the conversation), :mod:`.compare` (answers against the expected
-ones) and :mod:`.driver` (:func:`run_tests`). The public names are all importable from
+(the plain values that cross between the processes), :mod:`.harness` and :mod:`.sides`
+(the in-sandbox source), :mod:`.relay` (the conversation), :mod:`.compare` (answers
+against the expected ones) and :mod:`.driver` (:func:`run_tests`). The public names are all importable from
 here, with the sandbox the grader runs in (:func:`sandbox_for`).
 """
 

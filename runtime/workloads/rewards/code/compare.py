@@ -36,8 +36,11 @@ _DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 def _tokens_match(a: str, b: str, tolerance: float | None) -> bool:
     if a == b:
         return True
-    if _INT.fullmatch(b) or not _DECIMAL.fullmatch(b) or not _DECIMAL.fullmatch(a):
-        return False  # an integer, a word, or not a number printed where one was expected
+    if not _DECIMAL.fullmatch(b) or not _DECIMAL.fullmatch(a):
+        return False  # a word, or not a number printed where one was expected
+    if _INT.fullmatch(b) and tolerance is None:
+        return False  # an integer answer, digit for digit (a stated error bound makes the
+        # problem's answers real numbers, its integers among them)
     if len(a) > 400 or len(b) > 400:
         return False  # longer decimals than any checker reads: only equal text passes
     try:
@@ -79,6 +82,8 @@ def _equal(a: Any, b: Any, tol: float) -> bool:
             a, b, rel_tol=tol, abs_tol=tol * 1e-3 if tol == _ROUNDING else tol
         )
     if ta in (int, float) and tb in (int, float):
+        if tol != _ROUNDING and float in (ta, tb):  # a stated tolerance: real numbers
+            return a == b or math.isclose(a, b, rel_tol=tol, abs_tol=tol)
         return a == b
     if ta in (list, tuple) and tb in (list, tuple):
         return len(a) == len(b) and all(_equal(x, y, tol) for x, y in zip(a, b, strict=True))

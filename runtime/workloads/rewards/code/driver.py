@@ -13,7 +13,7 @@ from typing import Any
 from runtime.workloads.rewards.code.compare import _json_like, outputs_match, shown, values_match
 from runtime.workloads.rewards.code.harness import _harness, _verdict
 from runtime.workloads.rewards.code.names import free_names, program_bindings, program_names
-from runtime.workloads.rewards.code.plain import _decode, _NotPlain
+from runtime.workloads.rewards.code.plain import _decode
 from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
 from runtime.workloads.rewards.code.relay import converse
 from runtime.workloads.rewards.code.spec import TestSpec
@@ -149,9 +149,14 @@ def run_tests(
                 return i, (False, *_no_verdict(r))
             if "value" not in v:
                 return i, (False, str(v.get("status", "error")), str(v.get("error", "")))
+            value = v["value"]
+            if isinstance(value, list) and len(value) == 2 and value[0] == "o":
+                what = str(value[1][0]) if isinstance(value[1], list) and value[1] else "?"
+                why = f"returned a {what} object where a plain value was expected"
+                return i, (False, "non_plain", why)
             try:
-                got = _json_like(_decode(v["value"]))
-            except (_NotPlain, TypeError, ValueError, KeyError, IndexError, RecursionError):
+                got = _json_like(_decode(value))
+            except Exception:  # a forged verdict may hold anything a decoder can choke on
                 return i, (False, "non_plain", "the harness could not read the value")
             ok = values_match(got, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", shown(got))

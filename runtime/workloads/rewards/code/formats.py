@@ -21,6 +21,7 @@ import ast
 import base64
 import io
 import json
+import math
 import pickle
 import zlib
 from typing import Any
@@ -45,13 +46,27 @@ def is_pytest(code: str) -> bool:
         tree = parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
-    tests = [s for s in tree.body if _is_test_function(s)]
+    tests = [s for s in tree.body if _is_test_function(s) or _is_test_class(s)]
     runs = [s for s in tree.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
     return bool(tests) and not runs
 
 
 def _is_test_function(s: ast.stmt) -> bool:
     return isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name.startswith("test")
+
+
+def _is_test_class(s: ast.stmt) -> bool:
+    # As pytest collects them: ``class Test...`` without an ``__init__``.
+    return (
+        isinstance(s, ast.ClassDef)
+        and s.name.startswith("Test")
+        and not any(isinstance(m, ast.FunctionDef) and m.name == "__init__" for m in s.body)
+    )
+
+
+def _is_main_block(s: ast.stmt) -> bool:
+    # ``if __name__ == "__main__": pytest.main([__file__])``: how a file runs itself.
+    return isinstance(s, ast.If) and "__name__" in ast.unparse(s.test)
 
 
 def pytest_tests(code: str) -> tuple[str, list[str]]:
@@ -65,17 +80,16 @@ def pytest_tests(code: str) -> tuple[str, list[str]]:
     tests: list[str] = []
     setup: list[ast.stmt] = []
     for s in tree.body:
-        if isinstance(s, ast.ImportFrom) and s.module in SOLUTION_MODULES:
-            continue  # the names it imports are the program's: free names of the tests
-        if isinstance(s, ast.Import) and any(a.name in SOLUTION_MODULES for a in s.names):
-            if any(a.name in SOLUTION_MODULES and a.asname for a in s.names):
-                raise FormatError("tests: 'import solution as ...' is not supported")
-            s.names = [a for a in s.names if a.name not in SOLUTION_MODULES]
-            if not s.names:
-                continue
+        if _is_main_block(s):
+            continue
         if _is_test_function(s):
             tests += _test_bodies(s)  # type: ignore[arg-type]
             continue
+        if _is_test_class(s):
+            for m in s.body:  # type: ignore[attr-defined]
+                if _is_test_function(m):
+                    tests += _test_bodies(m, instance_of=s.name)  # type: ignore[attr-defined]
+            s.body = [m for m in s.body if not _is_test_function(m)] or [ast.Pass()]  # type: ignore[attr-defined]
         setup.append(s)
     if not tests:
         raise FormatError("tests: a pytest file with no test function")
@@ -83,19 +97,48 @@ def pytest_tests(code: str) -> tuple[str, list[str]]:
 
 
 class _Unqualify(ast.NodeTransformer):
+    """The program's module out of the tests, wherever they import it: ``solution.f`` is
+    ``f``; ``from solution import f`` goes (``f`` is then a free name, the program's);
+    ``from solution import f as g`` becomes ``g = f``."""
+
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         if isinstance(node.value, ast.Name) and node.value.id in SOLUTION_MODULES:
             return ast.copy_location(ast.Name(id=node.attr, ctx=node.ctx), node)
         return self.generic_visit(node)
 
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> Any:
+        if node.module not in SOLUTION_MODULES:
+            return node
+        return [
+            ast.copy_location(
+                ast.Assign(
+                    targets=[ast.Name(id=a.asname, ctx=ast.Store())],
+                    value=ast.Name(id=a.name, ctx=ast.Load()),
+                ),
+                node,
+            )
+            for a in node.names
+            if a.asname and a.name != "*"
+        ] or ast.copy_location(ast.Pass(), node)
 
-def _test_bodies(fn: ast.FunctionDef) -> list[str]:
+    def visit_Import(self, node: ast.Import) -> Any:
+        if any(a.name in SOLUTION_MODULES and a.asname for a in node.names):
+            raise FormatError("tests: 'import solution as ...' is not supported")
+        node.names = [a for a in node.names if a.name not in SOLUTION_MODULES]
+        return node if node.names else ast.copy_location(ast.Pass(), node)
+
+
+def _test_bodies(fn: ast.FunctionDef, instance_of: str | None = None) -> list[str]:
     if isinstance(fn, ast.AsyncFunctionDef) or any(
         isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal))
         for n in _own_statements(fn)
     ):
         raise FormatError(f"tests: {fn.name} returns, yields or is async (not supported)")
     params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+    prefix = ""
+    if instance_of is not None and params:  # a method of a test class: self is an instance
+        prefix = f"{params[0]} = {instance_of}()\n"
+        params = params[1:]
     cases: list[dict[str, Any]] = [{}]
     for dec in fn.decorator_list:
         cases = _parametrize(fn.name, dec, cases)
@@ -107,9 +150,24 @@ def _test_bodies(fn: ast.FunctionDef) -> list[str]:
             raise FormatError(
                 f"tests: {fn.name} takes {missing[0]!r}, a pytest fixture (not supported)"
             )
-        bound = "".join(f"{k} = {v!r}\n" for k, v in case.items() if k in params)
+        bound = prefix + "".join(f"{k} = {_literal(v)}\n" for k, v in case.items() if k in params)
         out.append(f"# {fn.name}\n{bound}{body}\n")
     return out
+
+
+def _literal(v: Any) -> str:
+    """``v`` as source that makes it again with no free name (``float('inf')``, not
+    ``inf``, which would be looked up among the program's names)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"float({str(v)!r})"
+    if isinstance(v, (list, tuple, set)) and v:
+        items = ", ".join(_literal(x) for x in v)
+        if isinstance(v, list):
+            return f"[{items}]"
+        return f"({items},)" if isinstance(v, tuple) else f"{{{items}}}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(x)}" for k, x in v.items()) + "}"
+    return repr(v)
 
 
 def _own_statements(fn: ast.FunctionDef) -> list[ast.AST]:
@@ -213,6 +271,10 @@ def approx(expected, rel=None, abs=None):
 
 def fail(msg=""):
     raise AssertionError(msg)
+
+
+def main(*args, **kwargs):
+    return 0  # a file that runs itself: its tests are run one by one instead
 """
 
 

@@ -2,8 +2,8 @@
 
 :func:`_encode` and :func:`_decode` are also pasted, by their source, into the in-sandbox
 harness (:mod:`runtime.workloads.rewards.code.harness`), so each must stay self-contained:
-no name from this module but ``_NotPlain``, ``_DEPTH``, ``_NODES``, ``_PLAIN_TYPES`` and
-the two node helpers, no import outside the body.
+no name from this module but ``_NotPlain``, ``_DEPTH``, ``_NODES``, ``_PLAIN_TYPES``,
+``_OWN_MODULES`` and the two node helpers, no import outside the body.
 
 LeetCode's linked lists and binary trees (``ListNode(val, next)``, ``TreeNode(val, left,
 right)``) cross as data too: an object of a class so named is read by its ``val`` and links
@@ -23,6 +23,9 @@ class _NotPlain(Exception):
 
 _DEPTH = 200  # deeper (or cyclic) structures are refused rather than recursed through
 _NODES = 1_000_000  # nodes of one linked list or tree; more is refused
+# The module names of classes the tests (run as ``__main__``) and the program (run as
+# ``solution``) define: their objects cross as their attributes.
+_OWN_MODULES = ("__main__", "solution")
 # Built-in types that may cross by name (the real one on each side).
 _PLAIN_TYPES = (int, float, str, bool, bytes, complex, list, tuple, dict, set, frozenset)
 
@@ -153,6 +156,21 @@ def _encode(x: Any, handle_of: Any = None, depth: int = 0) -> Any:
     nodes = _encode_nodes(x, handle_of, depth)
     if nodes is not None:
         return nodes
+    if t.__module__ == "fractions" and t.__name__ == "Fraction":
+        return ["Fr", [_encode(x.numerator, None, d), _encode(x.denominator, None, d)]]
+    if t.__module__ == "decimal" and t.__name__ == "Decimal":
+        return ["Dc", str(x)]
+    if t.__module__ in _OWN_MODULES and type(t) is type:
+        # An object of a class the tests or the program wrote (MBPP's setup builds trees
+        # of its own Node): its class's name and its own attributes, as data. Nothing of
+        # the class crosses: the other side rebuilds it as its own class of that name, or
+        # a bare one.
+        try:
+            own = object.__getattribute__(x, "__dict__")
+        except AttributeError:
+            raise _NotPlain(f"{t.__module__}.{t.__qualname__}") from None
+        attrs = [[k, _encode(v, handle_of, d)] for k, v in own.items() if type(k) is str]
+        return ["o", [t.__name__, attrs]]
     raise _NotPlain(f"{t.__module__}.{t.__qualname__}")
 
 
@@ -210,6 +228,24 @@ def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
         return found[0]
     if tag in ("LN", "TN"):
         return _decode_nodes(tag, body, resolve, classes)
+    if tag == "Fr":
+        import fractions
+
+        return fractions.Fraction(_decode(body[0]), _decode(body[1]))
+    if tag == "Dc":
+        import decimal
+
+        return decimal.Decimal(str(body))
+    if tag == "o":
+        name, attrs = body
+        cls = (classes or {}).get(name)
+        if not (isinstance(cls, type) and cls.__module__ in _OWN_MODULES):
+            cls = type(str(name), (), {"__module__": _OWN_MODULES[0]})
+        out = cls.__new__(cls)
+        own = object.__getattribute__(out, "__dict__")
+        for k, v in attrs:
+            own[str(k)] = _decode(v, resolve, classes)
+        return out
     raise _NotPlain(f"unknown tag {tag!r}")
 
 

@@ -1,0 +1,329 @@
+"""The two sides of a conversation (:mod:`.relay`), as harness source: ``_serve``, the
+program's process, which loads the program and answers each call; ``_tests``, the tests'
+process, which runs the test code with the program's names bound to stand-ins that ask
+the program's process. :mod:`.harness` pastes this into ``/code/main.py``, where the names
+it uses (``_encode``, ``_decode``, ``_Refused``, ...) are defined."""
+
+SIDES_SOURCE = r'''
+def _serve(job, channel):
+    """The program's side: load it, then answer each call the tests make, one line in and
+    one line out, until the grader closes stdin. It never sees a test, only the arguments
+    of the calls into it."""
+    try:
+        ns = _load(job["program"], job.get("preamble", ""))
+    except BaseException as e:
+        channel.write({"ready": False, "error": _tb(e)})
+        return
+    channel.write({"ready": True})
+    own, prelude, entry = set(job.get("own", ())), _fresh(), job.get("entry")
+    objects, keep, found = {}, [], {}
+    classes = _classes(ns)
+
+    def handle_of(x):
+        return objects.get(id(x))
+
+    def real(n):
+        if type(n) is not int or not 0 <= n < len(keep):
+            raise _NotPlain("unknown object")
+        return keep[n]
+
+    def target_of(name):
+        if "." in name:
+            head, attr = name.rsplit(".", 1)
+            base = real(int(head)) if head.isdigit() else target_of(head)
+            return getattr(base, attr)
+        if name not in found:
+            target = ns.get(name, _MISSING)
+            if target is not _MISSING and name not in own and target is prelude.get(name):
+                target = _MISSING  # the prelude's, not the program's: an empty one has it
+            if target is _MISSING and name == entry:
+                target = _solution_method(ns, name)
+            if target is _MISSING:
+                raise NameError(name)
+            found[name] = target
+        return found[name]
+
+    def value(out):
+        try:
+            if type(out) is range or (
+                hasattr(type(out), "__next__") and hasattr(type(out), "__iter__")
+            ):
+                # A test that consumes it (list(candidate(n))) gets its items, drawn here.
+                items = list(itertools.islice(out, _GENERATED + 1))
+                if len(items) > _GENERATED:
+                    return {"np": f"generator of over {_GENERATED} items"}
+                enc = ["G", [_encode(x, handle_of) for x in items]]
+            else:
+                enc = _encode(out, handle_of)
+        except _NotPlain as e:
+            return {"np": str(e)}
+        except BaseException as e:
+            return {"x": _exc_name(e), "xa": _exc_args(e)}
+        if _has_nan(enc):
+            # NaN fails every comparison, so a negated check (``assert not abs(got -
+            # want) > 1e-6``) passes on it: no answer is NaN here.
+            return {"np": "NaN"}
+        return {"r": enc}
+
+    def answer(req):
+        name, op = req.get("n"), req.get("op")
+        if type(name) is not str:
+            return {"np": "malformed request"}
+        if op == "set":
+            target = None
+        else:
+            try:
+                target = target_of(name)
+            except NameError:
+                return {"x": "NameError", "xa": ["l", []]}
+            except (_NotPlain, AttributeError, ValueError) as e:
+                return {"x": "AttributeError", "xa": ["l", [str(e)[:200]]]}
+        if op == "get":
+            return {"callable": True} if callable(target) else value(target)
+        if op == "set":
+            # A test setting an attribute of the program's object (MBPP builds trees so:
+            # ``root.left = Node(2)``): the object itself is changed.
+            h, _, attr = name.partition(".")
+            try:
+                setattr(real(int(h)), attr, _decode(req.get("v"), real, classes))
+            except BaseException as e:
+                return {"x": _exc_name(e), "xa": _exc_args(e)}
+            return {"r": None}
+        key = req.get("a")
+        try:
+            args = [_decode(k, real, classes) for k in key[0]]
+            kwargs = {k: _decode(v, real, classes) for k, v in key[1]}
+        except BaseException:
+            return {"np": "malformed arguments"}
+        try:
+            out = target(*args, **kwargs)
+        except BaseException as e:
+            return {"x": _exc_name(e), "xa": _exc_args(e)}
+        if isinstance(target, type):
+            objects[id(out)] = len(keep)
+            keep.append(out)
+            return {"h": len(keep) - 1}
+        reply = value(out)
+        changed = {}
+        try:
+            for i, (a, k) in enumerate(zip(args, key[0])):
+                after = _encode(a, handle_of)
+                if after != k:
+                    changed[str(i)] = after
+        except _NotPlain as e:
+            return {"np": f"argument changed into a {e}"}
+        if changed and "r" in reply:
+            reply["u"] = changed
+        return reply
+
+    while True:
+        req = channel.read()
+        if req is None:
+            return
+        channel.write(answer(req))
+
+
+def _tests(job, channel):
+    """The tests' side: each unit of test code as written, with every name that stands
+    for the program bound to a stand-in that asks the program's process (through the
+    grader) and hands back only plain data. No program code is in this process."""
+    for unit in job["units"]:
+        channel.write({"unit": _unit(unit["code"], unit["names"], channel)})
+    channel.write({"done": True})
+
+
+def _unit(code, names, channel):
+    handles, flags, made = {}, [], [0]
+    ns = _fresh()
+
+    def ask(req):
+        channel.write({"ask": req})
+        reply = channel.read()
+        if reply is None:
+            flags.append("error")
+            raise _Refused("the grader stopped answering")
+        if "gone" in reply:
+            flags.append(str(reply["gone"]))
+            why = reply.get("why") or f"the program's process ended ({reply['gone']})"
+            raise _Refused(str(why))
+        return reply
+
+    class _Handle:
+        """An object of the program's own class: it may be passed back to the program,
+        given attributes, and its methods called (through the program's process); it is
+        never compared or tested."""
+
+        def _refuse(self, *a, **k):
+            flags.append("non_plain")
+            raise _Refused("an object of the program's own class was compared")
+
+        # A comparison would hand the expected value to the program to judge: refused.
+        __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+        __int__ = __float__ = __index__ = _refuse
+
+        # These ask the program about its object, as a method call would (len(stack)
+        # is stack.__len__()): each answer is a plain value of the program's.
+        def __len__(self):
+            return self._ask_dunder("__len__")
+
+        def __str__(self):
+            return self._ask_dunder("__str__")
+
+        def __iter__(self):
+            return iter(self._ask_dunder("__iter__"))
+
+        def __contains__(self, x):
+            return self._ask_dunder("__contains__", x)
+
+        def __bool__(self):
+            for attr in ("__bool__", "__len__"):  # as Python asks an object
+                try:
+                    return bool(self._ask_dunder(attr))
+                except AttributeError:
+                    continue
+            return True
+
+        def _ask_dunder(self, attr, *args):
+            return proxy(f"{object.__getattribute__(self, '_n')}.{attr}")(*args)
+
+        def __setattr__(self, attr, value):
+            name = f"{object.__getattribute__(self, '_n')}.{attr}"
+            try:
+                v = _encode(value, handle_of)
+            except _NotPlain:
+                flags.append("non_plain")
+                raise _Refused(f"{name} was given a value that cannot leave the tests")
+            answer(name, ask({"op": "set", "n": name, "v": v}), ())
+
+        def __getattr__(self, attr):
+            name = f"{object.__getattribute__(self, '_n')}.{attr}"
+            reply = ask({"op": "get", "n": name})
+            made[0] += 1
+            if reply.get("callable") is True:
+                return proxy(name)
+            return answer(name, reply, ())
+
+    def handle_of(x):
+        return object.__getattribute__(x, "_n") if type(x) is _Handle else None
+
+    def resolve(n):
+        if n not in handles:
+            h = _Handle()
+            object.__setattr__(h, "_n", n)
+            handles[n] = h
+        return handles[n]
+
+    def answer(name, rec, args):
+        if "x" in rec:
+            cls = getattr(builtins, str(rec["x"]), None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                flags.append("error")
+                raise _Refused(f"{name}() ended the program ({rec['x']})")
+            if issubclass(cls, (StopIteration, StopAsyncIteration)):
+                # Raised into map(), filter() or iter(f, x), it would end the test's
+                # loop there, as if every case had been checked.
+                flags.append("error")
+                raise _Refused(f"{name}() raised {rec['x']}, which ends an iteration")
+            if cls is NameError:
+                raise NameError(f"{name} is not defined by the program")
+            try:
+                a = _decode(rec.get("xa", ["l", []]))
+                exc = cls(*a) if type(a) is list else cls()
+            except BaseException:
+                exc = cls(f"raised by the program in {name}()")
+            raise exc
+        if "np" in rec:
+            flags.append("non_plain")
+            raise _Refused(f"{name}() returned a {rec['np']} where a plain value was expected")
+        if "h" in rec:
+            h = resolve(rec["h"])
+            object.__setattr__(h, "_cls", name)  # isinstance(h, Stack) asks this
+            return h
+        if _has_nan(rec.get("r")) or _has_nan(rec.get("u")):
+            # NaN fails every comparison, so a negated check (``assert not abs(got -
+            # want) > 1e-6``) passes on it: no answer is NaN. Checked here, where the
+            # program cannot reach the check.
+            flags.append("non_plain")
+            raise _Refused(f"{name}() returned NaN where a plain value was expected")
+        r = rec.get("r")
+        if type(r) is list and len(r) == 2 and r[0] == "o" and type(r[1]) is list:
+            known = _classes(ns).get(str(r[1][0]))
+            if not (isinstance(known, type) and known.__module__ in _OWN_MODULES):
+                # An object of a class the tests do not know (Solution(), self): nothing
+                # a test compares with a plain expected value.
+                flags.append("non_plain")
+                raise _Refused(
+                    f"{name}() returned a {r[1][0]} object where a plain value was expected"
+                )
+        try:
+            for i_arg, after in dict(rec.get("u") or {}).items():
+                _apply(args[int(i_arg)], _decode(after, resolve, _classes(ns)))
+            return _decode(rec["r"], resolve, _classes(ns))
+        except Exception:
+            flags.append("non_plain")
+            raise _Refused(f"{name}() answered with nothing the grader can read")
+
+    class _StandIn:
+        """A name of the program's, in the tests: calling it calls the program. It is no
+        function of the tests' (``inspect.getsource`` of it fails rather than reading the
+        harness: a test that inspects the program's source cannot pass vacuously)."""
+
+        __slots__ = ("__name__",)
+
+        def __init__(self, name):
+            self.__name__ = name
+
+        def __call__(self, *args, **kwargs):
+            name = self.__name__
+            key = _key(args, kwargs, handle_of)
+            if any(_opaque(k) for k in key[0]) or any(_opaque(v) for _, v in key[1]):
+                flags.append("non_plain")
+                raise _Refused(f"{name}() was given a value that cannot leave the tests")
+            made[0] += 1
+            return answer(name, ask({"op": "call", "n": name, "a": key}), args)
+
+        def __repr__(self):
+            return f"<the program's {self.__name__}>"
+
+        def __getattr__(self, attr):
+            # Vec.zero(), Solution.helper: a name of the program's, reached through it.
+            if attr.startswith("_"):
+                raise AttributeError(attr)
+            return _StandIn(f"{self.__name__}.{attr}")
+
+        def __instancecheck__(self, obj):
+            return type(obj) is _Handle and obj.__dict__.get("_cls") == self.__name__
+
+    def proxy(name):
+        return _StandIn(name)
+
+    def literal_only(source, *args, **kwargs):
+        # A string the program returned, handed to eval or exec here, would run program
+        # code in the tests' process: only literals are evaluated.
+        if type(source) is str:
+            try:
+                return ast.literal_eval(source.strip())
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                pass
+        flags.append("error")
+        raise _Refused("eval/exec of code is refused in the tests' process (literals only)")
+
+    ns["__builtins__"] = {**vars(builtins), "eval": literal_only, "exec": literal_only}
+    for name in names:
+        ns[name] = proxy(name)
+    random.seed(0)
+    try:
+        exec(_compile(code, "<test>"), ns)
+    except AssertionError as e:
+        return {"ok": False, "status": flags[0] if flags else "wrong_answer", "error": _tb(e)}
+    except BaseException as e:
+        return {"ok": False, "status": flags[0] if flags else "error", "error": _tb(e)}
+    if flags:
+        return {"ok": False, "status": flags[0], "error": "the test caught the grader's refusal"}
+    if not made[0]:
+        # A test that never reached the program measured nothing of it (an empty program
+        # whose function the tests found elsewhere, say).
+        return {"ok": False, "status": "no_program_call",
+                "error": "the test called nothing of the program"}
+    return {"ok": True}
+'''
