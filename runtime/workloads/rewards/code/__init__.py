@@ -52,8 +52,8 @@ The parts, one module each: :mod:`.spec` and :mod:`.formats` (parsing the tests,
 the program from a response), :mod:`.names` (which names are the program's), :mod:`.plain`
 (the plain values that cross between the processes), :mod:`.harness` and :mod:`.sides`
 (the in-sandbox source), :mod:`.relay` (the conversation), :mod:`.compare` (answers
-against the expected ones) and :mod:`.driver` (:func:`run_tests`). The public names are all importable from
-here, with the sandbox the grader runs in (:func:`sandbox_for`).
+against the expected ones) and :mod:`.driver` (:func:`run_tests`). The public names are
+all importable from here, with the sandbox the grader runs in (:func:`sandbox_for`).
 """
 
 from runtime.workloads.rewards.code.compare import outputs_match, values_match
