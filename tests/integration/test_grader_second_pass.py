@@ -337,14 +337,26 @@ def test_a_lone_surrogate_in_a_program_is_its_own_error(sandbox):
     assert r.score == 0.0 and r.failures[0].status == "error", r
 
 
-def test_a_long_line_on_the_channel_costs_linear_time(sandbox):
+def test_nan_anywhere_in_an_answer_is_refused(sandbox):
+    # A NaN inside an object's attribute or a complex number got past the NaN check.
     program = (
-        "import os\ndata = b'x' * (24 << 20)\nfor fd in range(3, 8):\n    try:\n"
-        "        os.write(fd, data)\n    except OSError:\n        pass\n"
-        "def add(a, b):\n    return a + b\n"
+        "class Box:\n    pass\n\ndef f(n):\n    b = Box()\n    b.x = float('nan')\n"
+        "    return [b]\n\ndef g(n):\n    return complex(float('nan'), 0)\n"
     )
-    r = run_tests(program, parse_tests(["assert add(1, 2) == 3"]), sandbox, test_timeout_s=20)
-    assert r.wall_s < 15, r  # quadratic re-splitting took minutes of the grader's CPU
+    setup = "class Box:\n    pass\n"  # the tests know Box: its objects cross as data
+    tests = parse_tests(
+        {
+            "test_list": [
+                "assert not abs(f(1)[0].x - 3.0) > 1e-6",
+                "assert not abs(g(1) - 3) > 1e-6",
+            ],
+            "test_setup_code": setup,
+        }
+    )
+    r = grade(program, tests, sandbox)
+    assert r.passed == 0 and {f.status for f in r.failures} == {"non_plain"}, r
+    right = program.replace("float('nan')", "3.0")
+    assert grade(right, tests, sandbox).score == 1.0
 
 
 def test_a_large_argument_crosses_in_time(sandbox):

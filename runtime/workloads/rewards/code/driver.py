@@ -13,7 +13,7 @@ from typing import Any
 from runtime.workloads.rewards.code.compare import _json_like, outputs_match, shown, values_match
 from runtime.workloads.rewards.code.harness import _harness, _verdict
 from runtime.workloads.rewards.code.names import free_names, program_bindings, program_names
-from runtime.workloads.rewards.code.plain import _decode
+from runtime.workloads.rewards.code.plain import _decode, _object_name
 from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
 from runtime.workloads.rewards.code.relay import converse
 from runtime.workloads.rewards.code.spec import TestSpec
@@ -57,7 +57,7 @@ class CodeResult:
 
 def _no_verdict(r: RunResult) -> tuple[str, str]:
     if not r.ok:
-        return r.status, _tail(r)
+        return r.status, _tail(r, 0)
     return "early_exit", "the program ended before the harness reported every test"
 
 
@@ -131,17 +131,18 @@ def run_tests(
         left = deadline - time.monotonic()
         return None if left <= 0.05 else sandbox.limits.with_wall(min(per_test, left))
 
-    def one(i: int) -> tuple[int, tuple[bool, str, str] | None]:
+    def one(i: int) -> tuple[int, tuple[bool, str, str]]:
         limits = limits_left()
         if limits is None:
             return i, (False, "total_timeout", "")
         if tests.kind == "stdio":
-            r = sandbox.run_python(PRELUDE + preamble + program, tests.inputs[i], limits)
+            head = PRELUDE + (preamble + "\n" if preamble else "")
+            r = sandbox.run_python(head + program, tests.inputs[i], limits)
             if not r.ok:
-                return i, (False, r.status, _tail(r))
+                return i, (False, r.status, _tail(r, head.count("\n")))
             ok = outputs_match(r.stdout, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", r.stdout)
-        if tests.kind == "call":
+        else:  # call
             job = {"mode": "call", "program": program, "fn": tests.fn_name, "preamble": preamble}
             r = _harness(sandbox, {**job, "args": tests.inputs[i]}, limits)
             v = _verdict(r)
@@ -150,8 +151,8 @@ def run_tests(
             if "value" not in v:
                 return i, (False, str(v.get("status", "error")), str(v.get("error", "")))
             value = v["value"]
-            if isinstance(value, list) and len(value) == 2 and value[0] == "o":
-                what = str(value[1][0]) if isinstance(value[1], list) and value[1] else "?"
+            what = _object_name(value)
+            if what is not None:
                 why = f"returned a {what} object where a plain value was expected"
                 return i, (False, "non_plain", why)
             try:
@@ -160,17 +161,15 @@ def run_tests(
                 return i, (False, "non_plain", "the harness could not read the value")
             ok = values_match(got, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", shown(got))
-        raise AssertionError(f"no per-test run for {tests.kind} tests")
 
     if tests.kind in ("stdio", "call"):
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             futures = [pool.submit(one, i) for i in range(tests.total)]
             for fut in futures:
                 i, res = fut.result()
-                if res is not None:
-                    outcome[i] = res
-                    if fail_fast and not res[0]:
-                        deadline = 0.0  # the rest return at once as not run
+                outcome[i] = res
+                if fail_fast and not res[0]:
+                    deadline = 0.0  # the rest return at once as not run
     else:
         bad = [i for i, n in enumerate(names) if n is None]
         outcome.update({i: (False, "error", "the test code does not parse") for i in bad})
@@ -223,21 +222,19 @@ def _node_helpers_needed(units: list[str]) -> bool:
     return False
 
 
-def _tail(r: RunResult | None) -> str:
+def _tail(r: RunResult | None, shift: int = 0) -> str:
     if r is None:
         return ""
     if r.status == "error":
-        return _renumber(r.stderr.strip()[-600:])
+        return _renumber(r.stderr.strip()[-600:], shift)
     return r.status
 
 
-_PRELUDE_LINES = PRELUDE.count("\n")
-
-
-def _renumber(trace: str) -> str:
-    # Line numbers as the model wrote them, not shifted by the prelude (stdio runs).
+def _renumber(trace: str, shift: int) -> str:
+    # Line numbers as the model wrote them, not shifted by what runs before it (stdio runs:
+    # the prelude and the preamble).
     return re.sub(
         r'File "/code/main\.py", line (\d+)|File "[^"]*/main\.py", line (\d+)',
-        lambda m: f'File "main.py", line {int(m.group(1) or m.group(2)) - _PRELUDE_LINES}',
+        lambda m: f'File "main.py", line {int(m.group(1) or m.group(2)) - shift}',
         trace,
     )

@@ -91,34 +91,6 @@ def _key(args, kwargs, handle_of):
     return [[one(a) for a in args], sorted([k, one(v)] for k, v in kwargs.items())]
 
 
-def _has_nan(v):
-    todo = [v]
-    while todo:
-        v = todo.pop()
-        if type(v) is float and v != v:
-            return True
-        if type(v) is dict:  # an answer's changed arguments, by position
-            todo += list(v.values())
-            continue
-        if type(v) is not list or len(v) != 2 or type(v[0]) is not str:
-            continue
-        tag, body = v
-        if tag == "f":
-            if body == "nan":
-                return True
-        elif tag in ("l", "t", "s", "fs", "LN", "G"):
-            todo += body
-        elif tag in ("d", "C", "O"):
-            todo += [x for pair in body for x in pair]
-        elif tag == "D":
-            todo += [x for pair in body[1] for x in pair]
-        elif tag == "Q":
-            todo += body[0]
-        elif tag == "TN":
-            todo += [row[0] for row in body]
-    return False
-
-
 def _opaque(k):
     return type(k) is list and k[0] == "?"
 
@@ -268,6 +240,8 @@ def _harness_source() -> str:
         inspect.getsource(plain._decode_nodes),
         inspect.getsource(plain._DefaultListNode),
         inspect.getsource(plain._DefaultTreeNode),
+        inspect.getsource(plain._has_nan),
+        inspect.getsource(plain._object_name),
         "_DEFAULT_NODE_CLASSES = {'ListNode': _DefaultListNode, 'TreeNode': _DefaultTreeNode}\n",
         _HARNESS_MAIN.replace("SIDES\n", SIDES_SOURCE),
     ]

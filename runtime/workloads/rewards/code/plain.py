@@ -249,6 +249,46 @@ def _decode(v: Any, resolve: Any = None, classes: Any = None) -> Any:
     raise _NotPlain(f"unknown tag {tag!r}")
 
 
+def _has_nan(v: Any) -> bool:
+    """Whether an encoded value holds a NaN anywhere (a float, a complex part, a Decimal,
+    an attribute of an object); a dict's values are walked too (changed arguments)."""
+    todo = [v]
+    while todo:
+        v = todo.pop()
+        if type(v) is float and v != v:
+            return True
+        if type(v) is dict:
+            todo += list(v.values())
+            continue
+        if type(v) is not list or len(v) != 2 or type(v[0]) is not str:
+            continue
+        tag, body = v
+        if tag == "f" or tag == "Dc":
+            if "nan" in str(body).lower():
+                return True
+        elif tag in ("l", "t", "s", "fs", "LN", "G", "c"):
+            todo += body
+        elif tag in ("d", "C", "O"):
+            todo += [x for pair in body for x in pair]
+        elif tag == "D":
+            todo += [x for pair in body[1] for x in pair]
+        elif tag == "Q":
+            todo += body[0]
+        elif tag == "TN":
+            todo += [row[0] for row in body]
+        elif tag == "o" and type(body) is list and len(body) == 2:
+            todo += [pair[1] for pair in body[1] if type(pair) is list and len(pair) == 2]
+    return False
+
+
+def _object_name(v: Any) -> Any:
+    """The class name of an encoded object of a tests' or program's class (``["o", ...]``),
+    None for anything else."""
+    if type(v) is list and len(v) == 2 and v[0] == "o" and type(v[1]) is list and v[1]:
+        return str(v[1][0])
+    return None
+
+
 class _DefaultListNode:
     """What a ListNode is rebuilt as where no class of that name is at hand."""
 
