@@ -83,12 +83,16 @@ class DataPlane:
         self.dispatcher.last_block = None
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
         if self.mode in BARRIER_MODES:
-            # Batch-at-a-time baselines: never more than one batch generated ahead of the
-            # trainer. `disaggregated_sync` also waits while the trainer trains (rollout
-            # idles), while `one_step_off` generates batch k+1 during step k;
-            # `colocated_sync` generates the batches of its next train phase (every rank
-            # trains them: runtime/control/colocation.py).
-            ahead = buffered + len(self.dispatcher.outstanding)
+            # Batch-at-a-time baselines, a step being one weight publication (sync_every
+            # trainer steps), as verl counts them: `disaggregated_sync` generates the
+            # interval's batches, then waits while the trainer trains them (rollout idles);
+            # `one_step_off` generates the next interval's batches while the trainer
+            # trains this one's; `colocated_sync` generates the batches of its next train
+            # phase (every rank trains them: runtime/control/colocation.py).
+            # (a batch in training is still part of the current interval)
+            ahead = (
+                buffered + len(self.dispatcher.outstanding) + self.batch_size * len(self.batches)
+            )
             allowed = max(0, self.batch_size * self._batches_ahead() - ahead)
             if self.mode != "one_step_off" and self.batches:
                 allowed = 0
@@ -108,11 +112,18 @@ class DataPlane:
         )
 
     def _batches_ahead(self) -> int:
-        """Batches a barrier mode may generate ahead: one, or a colocated train phase's."""
-        if self.mode != "colocated_sync":
-            return 1
-        to_sync = self.train.sync_every - self.step % self.train.sync_every
-        return min(to_sync, self.train.steps - self.step)
+        """Batches a barrier mode may have generated or in generation ahead of the trainer:
+        the rest of the current sync interval, and for ``one_step_off`` the next interval
+        too. (verl's one-step-off starts interval k+2 once interval k+1 is generated and k
+        trained; here k+2 may start while k+1's last samples are still generating, which
+        favours the baseline, never reflow.) Before 2026-12-04 the disaggregated baselines
+        counted one trainer step as their step: at the DAPO sizing (16 steps per sync) a
+        128-GPU rollout side then generated 512 samples at a time and idled 78%."""
+        every = self.train.sync_every
+        ahead = every - self.step % every
+        if self.mode == "one_step_off":
+            ahead += every
+        return min(ahead, self.train.steps - self.step)
 
     def deliver(self, t: Sample) -> bool:
         """A finished sample from a rollout worker; False (counted) if unexpected."""

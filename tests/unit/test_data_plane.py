@@ -283,17 +283,45 @@ def test_execution_modes_gate_generation(mode):
     if mode == "async":
         assert len(first) == 8  # bounded only by staleness admission: (delta + 1) * b
         return
-    assert len(first) == 4  # one batch at a time
+    # one batch at a time (sync_every 1), one_step_off the next one too
+    assert len(first) == (8 if mode == "one_step_off" else 4)
     assert dp.request_work(1, 100) == []
     _fill(dp, clock, first, 0)
     batch = dp.next_batch()
     assert batch is not None and batch.n_unused == 4
     during = dp.request_work(1, 100)
-    # one_step_off generates the next batch while the trainer trains; the sync modes wait.
-    assert len(during) == (4 if mode == "one_step_off" else 0)
+    assert during == []  # one_step_off's next batch is generated; the sync modes wait
     dp.finish_step(batch.batch_id, 1, 1)
     after = dp.request_work(1, 100)
-    assert len(during) + len(after) == 4
+    # one_step_off: the batch after next, while the next one trains
+    assert len(after) == 4
+
+
+@pytest.mark.parametrize("mode", ["disaggregated_sync", "one_step_off"])
+def test_a_disaggregated_baselines_step_is_one_weight_publication(mode):
+    # sync_every 4, as verl counts a step: disaggregated sync generates the interval's 4
+    # batches at once and waits while they train; one-step-off generates the next
+    # interval's during them. Before, both generated one trainer step's batch at a time,
+    # which at the DAPO sizing left a 128-GPU rollout side 78% idle.
+    cfg = build_config(
+        {
+            "train": {"batch_size": 4, "sync_every": 4, "steps": 12},
+            "algorithm": {"group_size": 2},
+            "reflow": {"mode": mode, "B_max": 1000, "delta": 1},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    first = dp.request_work(1, 1000)
+    assert len(first) == (32 if mode == "one_step_off" else 16)
+    _fill(dp, clock, first, 0)
+    for step in range(1, 5):
+        batch = dp.next_batch()
+        assert batch is not None
+        assert dp.request_work(1, 1000) == []
+        dp.finish_step(batch.batch_id, step, step // 4)
+    # interval 1 trained: the next interval (one_step_off: the one after it) may go
+    assert len(dp.request_work(1, 1000)) == 16
 
 
 def test_a_colocated_rollout_phase_generates_every_batch_up_to_the_next_sync():
@@ -328,15 +356,16 @@ def test_the_batch_barrier_never_strands_a_started_group(mode):
         {
             "train": {"batch_size": 4},
             "algorithm": {"group_size": 3},
-            "reflow": {"mode": mode, "B_max": 100, "delta": 1},
+            "reflow": {"mode": mode, "B_max": 100, "delta": 2},  # staleness not binding
         }
     )
     clock = Clock()
     dp = DataPlane(cfg, prompts(), clock)
     got = dp.request_work(1, 100)
-    assert len(got) == 4
+    ahead = 2 if mode == "one_step_off" else 1  # batches (one_step_off: the next one too)
+    assert len(got) == 4 * ahead
     rest = dp.request_work(1, 100)
-    assert [r.group_id for r in rest] == [1, 1]
+    assert [r.group_id for r in rest] == [ahead * 4 // 3] * (3 - ahead * 4 % 3)
     _fill(dp, clock, got + rest, 0)
     assert dp.next_batch() is not None
 
