@@ -236,6 +236,8 @@ class Rebalancer:
             if not current.waiting_for and current.done_at is None:
                 self._count_role_time()  # up to now the moved ranks were switching
                 current.done_at = self.clock()
+                if current.applied_at is not None:  # the next moves must pay this back
+                    self.allocator.switch_measured(current.done_at - current.applied_at)
 
     def _moving(self) -> list[int]:
         return self._previous.moved_ranks(self.layout) if self.switching() else []

@@ -179,7 +179,11 @@ def test_throttled_rollout_moves_one_group_at_a_time_by_whether_the_trainer_wait
     assert d.applied and d.best == "4:12"
     # held back while the trainer waits too: bound by latency, one group back to rollout
     both = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, rollout_throttled=0.8, trainer_starved=0.5)
-    d = a.decide(30, Placement(8, 8), both)
+    # (a fresh allocator: this one measured 12:4 no faster than 8:8 at step 10, and holds
+    # a move back there to that figure)
+    d = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0).decide(
+        30, Placement(8, 8), both
+    )
     assert d.applied and d.best == "12:4"
 
 
@@ -238,3 +242,76 @@ def test_heap_routing_picks_what_a_full_scan_would():
             best_cost = min(feasible)[0]
             assert any(i == got and math.isclose(c, best_cost) for c, i in feasible)
             live.append(req)
+
+
+def test_a_window_of_throttled_rollout_with_no_rate_still_moves_a_group():
+    # math, Qwen3-32B on 32 GPUs: staleness refused rollout work the whole window, so it
+    # delivered no fresh sample and had no busy time; the trainer did not wait. Before,
+    # "not enough data in the window" came first and the allocator stayed at 24:8.
+    a = ProducerConsumerAllocator(32, 4, 8, sigma=0.5)
+    blind = WindowStats(
+        steps=5,
+        seconds=600.0,
+        produced=0,
+        consumed=5 * 512,
+        rollout_busy_s=0.0,
+        trainer_busy_s=8 * 600.0,
+        rollout_throttled=1.0,
+    )
+    d = a.decide(100, Placement(24, 8), blind)
+    assert d.applied and d.best == "16:16", d.reason
+    # with nothing trained either, it still says there is nothing to go on
+    empty = WindowStats(5, 600.0, 0, 0, 0.0, 0.0)
+    assert (
+        not ProducerConsumerAllocator(32, 4, 8, sigma=0.5)
+        .decide(100, Placement(24, 8), empty)
+        .applied
+    )
+
+
+def _scripted_run(a: ProducerConsumerAllocator, world: dict[str, dict], start: str, steps: int):
+    """Drive the allocator with windows that depend only on the placement it chose, as a
+    stationary workload would, deciding every 5 steps; the placements it went through."""
+    current, path = start, [start]
+    for step in range(10, steps, 5):
+        d = a.decide(step, Placement(*map(int, current.split(":"))), world[current])
+        if d.applied:
+            current = d.best
+            path.append(current)
+            a.switch_measured(18.0)
+    return path
+
+
+def test_two_rules_that_undo_each_other_do_not_swing_the_placement():
+    # APPS, Qwen3-14B on 32 GPUs: at 24:8 the trainer waits and rollout is throttled (one
+    # rollout group more); at 28:4 the trainer does not wait and rollout is throttled
+    # (one trainer group more). Before, the allocator went back and forth every cooldown,
+    # 18 s per switch; 24:8 trained more per second than 28:4.
+    world = {
+        "24:8": WindowStats(
+            5, 100.0, 260, 256, 500.0, 700.0, trainer_starved=0.3, rollout_throttled=0.5
+        ),
+        "28:4": WindowStats(5, 150.0, 260, 256, 900.0, 600.0, rollout_throttled=0.5),
+    }
+    a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5)
+    assert a.memory_steps == 100
+    # one round trip (28:4 was never measured), then it stays while 28:4's figure stands
+    assert _scripted_run(a, world, "24:8", 110) == ["24:8", "28:4", "24:8"]
+    # and tries 28:4 again only once that figure has expired (the workload may drift)
+    long = _scripted_run(ProducerConsumerAllocator(32, 2, 4, sigma=0.5), world, "24:8", 400)
+    assert len(long) - 1 <= 2 * (400 // a.memory_steps + 1) and long[-1] == "24:8", long
+
+
+def test_a_move_that_cannot_pay_back_its_switch_is_not_made():
+    # A 5 % better split by the rates, but a measured 60 s switch against a cooldown of
+    # 5 steps of 10 s: the move would lose more than it gains.
+    # 20 ranks, 1 sample per rank-second each side, 3/4 of a batch fresh: 8:12 trains
+    # 10.7 samples/s (rollout-bound), 9:11 would train 11 (3 % more)
+    w = WindowStats(5, 50.0, 400, 600, 400.0, 600.0)
+    a = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, cooldown_steps=5, margin=0.01)
+    d = a.decide(10, Placement(8, 12), w)
+    assert d.applied and d.best == "9:11", d.reason  # before any switch: the margin only
+    b = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, cooldown_steps=5, margin=0.01)
+    b.switch_measured(60.0)
+    d = b.decide(10, Placement(8, 12), w)
+    assert not d.applied and d.reason.startswith("no payback"), d.reason

@@ -50,6 +50,7 @@ before the first batch (admission lets it run ``(delta + 1) x sync_every`` steps
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 
@@ -93,6 +94,11 @@ class Decision:
     replay_target: float | None = None  # max(target, 1/(1+L)): guards moves to the trainer
     predicted: dict[str, float] | None = None
     window: dict[str, float] | None = None
+    # samples trained per second: measured in this window, and expected at ``best``
+    # (measured there before, or predicted from the rates); None where nothing says
+    throughput: float | None = None
+    expected: float | None = None
+    needed_gain: float | None = None  # the gain a move must promise (payback, hysteresis)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +107,14 @@ class Decision:
 # A trainer that waited for data more than this share of the window gets no more ranks:
 # they would wait the same way. A round number, not tuned.
 HELD_UP = 0.1
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Samples trained per second in the last window at a placement, and when."""
+
+    throughput: float
+    step: int
 
 
 class ProducerConsumerAllocator:
@@ -114,12 +128,23 @@ class ProducerConsumerAllocator:
         cooldown_steps: int = 5,
         margin: float = 0.1,
         min_window_steps: int = 3,
+        memory_steps: int | None = None,
     ) -> None:
         self.world, self.s_r, self.s_t = world, rollout_group, trainer_group
         self.target = max(1.0 - sigma / 2, 1e-3)  # the middle of [1 - sigma, 1]
         self.cooldown_steps, self.margin = cooldown_steps, margin
         self.min_window_steps = min_window_steps
+        # How long a placement's measured throughput stands for it: the workload drifts
+        # (responses grow), so an old figure says less and less, and a placement the
+        # rules keep asking for is tried again once it has expired. Twenty cooldowns: a
+        # round number, not tuned.
+        self.memory_steps = (
+            memory_steps if memory_steps is not None else 20 * max(cooldown_steps, 1)
+        )
         self.last_change_step: int | None = None
+        # the seconds of the last role switch, as measured (None before the first one)
+        self.switch_s: float | None = None
+        self.measured: dict[Placement, Measured] = {}
         self.decisions: list[Decision] = []
 
     def placements(self) -> list[Placement]:
@@ -143,6 +168,33 @@ class ProducerConsumerAllocator:
     def mismatch(p: Placement, r: float, t: float, target: float) -> float:
         return abs(math.log((p.rollout * r) / (p.trainer * t) / target))
 
+    @staticmethod
+    def capacity(p: Placement, r: float, t: float, target: float) -> float:
+        """Samples per second ``p`` could train: its trainer's rate, or what its rollout
+        side's fresh samples can feed when ``target`` of a batch must be fresh."""
+        return min(p.trainer * t, p.rollout * r / target)
+
+    def needed_gain(self, w: WindowStats) -> float:
+        """The relative gain in throughput a move must promise: enough to pay back the
+        measured switch time within the cooldown (``switch_s`` over the cooldown's
+        seconds at this window's step time), and never less than ``margin``."""
+        if self.switch_s is None or w.steps <= 0:
+            return self.margin
+        horizon_s = max(self.cooldown_steps, 1) * w.seconds / w.steps
+        return max(self.margin, self.switch_s / max(horizon_s, 1e-9))
+
+    def remember(self, step: int, p: Placement, w: WindowStats) -> float | None:
+        """Keep this window's throughput as ``p``'s (what a move back there is held to)."""
+        if w.seconds <= 0:
+            return None
+        tput = w.consumed / w.seconds
+        self.measured[p] = Measured(tput, step)
+        return tput
+
+    def measured_at(self, p: Placement, step: int) -> float | None:
+        m = self.measured.get(p)
+        return m.throughput if m is not None and step - m.step <= self.memory_steps else None
+
     def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
         """The placement for the next steps (``current`` when nothing should change)."""
         guard = self.target_for(w)
@@ -156,64 +208,131 @@ class ProducerConsumerAllocator:
             replay_target=guard,
             window=asdict(w),
         )
-        if w.steps < self.min_window_steps or w.rollout_busy_s <= 0 or w.trainer_busy_s <= 0:
-            d.reason = "not enough data in the window"
-        elif w.produced <= 0 or w.consumed <= 0:
-            d.reason = "nothing produced or consumed in the window"
-        else:
-            r, t = w.produced / w.rollout_busy_s, w.consumed / w.trainer_busy_s
-            d.rollout_rate, d.trainer_rate = r, t
-
-            def target(p: Placement) -> float:
-                # Taking rollout ranks away must leave what replay cannot fill covered;
-                # adding them is judged against 1 - sigma only (see the module doc).
-                return guard if p.rollout < current.rollout else self.target
-
-            throttled = w.rollout_throttled > HELD_UP
-            starved = w.trainer_starved > HELD_UP
-            # Rollout held back by the run's rules has spare capacity its rate does not
-            # show: the trainer may take one group more. Held back while the trainer
-            # waits too, production is bound by latency (what may be in flight over how
-            # long a generation takes): one rollout group more shortens each generation
-            # (less batching), a trainer rank more would only wait (module doc).
-            side = [
-                p
-                for p in self.placements()
-                if (p.rollout > current.rollout if starved else p.rollout < current.rollout)
-            ]
-            nearest = min(side, key=lambda p: abs(p.rollout - current.rollout), default=None)
-
-            def allowed(p: Placement) -> bool:
-                if p.trainer > current.trainer and starved:
-                    return False  # more trainer ranks would wait for data too
-                return p == nearest if throttled else True
-
-            candidates = [p for p in self.placements() if p == current or allowed(p)]
-            if throttled:  # the rates say nothing of rollout's capacity: no extrapolation
-                gains = {p: (self.margin if p != current else 0.0) for p in candidates}
-            else:
-                gains = {
-                    p: self.mismatch(current, r, t, target(p)) - self.mismatch(p, r, t, target(p))
-                    for p in candidates
-                }
-            d.predicted = {p.ratio: (p.rollout * r) / (p.trainer * t) for p in gains}
-            best = max(gains, key=lambda p: (gains[p], p == current))
-            d.best = best.ratio
-            since = None if self.last_change_step is None else step - self.last_change_step
-            if best == current or gains[best] < self.margin:
-                d.reason = "current placement is within the margin of the best"
-            elif since is not None and since < self.cooldown_steps:
-                d.reason = f"cooldown: {since} of {self.cooldown_steps} steps since the last change"
-            else:
-                d.applied = True
-                d.reason = (
-                    f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
-                    f" (target {target(best):.2f})"
-                )
-                self.last_change_step = step
         self.decisions.append(d)
+        throttled = w.rollout_throttled > HELD_UP
+        starved = w.trainer_starved > HELD_UP
+        if w.steps < self.min_window_steps or w.seconds <= 0:
+            d.reason = "not enough data in the window"
+            return d
+        # Rollout held back by the run's rules is judged by those rules, not by its rates:
+        # a window where staleness refused it all the time has no rollout rate at all,
+        # and before 2026-12-04 that window read as "not enough data" and the allocator
+        # never moved (math, Qwen3-32B on 32 GPUs stayed at 24:8).
+        rated = w.rollout_busy_s > 0 and w.trainer_busy_s > 0 and w.produced > 0 and w.consumed > 0
+        if not throttled and not rated:
+            d.reason = "nothing produced or consumed in the window"
+            return d
+        d.throughput = self.remember(step, current, w)
+        r = w.produced / w.rollout_busy_s if w.rollout_busy_s > 0 else 0.0
+        t = w.consumed / w.trainer_busy_s if w.trainer_busy_s > 0 else 0.0
+        d.rollout_rate, d.trainer_rate = (r, t) if rated else (None, None)
+
+        def target(p: Placement) -> float:
+            # Taking rollout ranks away must leave what replay cannot fill covered;
+            # adding them is judged against 1 - sigma only (see the module doc).
+            return guard if p.rollout < current.rollout else self.target
+
+        # Rollout held back by the run's rules has spare capacity its rate does not
+        # show: the trainer may take one group more. Held back while the trainer
+        # waits too, production is bound by latency (what may be in flight over how
+        # long a generation takes): one rollout group more shortens each generation
+        # (less batching), a trainer rank more would only wait (module doc).
+        side = [
+            p
+            for p in self.placements()
+            if (p.rollout > current.rollout if starved else p.rollout < current.rollout)
+        ]
+        nearest = min(side, key=lambda p: abs(p.rollout - current.rollout), default=None)
+
+        def allowed(p: Placement) -> bool:
+            if p.trainer > current.trainer and starved:
+                return False  # more trainer ranks would wait for data too
+            return p == nearest if throttled else True
+
+        candidates = [p for p in self.placements() if p == current or allowed(p)]
+        if throttled:  # the rates say nothing of rollout's capacity: no extrapolation
+            gains = {p: (self.margin if p != current else 0.0) for p in candidates}
+        else:
+            gains = {
+                p: self.mismatch(current, r, t, target(p)) - self.mismatch(p, r, t, target(p))
+                for p in candidates
+            }
+        if rated:
+            d.predicted = {p.ratio: (p.rollout * r) / (p.trainer * t) for p in gains}
+        best = max(gains, key=lambda p: (gains[p], p == current))
+        d.best = best.ratio
+        since = None if self.last_change_step is None else step - self.last_change_step
+        if best == current or gains[best] < self.margin:
+            d.reason = "current placement is within the margin of the best"
+            return d
+        if since is not None and since < self.cooldown_steps:
+            d.reason = f"cooldown: {since} of {self.cooldown_steps} steps since the last change"
+            return d
+        refusal = self._not_worth_it(d, step, current, best, w, r, t, target, throttled, starved)
+        if refusal:
+            d.reason = refusal
+            return d
+        d.applied = True
+        d.reason = (
+            f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
+            f" (target {target(best):.2f})"
+            if d.predicted is not None and not throttled
+            else f"rollout throttled {w.rollout_throttled:.0%} of its time, trainer waited "
+            f"{w.trainer_starved:.0%}: one group to the "
+            + ("rollout side" if best.rollout > current.rollout else "trainer")
+        )
+        self.last_change_step = step
         return d
+
+    def _not_worth_it(
+        self,
+        d: Decision,
+        step: int,
+        current: Placement,
+        best: Placement,
+        w: WindowStats,
+        r: float,
+        t: float,
+        target: Callable[[Placement], float],
+        throttled: bool,
+        starved: bool,
+    ) -> str | None:
+        """Why a move the rules chose should not be made, or None. A placement measured
+        recently is held to what it measured: a move back there must have done better
+        by the needed gain (hysteresis: at APPS 14B on 32 GPUs, two rules sent the
+        allocator between 24:8 and 28:4 every cooldown, 10% of trainer time in
+        switches). Otherwise the move must promise that gain from the rates."""
+        need = d.needed_gain = self.needed_gain(w)
+        now = d.throughput
+        before = self.measured_at(best, step)
+        if before is not None and now is not None:
+            d.expected = before
+            if before < now * (1 + need):
+                return (
+                    f"hysteresis: {best.ratio} trained {before:.3g} samples/s when last "
+                    f"measured, {current.ratio} {now:.3g}: less than the {need:.0%} a move "
+                    "must gain"
+                )
+            return None
+        if throttled and not starved and now is not None:
+            # the trainer is the bound (rollout has room): it scales with its ranks
+            d.expected = now * best.trainer / current.trainer
+        elif not throttled and now is not None and t > 0 and r > 0:
+            here = self.capacity(current, r, t, target(current))
+            d.expected = now * self.capacity(best, r, t, target(best)) / max(here, 1e-12)
+        if d.expected is not None and now is not None and d.expected < now * (1 + need):
+            return (
+                f"no payback: {best.ratio} is expected to train {d.expected:.3g} samples/s "
+                f"against {now:.3g}, less than the {need:.0%} that pays back a "
+                f"{self.switch_s or 0:.0f} s switch within the cooldown"
+            )
+        return None
 
     def changed(self, step: int) -> None:
         """A placement change from elsewhere (a manual rebalance) restarts the cooldown."""
         self.last_change_step = step
+
+    def switch_measured(self, seconds: float) -> None:
+        """A role switch took ``seconds`` (the next moves must pay it back)."""
+        if seconds > 0:
+            self.switch_s = seconds
