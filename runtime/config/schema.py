@@ -230,6 +230,18 @@ class ReflowConfig:
     delta: int = opt(1, "max policy-version age of a sample", ge=0)
     sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
     replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
+    fresh_order: str = opt(
+        "oldest",
+        "which unused samples a batch takes: oldest (oldest version first, then arrival: "
+        "none left to expire for a newer one) or sampler (the sampler's select)",
+        choices=("oldest", "sampler"),
+    )
+    age_from: str = opt(
+        "oldest_span",
+        "the version a partial rollout's age counts from for delta: oldest_span, or "
+        "newest_span (older spans' tokens then rely on the loss's importance ratios)",
+        choices=("oldest_span", "newest_span"),
+    )
 
 
 @dataclass

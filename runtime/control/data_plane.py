@@ -41,6 +41,8 @@ class DataPlane:
             sampler=make_sampler(rf.sampler),
             replay_filter=make_replay_filter(rf.replay_filter) if self.replay_enabled else None,
             seed=train.seed,
+            fresh_order=rf.fresh_order,
+            age_from=rf.age_from,
         )
         self.dispatcher = Dispatcher(
             prompts=prompts,

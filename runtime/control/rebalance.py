@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.config.layout import Layout, parse_ratio
 from runtime.config.schema import Config
+from runtime.control.replay_buffer import version_of
 from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.data.sample import Sample
 
@@ -160,6 +161,7 @@ class Rebalancer:
             cfg.train.last_step_for(0, cfg.reflow.delta),
         )
         self._delta = cfg.reflow.delta
+        self._version_of = version_of(cfg.reflow.age_from)  # as the buffer counts ages
         self._train = cfg.train
         self._marks: list[Mark] = []
         self.fresh_total = 0  # samples trained on for the first time
@@ -274,7 +276,7 @@ class Rebalancer:
         last = self._train.last_step_for
         self.fresh_total += len(fresh)
         self.replay_life_total += sum(
-            max(0, last(t.oldest_version, self._delta) - step) for t in fresh
+            max(0, last(self._version_of(t), self._delta) - step) for t in fresh
         )
 
     def mark(

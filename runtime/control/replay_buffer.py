@@ -8,8 +8,17 @@ Batch rule, for batch size ``b`` and replay cap ``sigma``:
 - unused samples first, up to ``b``; the rest from the replay pool;
 - if unused + replay cannot make ``b``, no batch either.
 
-Staleness: a sample is eligible while ``current_version - oldest_version <= delta``;
-older ones are evicted (reason ``stale_unused`` / ``stale_replay``).
+Staleness: a sample is eligible while ``current_version - version <= delta``, where a
+sample's version is that of its oldest span (``age_from="oldest_span"``, the default) or,
+for a partial rollout that crossed a weight sync, of its newest span (``"newest_span"``:
+its older spans' tokens are then older than ``delta``, and the loss's per-token
+importance ratios, ``algorithm.tis_cap``, are what corrects them); older ones are
+evicted (reason ``stale_unused`` / ``stale_replay``).
+
+Fresh samples are taken oldest version first, in arrival order within a version
+(``fresh_order="oldest"``, the default: the FIFO queue verl's fully-async trainer reads),
+so that a batch never leaves an older sample to expire while it takes a newer one; with
+``"sampler"`` the sampler's ``select`` chooses among them, as it always does for replay.
 """
 
 from __future__ import annotations
@@ -19,12 +28,29 @@ import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from runtime.control.samplers import BatchSampler, RandomSampler, ReplayFilter
 from runtime.data.sample import Batch, Phase, Sample, sample_from_state, sample_state
 
-__all__ = ["Batch", "ReplayBuffer"]
+__all__ = ["AGE_FROM", "FRESH_ORDERS", "Batch", "ReplayBuffer", "version_of"]
+
+FRESH_ORDERS = ("oldest", "sampler")
+AGE_FROM = ("oldest_span", "newest_span")
+
+
+def _oldest(t: Sample) -> int:
+    return t.oldest_version
+
+
+def _newest(t: Sample) -> int:
+    return t.newest_version
+
+
+def version_of(age_from: str) -> Callable[[Sample], int]:
+    """The version a sample's age counts from (module doc)."""
+    return _newest if age_from == "newest_span" else _oldest
+
 
 _TINY = 1e-6
 
@@ -40,6 +66,8 @@ class ReplayBuffer:
         sampler: BatchSampler | None = None,
         replay_filter: ReplayFilter | None = None,
         seed: int = 0,
+        fresh_order: str = "oldest",
+        age_from: str = "oldest_span",
     ) -> None:
         if not 0 <= sigma < 1:
             raise ValueError("sigma must be in [0, 1)")
@@ -50,6 +78,12 @@ class ReplayBuffer:
         self.sampler: BatchSampler = sampler or RandomSampler()
         self.replay_filter = replay_filter
         self.rng = random.Random(seed)
+        if fresh_order not in FRESH_ORDERS:
+            raise ValueError(f"fresh_order {fresh_order!r}: expected one of {FRESH_ORDERS}")
+        if age_from not in AGE_FROM:
+            raise ValueError(f"age_from {age_from!r}: expected one of {AGE_FROM}")
+        self.fresh_order = fresh_order
+        self.version_of = version_of(age_from)
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
         self._groups: dict[int, list[Sample]] = {}
         self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
@@ -103,16 +137,17 @@ class ReplayBuffer:
     def _enter(self, t: Sample, src: Phase, dst: Phase, pool: dict[int, Sample]) -> None:
         t.phase = dst
         pool[t.sample_id] = t
-        self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
+        self._by_version.setdefault(self.version_of(t), set()).add(t.sample_id)
         self.transitions[f"{src.value}->{dst.value}"] += 1
 
     def _leave_pool(self, t: Sample) -> None:
         pool = self.unused if t.phase is Phase.AVAILABLE else self.replay
         del pool[t.sample_id]
-        bucket = self._by_version[t.oldest_version]
+        version = self.version_of(t)
+        bucket = self._by_version[version]
         bucket.discard(t.sample_id)
         if not bucket:
-            del self._by_version[t.oldest_version]
+            del self._by_version[version]
 
     def _evict(self, t: Sample, src: Phase, reason: str) -> None:
         t.phase = Phase.EVICTED
@@ -150,7 +185,11 @@ class ReplayBuffer:
         if len(self.unused) + len(self.replay) < b:
             return None
         self.shortfall = "sampler"
-        fresh = self.sampler.select(list(self.unused.values()), b, self.rng)
+        if self.fresh_order == "oldest":
+            # sorted() is stable: arrival order within a version
+            fresh = sorted(self.unused.values(), key=self.version_of)[:b]
+        else:
+            fresh = self.sampler.select(list(self.unused.values()), b, self.rng)
         if len(fresh) < self.min_unused:
             return None
         need = b - len(fresh)
@@ -215,7 +254,7 @@ class ReplayBuffer:
             for d in state[key]:
                 t = sample_from_state(d)
                 pool[t.sample_id] = t
-                self._by_version.setdefault(t.oldest_version, set()).add(t.sample_id)
+                self._by_version.setdefault(self.version_of(t), set()).add(t.sample_id)
         self._ids = {t.sample_id for t in self.samples()}
         self.rng.setstate(_rng_from_state(state["rng"]))
         self._next_batch = int(state["next_batch"])

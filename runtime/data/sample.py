@@ -153,6 +153,11 @@ class Sample:
         return vs[0][0] if len(vs) == 1 else min(v for v, _, _ in vs)
 
     @property
+    def newest_version(self) -> int:
+        vs = self.versions
+        return vs[-1][0] if len(vs) == 1 else max(v for v, _, _ in vs)
+
+    @property
     def is_replay(self) -> bool:
         return self.replay_count > 0
 

@@ -463,3 +463,41 @@ def test_a_late_result_after_its_new_owner_delivered_is_stale_not_a_duplicate():
     assert not dp.deliver(traj(req, 0, worker=3))
     assert dp.rejected == {"stale_worker": 1, "duplicate": 1}
     assert dp.ledger()["duplicated"] == 1
+
+
+class _Req:
+    def __init__(self, i):
+        self.sample_id, self.group_id, self.prompt_id = i, i, i
+
+
+def test_fresh_samples_are_taken_oldest_version_first():
+    # Before, a uniform pick among 40 unused samples left older ones to expire while it
+    # trained newer ones (math 32B/32: 20.4% of deliveries evicted unused).
+    buf = ReplayBuffer(batch_size=4, sigma=0.0, delta=1, group_size=1, seed=3)
+    for i in range(40):
+        buf.add(traj(_Req(i), version=0 if i >= 36 else 1))  # the last 4 are the oldest
+    batch = buf.sample_batch(current_version=1)
+    assert batch is not None
+    assert sorted(t.sample_id for t in batch.samples) == [36, 37, 38, 39]
+    # within a version, arrival order
+    batch = buf.sample_batch(current_version=1)
+    assert [t.sample_id for t in batch.samples] == [0, 1, 2, 3]
+    # the sampler's own choice on request
+    rnd = ReplayBuffer(batch_size=4, sigma=0.0, delta=1, group_size=1, fresh_order="sampler")
+    for i in range(40):
+        rnd.add(traj(_Req(i), version=1))
+    assert [t.sample_id for t in rnd.sample_batch(1).samples] != [0, 1, 2, 3]
+
+
+def test_a_partial_rollouts_age_may_count_from_its_newest_span():
+    # spans of versions 0 and 1, trained at version 2 with delta 1: too old by its oldest
+    # span (today's rule), in time by its newest
+    def held(age_from):
+        buf = ReplayBuffer(batch_size=1, sigma=0.0, delta=1, group_size=1, age_from=age_from)
+        buf.add(traj(_Req(7), version=1, spans=2))
+        return buf.sample_batch(current_version=2)
+
+    assert held("oldest_span") is None
+    assert held("newest_span") is not None
+    with pytest.raises(ValueError, match="age_from"):
+        ReplayBuffer(batch_size=1, sigma=0.0, delta=1, group_size=1, age_from="median")

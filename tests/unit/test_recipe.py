@@ -25,8 +25,8 @@ BAD = [
     ),
     (
         "reflow: {sigmma: 0.3}",
-        "reflow.sigmma: unknown key (allowed here: B_max, delta, mode, replay_filter, "
-        "sampler, sigma, tau)",
+        "reflow.sigmma: unknown key (allowed here: B_max, age_from, delta, fresh_order, mode, "
+        "replay_filter, sampler, sigma, tau)",
     ),
     ("train: {steps: ten}", "train.steps: expected an integer, got 'ten'"),
     ("train: {steps: 1.5}", "train.steps: expected an integer, got 1.5"),
