@@ -22,6 +22,11 @@ Pure bookkeeping with the caller's times; the coordinator tells it what it alrea
   states lasted longer than the idle time; what is left is ``between_turns`` when the rank
   held requests (tool calls, rewards, a hand-off in progress) and ``between_requests``
   when it held none and was refused nothing.
+- **Prefill.** A rank's engine prefilling prompts computes: those seconds are busy, not
+  idle, and never ``weight_sync`` (the paused seconds are a weight sync's alone). A beat
+  may say how many of its busy seconds were prefill (the engine's cumulative
+  ``prefill_s``): they are booked as the busy cause ``prefill`` (``ROLLOUT_BUSY_CAUSES``,
+  reported apart as ``rollout_busy_by_cause``), so that a prefill stall is seen by name.
 - **Tensor-parallel replicas.** With ``rollout_gpus_per_replica > 1`` a replica is one
   engine on several ranks: its driver (first rank) asks for work and heartbeats the
   engine's time, which counts for every rank of the group (rank-seconds, the allocator's
@@ -66,6 +71,8 @@ ROLLOUT_CAUSES = (
     "between_turns",
     "between_requests",
 )
+# Busy time booked by what the engine did, apart from its decoding (not idle).
+ROLLOUT_BUSY_CAUSES = ("prefill",)
 # Refusals that hold a rank under its capacity by the run's rules, not its engine's.
 THROTTLES = frozenset(
     {
@@ -92,6 +99,7 @@ class _Rank:
     # of those, refused seconds weighted by the share of slots left empty
     spent_unused: Counter[str] = field(default_factory=Counter)
     last: tuple[float, float, float] | None = None  # (active, busy, paused) at the last beat
+    last_prefill: float = 0.0  # the engine's cumulative prefill seconds at the last beat
 
 
 class IdleBook:
@@ -102,6 +110,7 @@ class IdleBook:
         self.rollout_group_size = rollout_group_size
         self.trainer: Counter[str] = Counter()
         self.rollout: Counter[str] = Counter()
+        self.rollout_busy: Counter[str] = Counter()  # ROLLOUT_BUSY_CAUSES, rank-seconds
         self.rollout_active_s = 0.0
         self.throttled_busy_s = 0.0
         self._trainer_state: str | None = None
@@ -166,15 +175,18 @@ class IdleBook:
         busy_s: float,
         paused_s: float,
         holding: bool,
+        prefill_s: float | None = None,
     ) -> None:
         """A heartbeat's cumulative rollout seconds; ``holding``: the rank has requests
-        out. The interval since its previous beat is attributed (module doc); a driver's
-        seconds count once per rank of its replica, a member's not at all."""
+        out; ``prefill_s``: its engine's cumulative prefill seconds, if it says. The
+        interval since its previous beat is attributed (module doc); a driver's seconds
+        count once per rank of its replica, a member's not at all."""
         if not self.counts(rank):
             return
         r = self._ranks.setdefault(rank, _Rank(since=now))
         self.rank_is(rank, r.state, now, r.unused)  # close the open state at the beat
         prev, r.last = r.last, (active_s, busy_s, paused_s)
+        prefill_before, r.last_prefill = r.last_prefill, prefill_s or 0.0
         spent, r.spent = r.spent, Counter()
         spent_unused, r.spent_unused = r.spent_unused, Counter()
         if prev is None:
@@ -187,6 +199,12 @@ class IdleBook:
         idle = d_active - d_busy
         ranks = self.rollout_group_size  # the replica's ranks share its engine's seconds
         self.rollout_active_s += d_active * ranks
+        if prefill_s is not None:
+            # a new engine's counter starts again from zero
+            d_prefill = prefill_s - prefill_before if prefill_s >= prefill_before else prefill_s
+            d_prefill = min(max(d_prefill, 0.0), d_busy - paused)  # busy, and not a pause
+            if d_prefill > 0:
+                self.rollout_busy["prefill"] += d_prefill * ranks
         if paused > 0:
             self.rollout["weight_sync"] += paused * ranks
         explained = sum(spent.values())
@@ -229,7 +247,10 @@ class IdleBook:
             idle = self.trainer_idle(now)
             idle.subtract(at_start)
             out["trainer_idle_by_cause"] = _shares(idle, span)
-        out["rollout_idle_by_cause"] = _shares(self.rollout, max(self.rollout_active_s, 1e-9))
+        active = max(self.rollout_active_s, 1e-9)
+        out["rollout_idle_by_cause"] = _shares(self.rollout, active)
+        if self.rollout_busy:  # only engines that say what they did
+            out["rollout_busy_by_cause"] = _shares(self.rollout_busy, active)
         return out
 
 

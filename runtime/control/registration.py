@@ -101,6 +101,7 @@ def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
             msg.rollout_busy_s,
             msg.rollout_paused_s,
             holding,
+            prefill_s=msg.engine.get("prefill_s"),  # an engine that says (the simulator's)
         )
     else:
         c.engine_profile.forget(msg.rank)

@@ -6,7 +6,8 @@ admission, the generation scheduler's AIMD caps and token admission, the produce
 allocator with its cooldown, role switches at sync points), driven with a simulated clock
 and fed the same protocol messages the real ranks send. Only the engines are models:
 rollout replicas (:mod:`runtime.sim.replica`), trainer replicas (tokens per second per
-GPU), weight syncs and role switches (fixed times), and the workload (response lengths
+GPU, plus the old-policy log-prob pass when the recipe recomputes it), weight syncs (fixed
+times), role switches (the sum of their phases) and the workload (response lengths
 drifting over training, tool calls between turns), from :mod:`runtime.sim.parameters`.
 
 Each simulated rank answers the coordinator as a real one would: a rollout replica's
@@ -95,6 +96,11 @@ class SimCluster:
             )
         self._colocated_sync_s = model.colocated_sync_s or 0.0
         self._wake_s = model.wake_s or 0.0
+        # A step's forward + backward, and before it the old-policy log-prob pass (a
+        # forward over the batch) when the recipe has the trainer recompute them
+        recompute = self.cfg.algorithm.recompute_old_logprobs
+        self._step_factor = 1.0 + (model.logprob_fraction if recompute else 0.0)
+        self._roles_before: list[str] = []  # the layout a role switch leaves
         self.block = block
         self.heartbeat_s = heartbeat_s
         self.seed = seed
@@ -185,7 +191,7 @@ class SimCluster:
         # the whole batch's tokens: a data-parallel trainer's leader carries only its share
         blocks = sum(msg.whole["n_valid"] if msg.whole else (s["n_valid"] for s in msg.samples))
         gpus = self.coord.layout.n_trainer_ranks
-        seconds = blocks * self.block / (self.model.train_tok_s * gpus)
+        seconds = blocks * self.block / (self.model.train_tok_s * gpus) * self._step_factor
         start = max(self.now, self.trainer_busy_until)
         self.trainer_busy_until = start + seconds
         self.trainer_busy_s += seconds * gpus
@@ -243,26 +249,42 @@ class SimCluster:
             self.events.at(self.trainer_busy_until, self._ask_batch)
         self.pool.on_weight_sync(rank, msg.policy_version)
 
-    def _switch_s(self, roles: list[str]) -> float:
-        """One rank's switch time. A colocated phase change: to the trainer, the engine
-        sleeps and the trainer wakes (one wake); back to rollout, the in-place weight sync
-        then the engine's wake (the published colocated figures, cluster-profile sec. 11).
-        Any other switch: the model's ``switch_s``."""
-        if not self.colocated:
-            return self.model.switch_s
-        if roles[0] == Role.TRAINER.value:
-            return self._wake_s
-        return self._colocated_sync_s + self._wake_s
+    def _switch_s(self, rank: int, roles: list[str]) -> tuple[float, dict[str, float]]:
+        """One rank's switch time and its phases. A colocated phase change: to the trainer,
+        the engine sleeps and the trainer wakes (one wake); back to rollout, the in-place
+        weight sync then the engine's wake (the published colocated figures,
+        cluster-profile sec. 11). Any other switch: the model's ``switch_s`` if it gives
+        one, else the sum of the rank's phases (``ModelProfile.switch_phases``: offload,
+        wake, regroup, state transfer, weight load, by the direction it switches)."""
+        if self.colocated:
+            if roles[0] == Role.TRAINER.value:
+                return self._wake_s, {"wake": self._wake_s}
+            return self._colocated_sync_s + self._wake_s, {
+                "weight_load": self._colocated_sync_s,
+                "wake": self._wake_s,
+            }
+        if self.model.switch_s is not None:
+            return self.model.switch_s, {}
+        before = self._roles_before[rank] if self._roles_before else roles[rank]
+        phases = self.model.switch_phases(before, roles[rank])
+        return sum(phases.values()), phases
 
     def _on_role_switch(self, rank: int, msg: p.RoleSwitch) -> None:
-        seconds = self._switch_s(list(msg.roles))
-        if rank == 0:  # once per switch: rebuild the replicas of the new layout
-            self.roles, self.epoch = list(msg.roles), msg.layout_epoch
+        roles = list(msg.roles)
+        if msg.layout_epoch != self.epoch:  # the first rank told of this layout
+            self._roles_before, self.roles, self.epoch = self.roles, roles, msg.layout_epoch
+            # new replicas generate once their leader's switch is done (a leader of a
+            # replica led by a rollout rank before is kept, not frozen)
             leaders = {g[0] for g in self.coord.layout.groups(Role.ROLLOUT)}
-            self.pool.relayout(leaders, frozen_for=seconds)
-        self.events.at(self.now + seconds, self._switch_done, rank, msg.layout_epoch, seconds)
+            new = leaders - set(self.pool.replicas)
+            frozen = max((self._switch_s(r, roles)[0] for r in new), default=0.0)
+            self.pool.relayout(leaders, frozen_for=frozen)
+        seconds, phases = self._switch_s(rank, roles)
+        self.events.at(
+            self.now + seconds, self._switch_done, rank, msg.layout_epoch, seconds, phases
+        )
 
-    def _switch_done(self, rank: int, epoch: int, seconds: float) -> None:
+    def _switch_done(self, rank: int, epoch: int, seconds: float, phases: dict[str, float]) -> None:
         self._send(
             rank,
             p.RoleSwitchDone(
@@ -270,6 +292,7 @@ class SimCluster:
                 role=self.roles[rank],
                 layout_epoch=epoch,
                 duration_s=seconds,
+                phases=phases,
             ),
         )
         if rank == 0:

@@ -33,12 +33,72 @@ class ModelProfile:
     kv_tokens: int
     train_tok_s: float
     weight_sync_s: float
-    switch_s: float
+    # One role switch of a rank, whatever its direction; None: the switch is the sum of
+    # its phases (switch_phases, below), which then need the parts further down.
+    switch_s: float | None = None
     # mode colocated_sync: the in-place weight sync of a colocated engine (trainer shards
     # gathered into the engine on the same GPUs) and one engine wake from sleep; None: the
-    # profile cannot simulate that mode
+    # profile cannot simulate that mode (a computed role switch needs wake_s too)
     colocated_sync_s: float | None = None
     wake_s: float | None = None
+    # Decode: a running sequence also costs this per token of its context (its KV read
+    # each step), on top of step_per_seq_s; 0 = a per-sequence cost fixed at one context.
+    step_per_ctx_token_s: float = 0.0
+    # Tensor parallelism: the all-reduces of one decode step (two per layer) add a fixed
+    # part and a part per running sequence (its activations); 0 for TP 1.
+    tp_step_s: float = 0.0
+    tp_per_seq_s: float = 0.0
+    # The trainer's old-policy log-prob pass (a forward over the batch), as a fraction of
+    # the update's time; paid only when algorithm.recompute_old_logprobs is on.
+    logprob_fraction: float = 0.0
+    # Role-switch parts (used when switch_s is None): the trainer state's bytes per
+    # parameter, host <-> GPU copies at offload_gb_s per GPU, the state a new trainer rank
+    # receives from the current ones at state_transfer_gb_s, and the regroup's seconds.
+    trainer_state_bytes_per_param: float | None = None
+    offload_gb_s: float | None = None
+    state_transfer_gb_s: float | None = None
+    regroup_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.switch_s is not None:
+            return
+        parts = ("trainer_state_bytes_per_param", "offload_gb_s", "state_transfer_gb_s")
+        missing = [n for n in (*parts, "regroup_s", "wake_s") if getattr(self, n) is None]
+        zero = [n for n in parts if getattr(self, n) == 0]
+        if missing or zero:
+            raise ProfileError(
+                f"{self.name}: without switch_s a role switch is computed from its parts: "
+                f"missing {missing}, zero {zero}"
+            )
+
+    def switch_phases(self, before: str, after: str) -> dict[str, float]:
+        """Seconds of each phase (runtime/transport/protocol.py SWITCH_PHASES, the ones
+        runtime/rank/worker.py ``_switch`` times) of one rank changing role ``before`` ->
+        ``after`` in a new layout; a disaggregated layout change, not colocated phases.
+
+        To rollout: the trainer state goes to the host, the engine wakes from sleep, and
+        it loads the leader's weights (a weight sync). To the trainer: the engine sleeps
+        (its weights to the host), the trainer state comes back to the GPU and is
+        overwritten by the current one from the trainer ranks. Every rank regroups."""
+        if self.switch_s is not None:
+            raise ProfileError(f"{self.name}: switch_s is given; there are no phases")
+        assert self.offload_gb_s and self.state_transfer_gb_s  # __post_init__
+        params = self.params_b * 1e9
+        state_gb = params * (self.trainer_state_bytes_per_param or 0.0) / 1e9
+        state_gb /= self.trainer_gpus_per_replica  # FSDP: each rank holds its shard
+        weights_gb = 2 * params / self.rollout_gpus_per_replica / 1e9  # bf16, TP shard
+        phases = {"regroup": self.regroup_s or 0.0}
+        if before == after:
+            return phases
+        if after == "rollout":
+            phases["offload"] = state_gb / self.offload_gb_s
+            phases["wake"] = self.wake_s or 0.0
+            phases["weight_load"] = self.weight_sync_s
+        else:
+            phases["offload"] = weights_gb / self.offload_gb_s
+            phases["wake"] = state_gb / self.offload_gb_s
+            phases["state_transfer"] = state_gb / self.state_transfer_gb_s
+        return phases
 
 
 @dataclass(frozen=True)
@@ -64,6 +124,9 @@ class WorkloadProfile:
     # tool_timeout_s (the sandbox's timeout; None = no timeout).
     tool_s_sigma: float = 0.5
     tool_timeout_s: float | None = None
+    # Tokens a tool call's output adds to the context (prefilled with the next turn, not
+    # decoded), taken out of the response length drawn; 0 = decoded like the model's own.
+    tool_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.turns < 1:

@@ -37,7 +37,7 @@ class _Generation:
     prompt_id: int
     dispatched_at: float
     turn: int = 0
-    context: int = 0  # blocks generated in earlier turns
+    context: int = 0  # blocks of earlier turns and of their tool outputs
 
 
 class RolloutPool:
@@ -78,10 +78,16 @@ class RolloutPool:
         self.rollout_active: list[float] = [0.0] * world  # seconds per rank, for heartbeats
         self.rollout_busy: list[float] = [0.0] * world
         self.rollout_paused: list[float] = [0.0] * world  # of busy, paused for syncs
+        self.rollout_prefill: list[float] = [0.0] * world  # of busy, prefilling
         self._last_account = 0.0
-        self._accounted: dict[int, tuple[float, float]] = {}  # leader -> (busy, paused)
+        # leader -> its replica's (busy, paused, prefill) seconds at the last account
+        self._accounted: dict[int, tuple[float, float, float]] = {}
         self._arrays: dict[int, tuple[array, array]] = {}
         self._prompt_ids = prompt_ids  # the one prompt rank 0 hands out
+        # vLLM caches prefixes by default; only a later turn of an episode can hit (first
+        # turns' shared prompts are not modelled), so single-turn replicas skip the cache
+        self._multi_turn = workload.turns > 1
+        self._tool_out = workload.tool_output_tokens // block  # blocks per tool call
         # What the workload model drew, for checking it against its profile: tool calls
         # started and their seconds; episodes delivered and the tool calls they made.
         self.tool_calls, self.tool_s_total = 0, 0.0
@@ -92,7 +98,9 @@ class RolloutPool:
     def add(self, leader: int, *, frozen_for: float = 0.0) -> None:
         """A rollout replica led by ``leader``, with the leader's pull loop; it starts
         generating after ``frozen_for`` seconds (a role switch)."""
-        replica = RolloutReplica(self.model, block=self.block, max_seqs=self.max_seqs)
+        replica = RolloutReplica(
+            self.model, block=self.block, max_seqs=self.max_seqs, prefix_cache=self._multi_turn
+        )
         loop: RolloutLoop[_Generation] = RolloutLoop(leader, retry_s=0.0)
         loop.attach(lambda msg: self._send(leader, msg), leader)
         self.replicas[leader], self.loops[leader] = replica, loop
@@ -132,7 +140,10 @@ class RolloutPool:
         for req in requests:
             total = self.lengths.draw(self.rng, progress)
             n_turns = self.workload.episode_turns(self.rng)  # tool calls + 1
-            per = [max(1, total // n_turns // self.block)] * n_turns
+            per = max(1, total // n_turns // self.block)
+            # a tool output is part of the response drawn, but prefilled, not decoded
+            later = max(1, per - self._tool_out)
+            per = [per] + [later] * (n_turns - 1)
             loop.running[req.sample_id] = _Generation(
                 prompt_blocks=prompt_blocks,
                 turns=per,
@@ -192,6 +203,7 @@ class RolloutPool:
         s.context += s.turns[s.turn]
         s.turn += 1
         if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
+            s.context += self._tool_out  # its output, in the next turn's prompt
             tool_s = self.workload.tool_s(self.rng)
             self.tool_calls += 1
             self.tool_s_total += tool_s
@@ -301,10 +313,12 @@ class RolloutPool:
         self._last_account = now
         for leader, replica in self.replicas.items():
             replica.advance(now)
-            busy_before, paused_before = self._accounted.get(leader, (0.0, 0.0))
-            self._accounted[leader] = (replica.busy_s, replica.paused_s)
-            busy, paused = replica.busy_s - busy_before, replica.paused_s - paused_before
+            before = self._accounted.get(leader, (0.0, 0.0, 0.0))
+            after = (replica.busy_s, replica.paused_s, replica.prefill_s)
+            self._accounted[leader] = after
+            busy, paused, prefill = (x - y for x, y in zip(after, before, strict=True))
             for r in range(leader, leader + self.gpus_per_replica):
                 self.rollout_active[r] += dt
                 self.rollout_busy[r] += busy
                 self.rollout_paused[r] += paused
+                self.rollout_prefill[r] += prefill

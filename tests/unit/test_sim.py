@@ -41,8 +41,11 @@ def test_the_simulated_control_plane_is_the_runtime_itself():
 
 
 def model(**kw) -> ModelProfile:
+    """Qwen3-8B's profile with ``kw`` changed; no context cost unless asked for, so that a
+    step's time is ``step_base_s + step_per_seq_s * c`` and finish times are round
+    (tests/unit/test_sim_fidelity.py checks the context cost)."""
     base = PROFILES.model("qwen3-8b")
-    fields = {**base.__dict__, **kw}
+    fields = {**base.__dict__, "step_per_ctx_token_s": 0.0, **kw}
     return ModelProfile(**fields)
 
 
