@@ -74,6 +74,7 @@ class Mark:
     trainer_starved_s: float = 0.0  # the trainer waiting for data (runtime/control/idle.py)
     rollout_active_s: float = 0.0  # rollout rank-seconds, and of those refused by THROTTLES
     rollout_throttled_s: float = 0.0
+    consumed_tokens: int = 0
 
 
 class RoleTime:
@@ -290,6 +291,7 @@ class Rebalancer:
         trainer_starved_s: float = 0.0,
         rollout_active_s: float = 0.0,
         rollout_throttled_s: float = 0.0,
+        consumed_tokens: int = 0,
     ) -> None:
         self._marks.append(
             Mark(
@@ -305,6 +307,7 @@ class Rebalancer:
                 trainer_starved_s=trainer_starved_s,
                 rollout_active_s=rollout_active_s,
                 rollout_throttled_s=rollout_throttled_s,
+                consumed_tokens=consumed_tokens,
             )
         )
         del self._marks[: -(self._window_steps + 1)]
@@ -334,6 +337,7 @@ class Rebalancer:
             trainer_starved=(last.trainer_starved_s - first.trainer_starved_s) / max(dt, 1e-9),
             rollout_throttled=(last.rollout_throttled_s - first.rollout_throttled_s)
             / max(last.rollout_active_s - first.rollout_active_s, 1e-9),
+            consumed_tokens=last.consumed_tokens - first.consumed_tokens,
         )
 
     def allocate(self, step: int) -> dict[str, Any] | None:

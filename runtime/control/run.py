@@ -45,6 +45,9 @@ class StepCounters:
     reward_sum: float = 0.0  # of the samples delivered since the last step
     delivered: int = 0
     consumed_total: int = 0
+    # response tokens of those (the allocator's windows: per second they drift less than
+    # samples while responses grow; differences only, so not kept across a resume)
+    consumed_tokens: int = 0
     zero_reward: ZeroRewardWatch = field(default_factory=ZeroRewardWatch)
 
     def delivered_sample(self, reward: float, n_tokens: int) -> None:

@@ -51,6 +51,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     batch = c.data.finish_step(msg.batch_id, msg.step, msg.policy_version)
     c.batch_in_flight = None
     c.counters.consumed_total += len(batch.samples)
+    c.counters.consumed_tokens += sum(t.n_valid for t in batch.samples)
     c.rebalance.count_replay_life(batch.samples[: batch.n_unused], msg.step)
     line = telemetry.step_line(c, msg, batch, now)
     c.step, c.policy_version = msg.step, msg.policy_version
@@ -102,6 +103,7 @@ def mark(c: Run, now: float) -> None:
         # rewards under medium_reward) cost rollout time and feed no batch
         produced=stats["delivered"] - stats["evicted"].get("sampler_rejected", 0),
         consumed=c.counters.consumed_total,
+        consumed_tokens=c.counters.consumed_tokens,
         # a rank refused work by the run's rules is not generating at capacity: its busy
         # seconds then would read as a slow rank to the allocator
         rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s)
