@@ -315,3 +315,27 @@ def test_a_move_that_cannot_pay_back_its_switch_is_not_made():
     b.switch_measured(60.0)
     d = b.decide(10, Placement(8, 12), w)
     assert not d.applied and d.reason.startswith("no payback"), d.reason
+
+
+def test_growing_responses_do_not_make_the_placement_left_behind_look_better():
+    # 24:8 measured early, responses short: 256 samples of 100 tokens in 100 s. Later at
+    # 28:4 responses are twice as long: the same tokens per second are half the samples.
+    # The rules ask for 24:8 again; in samples it looks twice as fast, in tokens it is not.
+    a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5)
+    early = WindowStats(
+        5,
+        100.0,
+        260,
+        256,
+        500.0,
+        700.0,
+        trainer_starved=0.3,
+        rollout_throttled=0.5,
+        consumed_tokens=25_600,
+    )
+    assert a.decide(10, Placement(24, 8), early).best == "28:4"
+    later = WindowStats(
+        5, 100.0, 130, 128, 900.0, 350.0, rollout_throttled=0.5, consumed_tokens=25_600
+    )
+    d = a.decide(15, Placement(28, 4), later)
+    assert d.best == "24:8" and not d.applied and d.reason.startswith("hysteresis"), d.reason
