@@ -106,6 +106,8 @@ def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
         if name not in node:
             raise KeyError(f"{key}: no such config field")  # a caller's bug, not the user's
         node[name] = value
+    if raw["reflow"].get("B_max_per_gpu") is not None:
+        raw["reflow"]["B_max"] = None  # derived again for the new size
     return build_config(raw, source=source)
 
 
@@ -306,6 +308,14 @@ def check_feasible(cfg: Config) -> None:
             "train.mini_batches",
             f"{train.mini_batches} does not divide batch_size={train.batch_size}",
         )
+    if rf.B_max_per_gpu is not None:
+        if rf.B_max is not None:
+            raise _FieldError(
+                "reflow.B_max_per_gpu",
+                f"set with reflow.B_max={rf.B_max}: give one of the two",
+            )
+        # in flight grows with the cluster (the whole world: ranks switch roles)
+        rf.B_max = rf.B_max_per_gpu * cfg.world_size
     if rf.B_max is None:
         rf.B_max = train.batch_size
     if train.steps % train.sync_every:

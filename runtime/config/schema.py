@@ -223,6 +223,12 @@ class ReflowConfig:
         renamed=RENAMED_MODES,
     )
     B_max: int | None = opt(None, "max samples in flight at rollout; none = batch_size", ge=1)
+    B_max_per_gpu: int | None = opt(
+        None,
+        "B_max as samples per GPU of the allocation (B_max = this x nodes x gpus_per_node), "
+        "so that what may be in flight grows with the cluster; none = B_max as given",
+        ge=1,
+    )
     sigma: float | None = opt(
         None, "max replay fraction of a batch; none = 0.5 (reflow) or 0 (others)", ge=0, lt=1
     )

@@ -25,8 +25,8 @@ BAD = [
     ),
     (
         "reflow: {sigmma: 0.3}",
-        "reflow.sigmma: unknown key (allowed here: B_max, age_from, delta, fresh_order, mode, "
-        "replay_filter, sampler, sigma, tau)",
+        "reflow.sigmma: unknown key (allowed here: B_max, B_max_per_gpu, age_from, delta, "
+        "fresh_order, mode, replay_filter, sampler, sigma, tau)",
     ),
     ("train: {steps: ten}", "train.steps: expected an integer, got 'ten'"),
     ("train: {steps: 1.5}", "train.steps: expected an integer, got 1.5"),
@@ -263,3 +263,18 @@ def test_a_batch_given_in_prompts_is_prompts_times_group_size(tmp_path):
     path = write(tmp_path, text)
     train = load_recipe(path).train
     assert (train.batch_size, train.mini_batches) == (512, 16)
+
+
+def test_B_max_per_gpu_grows_with_the_cluster():
+    cfg = build_config(
+        {"reflow": {"B_max_per_gpu": 64}, "resources": {"nodes": 2, "gpus_per_node": 4}}
+    )
+    assert cfg.reflow.B_max == 512
+    bigger = rebuild(
+        cfg, {"resources.nodes": 8, "resources.initial_ratio": None}, source="--gpus 32"
+    )
+    assert bigger.reflow.B_max == 2048  # derived again, not the 512 carried over
+    with pytest.raises(
+        RecipeError, match=r"^<recipe>: reflow.B_max_per_gpu: set with reflow.B_max=5"
+    ):
+        build_config({"reflow": {"B_max_per_gpu": 64, "B_max": 5}})
