@@ -313,14 +313,17 @@ class ProducerConsumerAllocator:
         throttled: bool,
         starved: bool,
     ) -> str | None:
-        """Why a move the rules chose should not be made, or None. A placement measured
-        recently is held to what it measured: a move back there must have done better
-        by the needed gain (hysteresis: at APPS 14B on 32 GPUs, two rules sent the
-        allocator between 24:8 and 28:4 every cooldown, 10% of trainer time in
-        switches). Otherwise the move must promise that gain from the rates."""
+        """Why a move the rules chose should not be made, or None. When rollout is
+        throttled there are no rates to predict from, and a placement measured recently
+        is held to what it measured: a move back there must have done better by the
+        needed gain (hysteresis: at APPS 14B on 32 GPUs, two throttled-rollout rules
+        sent the allocator between 24:8 and 28:4 every cooldown, 10% of trainer time in
+        switches). Otherwise the move must promise that gain from the rates, which are
+        this window's: a figure measured before the workload changed (responses that
+        grew, then shrank) would hold the run where the rates no longer fit."""
         need = d.needed_gain = self.needed_gain(w)
         now = d.throughput
-        before = self.measured_at(best, step)
+        before = self.measured_at(best, step) if throttled else None
         if before is not None and now is not None:
             d.expected = before
             if before < now * (1 + need):
