@@ -51,8 +51,8 @@ demo: install
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
-	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --out reports/sim
-	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --set reflow.delta=2 --out reports/sim-delta2
+	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --out reports/sim
+	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --set reflow.delta=2 --out reports/sim-delta2
 	$(BIN)/python benchmarks/learning.py --steps 60 --set train.eval_every=10 --out reports/learning
 
 test: install

@@ -3,7 +3,7 @@ ablations of ReFlow's parts, with the ideal-throughput bound per run.
 
     .venv/bin/python benchmarks/sim_grid.py [--syncs 10] [--out reports/sim] [--quick]
         [--jobs N] [--modes M,...] [--warmup-steps W] [--measure-steps K]
-        [--set reflow.delta=2 ...]
+        [--set reflow.delta=2 ...] [--best-placement [--search-budget 8]]
 
 Each cell simulates the shipped cluster recipe (recipes/dapo_math.yaml for math,
 recipes/apps_coding.yaml for the APPS agent, recipes/retool.yaml for ReTool's tool-calling
@@ -17,6 +17,10 @@ measured the same way (``figures``: warm-up steps left out, then the measured st
 workload by default). Output: a Markdown report (and ``grid.json``) in --out, with the
 speed-up of reflow over each baseline and over the strongest one per cell, every idle
 second by cause for async and reflow, plus PNG plots when matplotlib is installed.
+
+``--best-placement`` also searches each split baseline's placement per cell
+(runtime/sim/search.py; at most ``--search-budget`` + 2 runs per baseline and cell) and
+reports it beside the default, with reflow's speed-up over each at its best.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config.recipe import RecipeError, load_recipe
-from runtime.config.schema import BASELINES, MODES
+from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
-from runtime.sim.run import figures, plan, protocol_steps, simulate, steps_needed
+from runtime.sim.run import Engines, figures, plan, protocol_steps, simulate, steps_needed
+from runtime.sim.search import DEFAULT_BUDGET, search
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = [
@@ -71,6 +76,24 @@ def train_steps(syncs: int, sync_every: int, warmup: int, measure: int) -> int:
     return max(syncs * sync_every, steps_needed(warmup, measure, sync_every))
 
 
+# The split baselines: the ones a placement search applies to (colocated_sync has none).
+SPLIT_BASELINES = tuple(m for m in BASELINES if m != "colocated_sync")
+BEST = ", best placement"  # the label suffix of a baseline's row at its best placement
+
+
+def cell_config(
+    workload: str, syncs: int, sets: list[str], warmup: int | None, measure: int | None
+) -> tuple[Config, list[str], tuple[int, int], int]:
+    """A cell's recipe with its run length: the config, the --set items it was loaded
+    with, the protocol (warm-up, measured steps) and train.steps."""
+    recipe = REPO / "recipes" / RECIPES[workload]
+    sync_every = load_recipe(recipe, sets).train.sync_every
+    warmup, measure = protocol_steps(workload, warmup, measure, sync_every)
+    steps = train_steps(syncs, sync_every, warmup, measure)
+    sets = [f"train.steps={steps}", *sets]
+    return load_recipe(recipe, sets), sets, (warmup, measure), steps
+
+
 def run_cell(
     workload: str,
     model: str,
@@ -81,12 +104,9 @@ def run_cell(
     warmup_steps: int | None = None,
     measure_steps: int | None = None,
 ) -> dict:
-    recipe = REPO / "recipes" / RECIPES[workload]
-    sync_every = load_recipe(recipe, sets).train.sync_every
-    warmup, measure = protocol_steps(workload, warmup_steps, measure_steps, sync_every)
-    steps = train_steps(syncs, sync_every, warmup, measure)
-    sets = [f"train.steps={steps}", *sets]
-    cfg = load_recipe(recipe, sets)
+    cfg, sets, (warmup, measure), _ = cell_config(
+        workload, syncs, sets, warmup_steps, measure_steps
+    )
     # the mode's definition (placement, caps, replay) is plan()'s, as in `reflow simulate`
     sim_plan = plan(cfg, gpus, mode=mode, model=model, workload=workload, sets=sets)
     result = simulate(sim_plan)
@@ -96,9 +116,49 @@ def run_cell(
         workload=workload,
         warmup_steps=warmup,
         measure_steps=measure,
-        sync_every=sync_every,
+        sync_every=cfg.train.sync_every,
     )
     row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
+    return row
+
+
+def best_cell(
+    workload: str,
+    model: str,
+    gpus: int,
+    syncs: int,
+    mode: str,
+    sets: list[str],
+    warmup_steps: int | None = None,
+    measure_steps: int | None = None,
+    budget: int = DEFAULT_BUDGET,
+) -> dict:
+    """A baseline at its best placement in a cell (runtime/sim/search.py), measured as
+    :func:`run_cell` measures it: the full run's figures, and the search in
+    ``placement_search``."""
+    cfg, sets, protocol, steps = cell_config(workload, syncs, sets, warmup_steps, measure_steps)
+    found = search(
+        cfg,
+        gpus,
+        mode,
+        engines=Engines.from_file(),
+        model=model,
+        workload=workload,
+        sets=sets,
+        budget=budget,
+        protocol=protocol,
+        steps=steps,
+    )
+    row = dict(found.figures)
+    row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
+    row["placement_search"] = {
+        "best": found.best.placement,
+        "default": found.default.placement,
+        "default_tokens_per_s": found.default.tokens_per_s,
+        "evaluated": [(e.placement, e.tokens_per_s) for e in found.evaluated],
+        "strategy": found.strategy,
+        "simulations": found.simulations,
+    }
     return row
 
 
@@ -137,6 +197,17 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help="a comma list of modes to run")
     ap.add_argument("--no-ablations", action="store_true", help="the modes only")
     ap.add_argument(
+        "--best-placement",
+        action="store_true",
+        help="also run each split baseline at its best placement (a search per cell)",
+    )
+    ap.add_argument(
+        "--search-budget",
+        type=int,
+        default=DEFAULT_BUDGET,
+        help="search runs per baseline and cell with --best-placement (shorter protocol)",
+    )
+    ap.add_argument(
         "--warmup-steps", type=int, help="steps left out before measuring (default per workload)"
     )
     ap.add_argument("--measure-steps", type=int, help="steps measured (default per workload)")
@@ -155,6 +226,8 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         ap.error(f"--modes {args.modes}: expected a comma list of {', '.join(MODES)}")
+    if args.search_budget < 1:
+        ap.error(f"--search-budget {args.search_budget}: expected >= 1")
     try:
         protocol_steps(None, args.warmup_steps, args.measure_steps)
     except RecipeError as exc:
@@ -178,6 +251,11 @@ def main() -> None:
     for workload, model, gpus in cells:
         runs += [(mode, workload, model, gpus, mode, args.set) for mode in modes]
         runs += [
+            (f"{mode}{BEST}", workload, model, gpus, mode, args.set)
+            for mode in modes
+            if args.best_placement and mode in SPLIT_BASELINES
+        ]
+        runs += [
             (f"reflow, {name}", workload, model, gpus, "reflow", [*args.set, *sets])
             for name, sets in ABLATIONS.items()
             if not args.no_ablations and "reflow" in modes
@@ -185,8 +263,10 @@ def main() -> None:
     protocol = (args.warmup_steps, args.measure_steps)
     with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
         futures = [
-            pool.submit(run_cell, w, m, g, args.syncs, mode, sets, *protocol)
-            for _, w, m, g, mode, sets in runs
+            pool.submit(best_cell, w, m, g, args.syncs, mode, sets, *protocol, args.search_budget)
+            if label.endswith(BEST)
+            else pool.submit(run_cell, w, m, g, args.syncs, mode, sets, *protocol)
+            for label, w, m, g, mode, sets in runs
         ]
         for (label, w, m, g, *_), future in zip(runs, futures, strict=True):
             try:
@@ -300,6 +380,7 @@ def render(rows: list[dict], syncs: int) -> str:
             f"{placement} |"
         )
     lines += summary(cells)
+    lines += best_placement_table(cells)
     lines += idle_table(cells)
     lines += ablation_table(cells)
     return "\n".join(lines) + "\n"
@@ -341,6 +422,65 @@ def summary(cells: dict[tuple, dict[str, dict]]) -> list[str]:
             f"| {workload} | {len(items)} | {sum(v > 1 for v in q)} | "
             f"{geo:.2f}x ({min(q):.2f}x-{max(q):.2f}x) | {names} | "
             f"{f'{below} of {len(with_async)}' if with_async else '-'} |"
+        )
+    return lines
+
+
+def best_placement_table(cells: dict[tuple, dict[str, dict]]) -> list[str]:
+    """Each split baseline at its default and at its best placement, and reflow over
+    each at its best and over the strongest at its best (colocated_sync has one
+    placement: its own run counts as its best); per workload, the geometric mean."""
+    rows = []
+    for cell, by in cells.items():
+        best = {m: by[f"{m}{BEST}"] for m in SPLIT_BASELINES if f"{m}{BEST}" in by}
+        plain = {m: by[m] for m in ("colocated_sync", "reflow") if m in by}
+        tokens = {m: r["trainer_tokens_per_s"] for m, r in {**plain, **best}.items()}
+        if best:
+            rows.append((cell, best, speedups(tokens)))
+    if not rows:
+        return []  # run without --best-placement
+    shown = [m for m in SPLIT_BASELINES if any(m in best for _, best, _ in rows)]
+    runs = sum(r["placement_search"]["simulations"] for _, best, _ in rows for r in best.values())
+    lines = [
+        "",
+        "Split baselines at their best placement (runtime/sim/search.py; protocol tokens/s, "
+        f"default placement -> best; {runs} search and full runs in all), and reflow's "
+        "speed-up over each at its best and over the strongest at its best:",
+        "",
+        "| workload | model | GPUs | "
+        + "".join(f"{m}: default -> best | " for m in shown)
+        + "".join(f"reflow vs {m} at best | " for m in shown)
+        + "strongest at best | reflow vs strongest at best |",
+        "|---|---|---|" + "---|" * (2 * len(shown) + 2),
+    ]
+
+    def moved(r: dict | None) -> str:
+        if r is None:
+            return "- | "
+        s = r["placement_search"]
+        return (
+            f"{s['default']} {s['default_tokens_per_s']:.0f} -> "
+            f"{s['best']} {r['trainer_tokens_per_s']:.0f} | "
+        )
+
+    per: dict[str, list[float]] = {}
+    for (workload, model, gpus), best, sp in rows:
+        over = sp.over if sp is not None else {}
+        vs = "".join(f"{over[m]:.2f}x | " if m in over else "- | " for m in shown)
+        strong = f"{sp.strongest} | {sp.over_strongest:.2f}x |" if sp is not None else "- | - |"
+        if sp is not None:
+            per.setdefault(workload, []).append(sp.over_strongest)
+        lines.append(
+            f"| {workload} | {model} | {gpus} | "
+            + "".join(moved(best.get(m)) for m in shown)
+            + f"{vs}{strong}"
+        )
+    for workload, q in per.items():
+        geo = math.exp(sum(math.log(max(v, 1e-9)) for v in q) / len(q))
+        lines.append(
+            f"\n{workload}: reflow beats the strongest baseline at its best placement in "
+            f"{sum(v > 1 for v in q)} of {len(q)} cells, geometric mean {geo:.2f}x "
+            f"({min(q):.2f}x-{max(q):.2f}x)."
         )
     return lines
 

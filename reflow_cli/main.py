@@ -26,6 +26,7 @@ from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli import plan as memory
 from reflow_cli.reward import reward_app
+from reflow_cli.tune import tune
 from reflow_cli.view import plan_view, status_view
 from runtime.config.layout import LayoutError, initial_layout, parse_ratio
 from runtime.config.recipe import RecipeError, load_recipe
@@ -37,6 +38,7 @@ from runtime.workloads.sandbox import SandboxError, check_sandbox
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
+app.command()(tune)
 out = Console()
 err = Console(stderr=True)
 
@@ -382,7 +384,13 @@ def simulate(
         Optional[list[str]],  # noqa: UP045
         typer.Option(help="execution mode(s) to compare; default the recipe's"),
     ] = None,
-    steps: Annotated[Optional[int], typer.Option(help="override train.steps")] = None,  # noqa: UP045
+    steps: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            help="train.steps to simulate (default: the protocol's warm-up + measured steps, "
+            "not the recipe's train.steps, unless --set train.steps gives one)"
+        ),
+    ] = None,
     model: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(help="model profile, e.g. qwen3-8b (default: from model.path)"),
@@ -416,26 +424,47 @@ def simulate(
     """Simulate RECIPE on a cluster of --gpus GPUs: the real control plane (coordinator,
     buffer, dispatcher, schedulers, allocator) against modelled engines and a simulated
     clock; prints throughput (the measurement protocol of docs/simulator.md: measured
-    steps after warm-up), idle ratios and the ideal-throughput bound per mode."""
+    steps after warm-up), idle ratios and the ideal-throughput bound per mode. It runs as
+    many steps as the protocol measures unless --steps (or --set train.steps) sets the
+    length: a recipe's whole train.steps (4,800 for dapo_math) would take many times
+    longer for the same figures."""
     from rich.table import Table
 
+    from runtime.config.schema import Config
     from runtime.sim.parameters import DEFAULT_PROFILES, load_profiles
-    from runtime.sim.run import ProtocolError, figures, plan, protocol_steps, steps_needed
+    from runtime.sim.run import (
+        ProtocolError,
+        SimPlan,
+        figures,
+        given_fields,
+        plan,
+        protocol_steps,
+        steps_needed,
+    )
     from runtime.sim.run import simulate as run_sim
 
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    explicit = "train.steps" in given_fields(overrides)
     cfg = load_recipe(recipe, overrides)
     path = profiles or DEFAULT_PROFILES
     profs = load_profiles(path)
-    # Every mode is checked before the first one runs: a bad one is refused at once, not
-    # after the simulations before it.
-    plans = [
-        plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs, sets=overrides)
-        for m in mode or [None]  # None: the recipe as written
-    ]
+
+    def plans_of(cfg: Config, overrides: list[str]) -> list[SimPlan]:
+        # Every mode is checked before the first one runs: a bad one is refused at once,
+        # not after the simulations before it.
+        return [
+            plan(cfg, gpus, mode=m, model=model, workload=workload, profiles=profs, sets=overrides)
+            for m in mode or [None]  # None: the recipe as written
+        ]
+
+    plans = plans_of(cfg, overrides)
     every = cfg.train.sync_every
     warmup, measure = protocol_steps(plans[0].workload, warmup_steps, measure_steps, every)
     needed = steps_needed(warmup, measure, every)
+    if not explicit:  # the protocol's length, in whole sync intervals
+        overrides.append(f"train.steps={needed}")
+        cfg = load_recipe(recipe, overrides)
+        plans = plans_of(cfg, overrides)
     if cfg.train.steps < needed:  # refused before anything runs
         raise ProtocolError(
             f"train.steps: {cfg.train.steps} is fewer than the protocol's {needed} (warm-up "
@@ -465,6 +494,7 @@ def simulate(
         "steps",
         "sim h",
         "tokens/s",
+        "fresh tokens/s",
         "vs first",
         "trainer idle",
         "rollout idle",
@@ -480,6 +510,7 @@ def simulate(
             str(r["steps"]),
             f"{r['sim_hours']:.2f}",
             f"{r['trainer_tokens_per_s']:.0f}",
+            f"{r['fresh_tokens_per_s']:.0f}",
             f"{r['trainer_tokens_per_s'] / base:.2f}x",
             f"{r['trainer_idle_ratio']:.1%}",
             f"{r['rollout_idle_ratio']:.1%}",

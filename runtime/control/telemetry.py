@@ -39,6 +39,8 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
             # rewards that crashed or timed out (scored 0, recorded by the agent)
             reward_failures=sum(1 for t in batch.samples if t.info.get("reward_error")),
             tokens=sum(t.n_valid for t in batch.samples),
+            # of those, the samples trained for the first time (replay trains no new data)
+            fresh_tokens=sum(t.n_valid for t in batch.samples[: batch.n_unused]),
         )
         warning = n.zero_reward.observe(batch.samples)
         if warning:

@@ -49,6 +49,9 @@ def sim_config(cfg: Config) -> Config:
             heartbeat_timeout_s=1e12,
             register_timeout_s=1e12,
             checkpoint_timeout_s=1e12,
+            # a simulated step of a large model may take longer than a real run allows
+            # before it calls the trainer lost (which stopped a run at 0 steps, silently)
+            step_timeout_s=1e12,
             stop_grace_s=0.0,
         ),
     )

@@ -68,13 +68,19 @@ def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> 
             "scheduler.adaptive_caps": False,
             "reflow.sigma": 0.0,  # sigma must be 0 outside reflow
         }
-    given = {item.split("=", 1)[0].strip() for item in sets}
+    given = given_fields(sets)
     changes = {k: v for k, v in changes.items() if k not in given and _get(cfg, k) != v}
     if target != cfg.reflow.mode:  # --mode wins over a --set reflow.mode
         changes["reflow.mode"] = target
-        # the split is the new mode's (colocated_sync has none): from rollout_fraction
+        # the split is the new mode's (colocated_sync has none): from rollout_fraction,
+        # unless the user set it (plan() puts a --set one back after resizing)
         changes["resources.initial_ratio"] = None
     return changes
+
+
+def given_fields(sets: Sequence[str]) -> set[str]:
+    """The dotted fields named by ``--set FIELD=VALUE`` items."""
+    return {item.split("=", 1)[0].strip() for item in sets}
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -97,7 +103,16 @@ def plan(
     ``sets``: the ``--set`` items ``cfg`` was loaded with, which it leaves alone). Both
     changes go through the recipe's own checks (:func:`runtime.config.recipe.rebuild`):
     an unknown mode is the one-line error that ``reflow.mode`` in a recipe or ``--set``
-    gets."""
+    gets.
+
+    The split is recomputed for the new size from ``resources.rollout_fraction``, except
+    a ``--set resources.initial_ratio``: that one is the user's placement for this size
+    (``reflow tune`` prints such lines) and is kept, or refused in one line if the
+    resized groups cannot hold it; dropping it silently would simulate another placement.
+    """
+    user_ratio = (
+        cfg.resources.initial_ratio if "resources.initial_ratio" in given_fields(sets) else None
+    )
     changes = mode_definition(cfg, mode, sets)
     if changes:
         source = f"--mode {mode}" if mode is not None else f"reflow.mode {cfg.reflow.mode}"
@@ -116,21 +131,48 @@ def plan(
         "resources.nodes": gpus // per_node,
         "resources.trainer_gpus_per_replica": m.trainer_gpus_per_replica,
         "resources.rollout_gpus_per_replica": m.rollout_gpus_per_replica,
-        "resources.initial_ratio": None,  # the split of the new size, from rollout_fraction
+        # the split of the new size, from rollout_fraction, unless the user gave one
+        "resources.initial_ratio": user_ratio,
     }
     new = rebuild(cfg, resized, source=f"--gpus {gpus}")
     return SimPlan(new, name, kind)
 
 
+@dataclass(frozen=True)
+class Engines:
+    """Where a simulation's engine models come from: a profile file's entries, or profiles
+    built in code (rates fitted from a run folder, :mod:`runtime.sim.fit`), with the
+    simulator's granularity for them. Fitted CPU runs use blocks of 1 token, the run's own
+    heartbeat interval and its engines' sequence limit, as ``fit.simulate_fit`` does."""
+
+    profiles: Profiles
+    block: int = 16
+    heartbeat_s: float = 30.0
+    max_seqs: int | None = None  # per rollout replica; None: the recipe's engine.max_num_seqs
+
+    @classmethod
+    def from_file(cls, path: Path | str = DEFAULT_PROFILES) -> Engines:
+        return cls(load_profiles(path))
+
+
 def simulate(
-    sim_plan: SimPlan, *, seed: int = 0, profiles_path: Path | str = DEFAULT_PROFILES
+    sim_plan: SimPlan,
+    *,
+    seed: int = 0,
+    profiles_path: Path | str = DEFAULT_PROFILES,
+    engines: Engines | None = None,
 ) -> SimResult:
-    profiles = load_profiles(profiles_path)
+    """One simulated run of ``sim_plan``, the engines from ``engines`` when given, else
+    from the profile file ``profiles_path``."""
+    engines = engines or Engines.from_file(profiles_path)
     return SimCluster(
         sim_plan.cfg,
-        profiles.model(sim_plan.model),
-        profiles.workload(sim_plan.workload),
+        engines.profiles.model(sim_plan.model),
+        engines.profiles.workload(sim_plan.workload),
         seed=seed,
+        block=engines.block,
+        heartbeat_s=engines.heartbeat_s,
+        max_seqs=engines.max_seqs,
     ).run()
 
 
@@ -212,6 +254,7 @@ def protocol_window(
     if span <= 0:
         raise ProtocolError(f"metrics: steps {w + 1}..{last} took {span} s")
     tokens = sum(lines[k]["tokens"] for k in range(w + 1, last + 1)) * block
+    fresh, basis = fresh_blocks([lines[k] for k in range(w + 1, last + 1)])
 
     def idle_s(k: int) -> float:
         return sum(lines[k]["trainer_idle_by_cause_s"].values()) if k else 0.0
@@ -226,6 +269,8 @@ def protocol_window(
         "sync_every": sync_every,
         "window_s": round(span, 3),
         "tokens_per_s": tokens / span,
+        "fresh_tokens_per_s": fresh * block / span,
+        "fresh_tokens_basis": basis,
         "tokens_per_step": tokens / n,
         "step_s_mean": span / n,
         "step_s_max": max(step_times),
@@ -233,6 +278,28 @@ def protocol_window(
         # the trainer's idle share of the same window (idle.py's cumulative causes)
         "trainer_idle_ratio": (idle_s(last) - idle_s(w)) / span,
     }
+
+
+FRESH_EXACT = "metrics"  # each line's fresh_tokens: the fresh samples' own tokens
+FRESH_SHARE = "sample_share"  # the step's tokens times its fresh share of samples
+
+
+def fresh_blocks(lines: Sequence[dict[str, Any]]) -> tuple[float, str]:
+    """Tokens (in blocks) of the samples these steps trained for the first time, and how
+    they were counted. A line with ``fresh_tokens`` is exact. The metrics lines written
+    today carry only the batch's ``tokens`` and its counts of fresh (``batch_unused``) and
+    replayed (``batch_replay``) samples, so the fresh tokens are then the step's tokens
+    times its fresh share of samples: exact when no sample was replayed (every baseline),
+    an estimate under replay that assumes a replayed sample is as long as a fresh one on
+    average (it was a fresh one a few versions earlier; with lengths growing over a run it
+    is, if anything, shorter, and the estimate then counts too few fresh tokens)."""
+    if lines and all("fresh_tokens" in m for m in lines):
+        return float(sum(m["fresh_tokens"] for m in lines)), FRESH_EXACT
+    total = 0.0
+    for m in lines:
+        samples = m["batch_unused"] + m["batch_replay"]
+        total += m["tokens"] * m["batch_unused"] / samples if samples else 0.0
+    return total, FRESH_SHARE
 
 
 def figures(
@@ -249,7 +316,9 @@ def figures(
     ``trainer_tokens_per_s`` is the protocol's (:func:`protocol_window`: warm-up steps
     left out, then the measured steps, both in whole sync intervals of ``sync_every``
     steps, by default read off the metrics lines; defaults per ``workload``,
-    :data:`PROTOCOL`); ``whole_run_tokens_per_s`` all trained tokens over the whole
+    :data:`PROTOCOL`); ``fresh_tokens_per_s`` the same window's tokens of samples trained
+    for the first time (:func:`fresh_blocks`; ``protocol.fresh_tokens_basis`` says how
+    they were counted); ``whole_run_tokens_per_s`` all trained tokens over the whole
     simulated time, start-up included. A run with fewer steps than the protocol needs is
     a :class:`ProtocolError`.
 
@@ -278,11 +347,13 @@ def figures(
         "steps": s["steps"],
         "sim_hours": round(result.sim_s / 3600, 3),
         "trainer_tokens_per_s": round(window["tokens_per_s"], 1),
+        # the same window's tokens trained for the first time (replayed ones left out)
+        "fresh_tokens_per_s": round(window["fresh_tokens_per_s"], 1),
         "whole_run_tokens_per_s": round(whole, 1),
         "protocol": {
             k: round(v, 4) if isinstance(v, float) else v
             for k, v in window.items()
-            if k != "tokens_per_s"
+            if k not in ("tokens_per_s", "fresh_tokens_per_s")
         },
         # from the first step to the end of the run (summary.json's)
         "trainer_idle_ratio": s["trainer_idle_ratio"],
