@@ -23,7 +23,7 @@ from jobs.errors import UserError
 from runtime.config.recipe import RecipeError, config_to_dict, load_recipe
 from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.parameters import DEFAULT_PROFILES, Profiles, load_profiles
-from runtime.sim.run import Engines
+from runtime.sim.run import WORKLOAD_OF_KIND, Engines, protocol_steps
 from runtime.sim.search import B_MAX_FACTORS, DEFAULT_BUDGET, SearchResult, search
 
 out = Console()
@@ -182,8 +182,14 @@ def tune(
         raise UserError(f"--budget {budget}: expected >= 1")
     overrides = list(set_ or [])
     cfg = load_recipe(recipe, overrides)
+    protocol: tuple[int | None, int | None] = (None, None)
     if from_ is not None:
         engines, model, workload = fitted_engines(from_), FITTED, FITTED
+        # measured as the recipe's workload is (a fitted profile has no protocol of its
+        # own: the agents' 10 + 10 syncs, not the default 5 + 5)
+        protocol = protocol_steps(
+            WORKLOAD_OF_KIND.get(cfg.workload.kind), None, None, cfg.train.sync_every
+        )
     else:
         engines = Engines(load_profiles(profiles or DEFAULT_PROFILES))
     factors = B_MAX_FACTORS if b_max else ()
@@ -206,6 +212,7 @@ def tune(
             budget=budget,
             b_max_factors=factors,
             seed=seed,
+            protocol=protocol,
             on_run=progress,
         )
         rows.append(mode_row(result, cfg))

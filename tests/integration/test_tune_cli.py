@@ -63,12 +63,12 @@ def test_tune_prints_the_set_line_of_the_known_best_placement(slow_trainer):
     assert sim["trainer_tokens_per_s"] == row["trainer_tokens_per_s"]
 
 
-def fake_run(folder: Path) -> Path:
+def fake_run(folder: Path, recipe: str = "demo.yaml") -> Path:
     """A finished run's folder as runtime/sim/fit.py reads it: the demo recipe at 2:2,
     eight steps of 1,280 tokens in one second on two trainer ranks, rollout at 2,000
     tokens/s with 20% idle."""
     folder.mkdir()
-    dump_config(load_recipe(REPO / "recipes" / "demo.yaml"), folder / "config.yaml")
+    dump_config(load_recipe(REPO / "recipes" / recipe), folder / "config.yaml")
     step = {"tokens": 1280, "step_time_s": 1.0, "layout": "2:2", "reward_mean": 0.5}
     lines = [{"step": k, "wall_s": 1.2 * k, "weight_sync_s": 0.1, **step} for k in range(1, 9)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
@@ -88,11 +88,23 @@ def test_tune_fits_the_rates_from_a_run_folder(tmp_path):
     # groups of one rank on 4: three placements, every one tried within the budget
     assert sorted(e["placement"] for e in row["evaluated"]) == ["1:3", "2:2", "3:1"]
     assert row["placement"] in ("1:3", "2:2", "3:1") and row["trainer_tokens_per_s"] > 0
+    assert row["protocol"]["full"] == [5, 5]  # the demo's kind measures as math: 5 + 5 syncs
     missing = tune(demo, "--gpus", "4", "--from", str(tmp_path), check=False)
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [
         f"reflow: --from {tmp_path}: no config.yaml (not a finished run?)"
     ]
+
+
+def test_a_fitted_agent_run_is_measured_by_the_agents_protocol(tmp_path):
+    # the fitted profile is named cpu-fitted, which has no protocol: before, an agent
+    # run's fit was measured over 5 + 5 syncs, not the agents' 10 + 10
+    run = fake_run(tmp_path / "run", "apps_coding_cpu.yaml")
+    recipe = str(REPO / "recipes" / "apps_coding_cpu.yaml")
+    args = ("--gpus", "4", "--from", str(run), "--modes", "async", "--budget", "1", "--json")
+    (row,) = json.loads(tune(recipe, *args).stdout)["modes"]
+    every = load_recipe(REPO / "recipes" / "apps_coding_cpu.yaml").train.sync_every
+    assert row["protocol"]["full"] == [10 * every, 10 * every]
 
 
 @pytest.mark.parametrize(
