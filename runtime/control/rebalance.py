@@ -152,6 +152,7 @@ class Rebalancer:
             cooldown_steps=sch.cooldown_steps,
             margin=sch.rebalance_margin,
             min_window_steps=min(3, sch.window_steps),
+            decision_every=cfg.train.sync_every,  # allocate() runs at sync points
         )
         self._window_steps = sch.window_steps
         # the first steps train what rollout made before the first batch: admission lets

@@ -116,16 +116,23 @@ def window(produced, consumed, rollout_busy, trainer_busy, steps=5, seconds=10.0
     return WindowStats(steps, seconds, produced, consumed, rollout_busy, trainer_busy)
 
 
+def settled(a, step, current, w):
+    """A rate-based decision as the allocator makes it: after a window before that
+    proposed the same move (one window's rates are too noisy to move on)."""
+    a.decide(step - 1, current, w)
+    return a.decide(step, current, w)
+
+
 def test_allocator_moves_workers_toward_the_bottleneck():
     a = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=0)
     current = Placement(4, 4)
     # Rollout is slow (long responses): 1 sample/s per rollout rank, trainer takes 8/s.
-    d = a.decide(10, current, window(40, 80, rollout_busy=40, trainer_busy=10))
+    d = settled(a, 10, current, window(40, 80, rollout_busy=40, trainer_busy=10))
     assert d.applied and int(d.best.split(":")[0]) > 4  # more rollout ranks
     # the predicted coverages are in the decision; the chosen one is the closest in log
     assert min(d.predicted, key=lambda k: abs(math.log(d.predicted[k] / a.target))) == d.best
     # Rollout is fast: more trainers.
-    d = a.decide(20, Placement(7, 1), window(400, 80, rollout_busy=40, trainer_busy=10))
+    d = settled(a, 20, Placement(7, 1), window(400, 80, rollout_busy=40, trainer_busy=10))
     assert d.applied and int(d.best.split(":")[1]) > 1
 
 
@@ -139,7 +146,7 @@ def test_allocator_keeps_rollout_ranks_that_replay_cannot_replace():
 
     # every fresh sample may be replayed once more: replay can fill half of a batch, the
     # target stands, and 8:8 is closer to it than 12:4
-    d = a.decide(10, Placement(12, 4), w(replay_life=60))
+    d = settled(a, 10, Placement(12, 4), w(replay_life=60))
     assert (d.target_coverage, d.replay_target) == (0.75, 0.75) and d.applied and d.best == "8:8"
     # samples arrive already a version old: no replay left, the trainer would starve
     d = a.decide(20, Placement(12, 4), w(replay_life=0))
@@ -201,12 +208,13 @@ def test_allocator_respects_replica_groups():
 def test_allocator_cooldown_and_margin_hold():
     a = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=5)
     slow_rollout = window(40, 80, rollout_busy=40, trainer_busy=10)
-    d = a.decide(10, Placement(4, 4), slow_rollout)
+    d = settled(a, 10, Placement(4, 4), slow_rollout)
     assert d.applied
     new = Placement(*map(int, d.best.split(":")))
     fast_rollout = window(400, 80, rollout_busy=40, trainer_busy=10)
     held = a.decide(12, new, fast_rollout)
     assert not held.applied and held.reason.startswith("cooldown: 2 of 5")
+    assert held.reason.startswith("cooldown")  # the proposal stands through the cooldown
     assert a.decide(15, new, fast_rollout).applied
     # within the margin: no change
     b = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=0, margin=10.0)
@@ -271,9 +279,10 @@ def test_a_window_of_throttled_rollout_with_no_rate_still_moves_a_group():
 
 def _scripted_run(a: ProducerConsumerAllocator, world: dict[str, dict], start: str, steps: int):
     """Drive the allocator with windows that depend only on the placement it chose, as a
-    stationary workload would, deciding every 5 steps; the placements it went through."""
+    stationary workload would, deciding at each sync point (every 4 steps, the agents'
+    sync_every); the placements it went through."""
     current, path = start, [start]
-    for step in range(10, steps, 5):
+    for step in range(8, steps, 4):
         d = a.decide(step, Placement(*map(int, current.split(":"))), world[current])
         if d.applied:
             current = d.best
@@ -293,12 +302,13 @@ def test_two_rules_that_undo_each_other_do_not_swing_the_placement():
         ),
         "28:4": WindowStats(5, 150.0, 260, 256, 900.0, 600.0, rollout_throttled=0.5),
     }
-    a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5)
+    a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
     assert a.memory_steps == 100
     # one round trip (28:4 was never measured), then it stays while 28:4's figure stands
     assert _scripted_run(a, world, "24:8", 110) == ["24:8", "28:4", "24:8"]
     # and tries 28:4 again only once that figure has expired (the workload may drift)
-    long = _scripted_run(ProducerConsumerAllocator(32, 2, 4, sigma=0.5), world, "24:8", 400)
+    b = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
+    long = _scripted_run(b, world, "24:8", 400)
     assert len(long) - 1 <= 2 * (400 // a.memory_steps + 1) and long[-1] == "24:8", long
 
 
@@ -309,11 +319,11 @@ def test_a_move_that_cannot_pay_back_its_switch_is_not_made():
     # 10.7 samples/s (rollout-bound), 9:11 would train 11 (3 % more)
     w = WindowStats(5, 50.0, 400, 600, 400.0, 600.0)
     a = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, cooldown_steps=5, margin=0.01)
-    d = a.decide(10, Placement(8, 12), w)
+    d = settled(a, 10, Placement(8, 12), w)
     assert d.applied and d.best == "9:11", d.reason  # before any switch: the margin only
     b = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, cooldown_steps=5, margin=0.01)
     b.switch_measured(60.0)
-    d = b.decide(10, Placement(8, 12), w)
+    d = settled(b, 10, Placement(8, 12), w)
     assert not d.applied and d.reason.startswith("no payback"), d.reason
 
 
@@ -333,9 +343,51 @@ def test_growing_responses_do_not_make_the_placement_left_behind_look_better():
         rollout_throttled=0.5,
         consumed_tokens=25_600,
     )
-    assert a.decide(10, Placement(24, 8), early).best == "28:4"
+    a.changed(6)  # two windows at 24:8, the first in a cooldown
+    assert not a.decide(8, Placement(24, 8), early).applied
+    assert a.decide(12, Placement(24, 8), early).best == "28:4"
     later = WindowStats(
         5, 100.0, 130, 128, 900.0, 350.0, rollout_throttled=0.5, consumed_tokens=25_600
     )
-    d = a.decide(15, Placement(28, 4), later)
+    d = a.decide(18, Placement(28, 4), later)
     assert d.best == "24:8" and not d.applied and d.reason.startswith("hysteresis"), d.reason
+
+
+def test_payback_is_counted_over_the_steps_a_placement_is_kept():
+    # decisions come at sync points: with sync_every 16 a new placement is kept 16 steps,
+    # not the 5 of the cooldown. 30 s steps, a 60 s switch: 60 / (16 x 30) = 12.5%, so a
+    # predicted +37.5% pays back (over 5 steps it would need 40%, and was refused)
+    w = WindowStats(16, 480.0, 16 * 24, 16 * 42, 6 * 480.0, 14 * 480.0, trainer_starved=0.0)
+    a = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, decision_every=16)
+    a.switch_measured(60.0)
+    assert a.horizon_steps() == 16
+    assert math.isclose(a.needed_gain(w), 60 / 480)
+    b = ProducerConsumerAllocator(20, 1, 1, sigma=0.5, cooldown_steps=0, decision_every=4)
+    assert b.horizon_steps() == 4  # a cooldown of 0 is still one sync interval
+
+
+def test_one_noisy_window_does_not_move_the_placement():
+    # the rates of one window call for more trainer ranks, the next window's do not:
+    # nothing moves (before, every such window was a switch)
+    a = ProducerConsumerAllocator(8, 1, 1, sigma=0.5, cooldown_steps=0)
+    noisy = window(400, 80, rollout_busy=40, trainer_busy=10)
+    calm = window(60, 80, rollout_busy=40, trainer_busy=40)
+    d = a.decide(10, Placement(4, 4), noisy)
+    assert not d.applied and "proposed" in d.reason
+    assert not a.decide(11, Placement(4, 4), calm).applied
+    assert not a.decide(12, Placement(4, 4), noisy).applied  # a proposal again, not a move
+    assert a.decide(13, Placement(4, 4), noisy).applied  # two in a row
+
+
+def test_a_single_start_up_window_is_no_evidence_against_a_placement():
+    # APPS 8B on 32 GPUs: 24:8 was measured once, while its trainer still waited for its
+    # first groups, 4% below 28:4; that one window held the run at 28:4 (0.72x async)
+    a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
+    start = WindowStats(
+        5, 100.0, 260, 246, 500.0, 700.0, trainer_starved=0.5, rollout_throttled=0.9
+    )
+    assert a.decide(12, Placement(24, 8), start).applied  # to 28:4
+    trainer_bound = WindowStats(5, 100.0, 260, 256, 900.0, 400.0, rollout_throttled=0.9)
+    assert not a.decide(16, Placement(28, 4), trainer_bound).applied  # cooldown
+    d = a.decide(20, Placement(28, 4), trainer_bound)
+    assert d.applied and d.best == "24:8", d.reason

@@ -114,10 +114,24 @@ HELD_UP = 0.1
 
 @dataclass(frozen=True)
 class Measured:
-    """Samples trained per second in the last window at a placement, and when."""
+    """What a placement trained over its windows (tokens, or samples where tokens are not
+    counted), in how many seconds and windows, and the step of the last one."""
 
-    throughput: float
+    done: float
+    seconds: float
+    windows: int
     step: int
+
+    @property
+    def throughput(self) -> float:
+        return self.done / self.seconds
+
+
+# A placement's figure stands for it (hysteresis) only over at least this many windows:
+# a single one may be a start-up window (APPS 8B on 32 GPUs: 24:8 measured once while the
+# trainer still waited for its first groups read 4% below 28:4, and held the run at 28:4,
+# 0.72x async at 24:8).
+TRUSTED_WINDOWS = 2
 
 
 class ProducerConsumerAllocator:
@@ -132,11 +146,15 @@ class ProducerConsumerAllocator:
         margin: float = 0.1,
         min_window_steps: int = 3,
         memory_steps: int | None = None,
+        decision_every: int = 1,
     ) -> None:
         self.world, self.s_r, self.s_t = world, rollout_group, trainer_group
         self.target = max(1.0 - sigma / 2, 1e-3)  # the middle of [1 - sigma, 1]
         self.cooldown_steps, self.margin = cooldown_steps, margin
         self.min_window_steps = min_window_steps
+        # decisions come at sync points only: a placement is kept at least the cooldown
+        # rounded up to whole sync intervals, the horizon a move is paid back over
+        self.decision_every = max(decision_every, 1)
         # How long a placement's measured throughput stands for it: the workload drifts
         # (responses grow), so an old figure says less and less, and a placement the
         # rules keep asking for is tried again once it has expired. Twenty cooldowns: a
@@ -148,8 +166,9 @@ class ProducerConsumerAllocator:
         # the seconds of the last role switch, as measured (None before the first one)
         self.switch_s: float | None = None
         self.measured: dict[Placement, Measured] = {}
-        # (placement, samples, seconds) summed over the windows of the current stay
-        self._stay: tuple[Placement, float, float] | None = None
+        # the best placement the rates chose at the last decision (a rate-based move is
+        # made when two decisions in a row agree on it: one window's rates are noisy)
+        self._proposed: tuple[Placement, Placement] | None = None
         self.decisions: list[Decision] = []
 
     def placements(self) -> list[Placement]:
@@ -179,18 +198,25 @@ class ProducerConsumerAllocator:
         side's fresh samples can feed when ``target`` of a batch must be fresh."""
         return min(p.trainer * t, p.rollout * r / target)
 
+    def horizon_steps(self) -> int:
+        """The fewest steps a new placement is kept: the cooldown, rounded up to whole
+        sync intervals (decisions come at sync points only)."""
+        every = self.decision_every
+        return max(every, -(-self.cooldown_steps // every) * every)
+
     def needed_gain(self, w: WindowStats) -> float:
         """The relative gain in throughput a move must promise: enough to pay back the
-        measured switch time within the cooldown (``switch_s`` over the cooldown's
-        seconds at this window's step time), and never less than ``margin``."""
+        measured switch time within the fewest steps the new placement is kept
+        (``switch_s`` over :meth:`horizon_steps` at this window's step time), and never
+        less than ``margin``."""
         if self.switch_s is None or w.steps <= 0:
             return self.margin
-        horizon_s = max(self.cooldown_steps, 1) * w.seconds / w.steps
+        horizon_s = self.horizon_steps() * w.seconds / w.steps
         return max(self.margin, self.switch_s / max(horizon_s, 1e-9))
 
     def remember(self, step: int, p: Placement, w: WindowStats) -> float | None:
         """``p``'s throughput: tokens (samples where tokens are not counted) trained per
-        second over every window since the run came to ``p`` (what a move back there is
+        second over its windows of the last ``memory_steps`` (what a move back there is
         held to). One window is too noisy to judge by: with windows that cut sync
         intervals differently, APPS 8B on 16 GPUs measured 54, 25, 40 and 21 samples/s at
         one placement in four windows. Tokens, because samples per second fall as
@@ -198,18 +224,19 @@ class ProducerConsumerAllocator:
         for that alone, and the allocator went back."""
         if w.seconds <= 0:
             return None
-        if self._stay is None or self._stay[0] != p:
-            self._stay = (p, 0.0, 0.0)
-        _, consumed, seconds = self._stay
         done = w.consumed_tokens if w.consumed_tokens > 0 else w.consumed
-        self._stay = (p, consumed + done, seconds + w.seconds)
-        tput = self._stay[1] / self._stay[2]
-        self.measured[p] = Measured(tput, step)
-        return tput
+        m = self.measured.get(p)
+        if m is None or step - m.step > self.memory_steps:
+            m = Measured(0.0, 0.0, 0, step)
+        self.measured[p] = m = Measured(m.done + done, m.seconds + w.seconds, m.windows + 1, step)
+        return m.throughput
 
     def measured_at(self, p: Placement, step: int) -> float | None:
+        """``p``'s figure if it stands for it: recent, and over enough windows."""
         m = self.measured.get(p)
-        return m.throughput if m is not None and step - m.step <= self.memory_steps else None
+        if m is None or step - m.step > self.memory_steps or m.windows < TRUSTED_WINDOWS:
+            return None
+        return m.throughput
 
     def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
         """The placement for the next steps (``current`` when nothing should change)."""
@@ -225,6 +252,9 @@ class ProducerConsumerAllocator:
             window=asdict(w),
         )
         self.decisions.append(d)
+        # the last decision's rate-based proposal, kept only by a decision that makes it
+        # again (two in a row)
+        proposed, self._proposed = self._proposed, None
         throttled = w.rollout_throttled > HELD_UP
         starved = w.trainer_starved > HELD_UP
         if w.steps < self.min_window_steps or w.seconds <= 0:
@@ -281,14 +311,20 @@ class ProducerConsumerAllocator:
         if best == current or gains[best] < self.margin:
             d.reason = "current placement is within the margin of the best"
             return d
+        if not throttled:
+            self._proposed = (current, best)
         if since is not None and since < self.cooldown_steps:
             d.reason = f"cooldown: {since} of {self.cooldown_steps} steps since the last change"
+            return d
+        if not throttled and proposed != (current, best):
+            d.reason = f"{best.ratio} proposed by the rates: moved to if the next window agrees"
             return d
         refusal = self._not_worth_it(d, step, current, best, w, r, t, target, throttled, starved)
         if refusal:
             d.reason = refusal
             return d
         d.applied = True
+        self._proposed = None
         d.reason = (
             f"coverage {d.predicted[current.ratio]:.2f} -> {d.predicted[best.ratio]:.2f}"
             f" (target {target(best):.2f})"
