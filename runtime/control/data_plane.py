@@ -87,7 +87,10 @@ class DataPlane:
         if self.mode in BARRIER_MODES:
             # Batch-at-a-time baselines, a step being one weight publication (sync_every
             # trainer steps), as verl counts them: `disaggregated_sync` generates the
-            # interval's batches, then waits while the trainer trains them (rollout idles);
+            # interval's batches, then waits while the trainer trains them (rollout idles;
+            # where its slots hold less than an interval it goes on with the interval's
+            # rest while the first batches train, as the budget allows: that favours the
+            # baseline, which in verl would train only once the interval is generated);
             # `one_step_off` generates the next interval's batches while the trainer
             # trains this one's; `colocated_sync` generates the batches of its next train
             # phase (every rank trains them: runtime/control/colocation.py).
@@ -96,8 +99,8 @@ class DataPlane:
                 buffered + len(self.dispatcher.outstanding) + self.batch_size * len(self.batches)
             )
             allowed = max(0, self.batch_size * self._batches_ahead() - ahead)
-            if self.mode != "one_step_off" and self.batches:
-                allowed = 0
+            if self.mode == "colocated_sync" and self.batches:
+                allowed = 0  # every rank is training
             # Groups already started are always finished, or the barrier could deadlock.
             slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
             if slots == 0:

@@ -102,6 +102,19 @@ class Dispatcher:
             n += 1
         return n
 
+    def _rest_of_a_started_group(self) -> bool:
+        """The head of the queue belongs to a group some of whose members went out (a
+        group's members are queued together; a requeued request goes back to the front,
+        so a whole group requeued is at the head in full and is not a started one)."""
+        if not self.pending or self.pending[0].group_id not in self._started_groups:
+            return False
+        group, n = self.pending[0].group_id, 0
+        for req in self.pending:
+            if req.group_id != group or n >= self.group_size:
+                break
+            n += 1
+        return n < self.group_size
+
     def admissible(self, ahead: int, horizon: int) -> bool:
         """Whether a sample with ``ahead`` in front of it is consumed within ``horizon``
         steps at ``b`` samples per step."""
@@ -128,7 +141,14 @@ class Dispatcher:
             why = None
             if len(self.outstanding) >= self.B_max:
                 why = "B_max"
-            elif not self.admissible(buffered + len(self.outstanding), horizon):
+            elif (
+                not self.admissible(buffered + len(self.outstanding), horizon)
+                and not self._rest_of_a_started_group()
+            ):
+                # (the rest of a started group goes out regardless: a group feeds a batch
+                # only once all its members are in, and what staleness counts ahead
+                # includes its first members, so holding its rest back could leave no
+                # batch ever formed; staleness is exceeded by group_size - 1 at most)
                 why = "staleness"
             elif not self.pending and not self._refill():
                 why = "no_prompts"

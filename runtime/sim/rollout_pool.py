@@ -179,8 +179,7 @@ class RolloutPool:
         replica = self.replicas.get(leader)
         if replica is None or self._replica_event.get(leader) != token:
             return  # superseded by a later schedule, or the replica is gone
-        for sid in replica.on_event(self.events.now):
-            self._turn_finished(leader, sid)
+        self._turns_finished(leader, replica.on_event(self.events.now))
         if self._stale_limited():
             self._blocked.setdefault(leader, None)
         elif leader not in self._blocked:  # blocked ones wait for a step or a delivery
@@ -190,9 +189,21 @@ class RolloutPool:
     def _catch_up(self, leader: int, replica: RolloutReplica) -> None:
         """Bring a replica to now after new work: what finishes at this very instant (its
         tick was due now but had not run yet) must be reported, not dropped."""
-        for sid in replica.on_event(self.events.now):
-            self._turn_finished(leader, sid)
+        self._turns_finished(leader, replica.on_event(self.events.now))
         self._schedule(leader)
+
+    def _turns_finished(self, leader: int, sids: list[int]) -> None:
+        """Turns that ended at this instant: those that go on to a tool call first, so
+        that a delivery among them (which may ask for work at once) reports every
+        request now between turns as such."""
+        running = self.loops[leader].running
+
+        def last(sid: int) -> bool:
+            s = running.get(sid)
+            return s is None or s.turn + 1 >= len(s.turns)
+
+        for sid in sorted(sids, key=last):  # stable: the replica's order otherwise
+            self._turn_finished(leader, sid)
 
     def _turn_finished(self, leader: int, sid: int) -> None:
         loop = self.loops[leader]
