@@ -66,12 +66,14 @@ def set_lines(recipe: Config, tuned: Config) -> list[str]:
     (placement, replica sizes, mode and its definition, B_max), the simulation's own
     length left out: launched with these, the recipe is the configuration simulated."""
     lines: list[str] = []
+    # a B_max derived from B_max_per_gpu follows the size: no line of its own
+    derived = {"reflow.B_max"} if tuned.reflow.B_max_per_gpu is not None else set()
 
     def walk(a: Any, b: Any, prefix: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for key in b:
                 walk(a.get(key), b[key], f"{prefix}{key}.")
-        elif a != b and prefix[:-1] not in NOT_SETTINGS:
+        elif a != b and prefix[:-1] not in NOT_SETTINGS and prefix[:-1] not in derived:
             value = "null" if b is None else str(b).lower() if isinstance(b, bool) else b
             lines.append(f"--set {prefix[:-1]}={value}")
 

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from runtime.config.layout import LayoutError, check_split, default_split, parse_ratio
-from runtime.config.schema import BASELINE_FIXED, BASELINES, Config
+from runtime.config.schema import BASELINE_FIXED, BASELINES, BUILTIN_SAMPLERS, Config
 
 
 class _Loader(yaml.SafeLoader):
@@ -106,7 +106,9 @@ def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
         if name not in node:
             raise KeyError(f"{key}: no such config field")  # a caller's bug, not the user's
         node[name] = value
-    if raw["reflow"].get("B_max_per_gpu") is not None:
+    if "reflow.B_max" in changes:  # a B_max given outright replaces a per-GPU one
+        raw["reflow"]["B_max_per_gpu"] = None
+    elif raw["reflow"].get("B_max_per_gpu") is not None:
         raw["reflow"]["B_max"] = None  # derived again for the new size
     return build_config(raw, source=source)
 
@@ -308,14 +310,17 @@ def check_feasible(cfg: Config) -> None:
             "train.mini_batches",
             f"{train.mini_batches} does not divide batch_size={train.batch_size}",
         )
+    if rf.fresh_order is None:  # a sampler of one's own chooses its fresh samples too
+        rf.fresh_order = "oldest" if rf.sampler in BUILTIN_SAMPLERS else "sampler"
     if rf.B_max_per_gpu is not None:
-        if rf.B_max is not None:
+        # in flight grows with the cluster (the whole world: ranks switch roles)
+        derived = rf.B_max_per_gpu * cfg.world_size
+        if rf.B_max is not None and rf.B_max != derived:  # equal: a run's saved config
             raise _FieldError(
                 "reflow.B_max_per_gpu",
                 f"set with reflow.B_max={rf.B_max}: give one of the two",
             )
-        # in flight grows with the cluster (the whole world: ranks switch roles)
-        rf.B_max = rf.B_max_per_gpu * cfg.world_size
+        rf.B_max = derived
     if rf.B_max is None:
         rf.B_max = train.batch_size
     if train.steps % train.sync_every:

@@ -213,6 +213,11 @@ class TrainConfig:
         return (oldest_version + delta + 1) * self.sync_every
 
 
+# The batch samplers registered by name (runtime/control/samplers.py SAMPLERS); any other
+# value of reflow.sampler is a dotted path to a user's class.
+BUILTIN_SAMPLERS = ("random", "medium_reward")
+
+
 @dataclass
 class ReflowConfig:
     mode: str = opt(
@@ -236,10 +241,11 @@ class ReflowConfig:
     delta: int = opt(1, "max policy-version age of a sample", ge=0)
     sampler: str = opt("random", "batch sampler: random, medium_reward or a dotted path")
     replay_filter: str = opt("accept_all", "replay filter: accept_all or a dotted path")
-    fresh_order: str = opt(
-        "oldest",
+    fresh_order: str | None = opt(
+        None,
         "which unused samples a batch takes: oldest (oldest version first, then arrival: "
-        "none left to expire for a newer one) or sampler (the sampler's select)",
+        "none left to expire for a newer one) or sampler (the sampler's select); none = "
+        "oldest with a built-in sampler, sampler with one of your own",
         choices=("oldest", "sampler"),
     )
     age_from: str = opt(

@@ -16,7 +16,8 @@ importance ratios, ``algorithm.tis_cap``, are what corrects them); older ones ar
 evicted (reason ``stale_unused`` / ``stale_replay``).
 
 Fresh samples are taken oldest version first, in arrival order within a version
-(``fresh_order="oldest"``, the default: the FIFO queue verl's fully-async trainer reads),
+(``fresh_order="oldest"``, the default with the built-in samplers: the FIFO queue
+verl's fully-async trainer reads),
 so that a batch never leaves an older sample to expire while it takes a newer one; with
 ``"sampler"`` the sampler's ``select`` chooses among them, as it always does for replay.
 """

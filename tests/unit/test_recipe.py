@@ -278,3 +278,17 @@ def test_B_max_per_gpu_grows_with_the_cluster():
         RecipeError, match=r"^<recipe>: reflow.B_max_per_gpu: set with reflow.B_max=5"
     ):
         build_config({"reflow": {"B_max_per_gpu": 64, "B_max": 5}})
+
+
+def test_a_saved_config_with_B_max_per_gpu_loads_again(tmp_path):
+    # a run saves its resolved config (both fields set) and every rank loads it back: it
+    # was refused, so no run with B_max_per_gpu could start or resume
+    cfg = build_config(
+        {"reflow": {"B_max_per_gpu": 64}, "resources": {"nodes": 1, "gpus_per_node": 4}}
+    )
+    dump_config(cfg, tmp_path / "config.yaml")
+    again = load_recipe(tmp_path / "config.yaml")
+    assert (again.reflow.B_max, again.reflow.B_max_per_gpu) == (256, 64)
+    # a B_max given outright (reflow tune's B_max search) replaces the per-GPU one
+    fixed = rebuild(cfg, {"reflow.B_max": 1000}, source="--b-max")
+    assert (fixed.reflow.B_max, fixed.reflow.B_max_per_gpu) == (1000, None)
