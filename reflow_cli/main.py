@@ -26,6 +26,7 @@ from jobs.runs import find_run, runs_dir
 from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
 from reflow_cli import plan as memory
 from reflow_cli.reward import reward_app
+from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from reflow_cli.tune import tune
 from reflow_cli.view import plan_view, status_view
 from runtime.config.layout import LayoutError, initial_layout, parse_ratio
@@ -391,22 +392,10 @@ def simulate(
             "not the recipe's train.steps, unless --set train.steps gives one)"
         ),
     ] = None,
-    model: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="model profile, e.g. qwen3-8b (default: from model.path)"),
-    ] = None,
-    workload: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="workload profile: math, apps_agent, retool (default: workload.kind)"),
-    ] = None,
-    profiles: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="profile YAML (default runtime/sim/profiles.yaml)"),
-    ] = None,
-    set_: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option("--set", help="override a recipe field, e.g. --set reflow.sigma=0.3"),
-    ] = None,
+    model: ModelOption = None,
+    workload: WorkloadOption = None,
+    profiles: ProfilesOption = None,
+    set_: SetOption = None,
     seed: Annotated[int, typer.Option(help="workload seed")] = 0,
     warmup_steps: Annotated[
         Optional[int],  # noqa: UP045

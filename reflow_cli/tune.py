@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.errors import UserError
+from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from runtime.config.recipe import RecipeError, config_to_dict, load_recipe
 from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.parameters import DEFAULT_PROFILES, Profiles, load_profiles
@@ -151,22 +152,10 @@ def tune(
             "--b-max", help="also try reflow.B_max at half and double at the best placement"
         ),
     ] = False,
-    model: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="model profile, e.g. qwen3-8b (default: from model.path)"),
-    ] = None,
-    workload: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="workload profile: math, apps_agent, retool (default: workload.kind)"),
-    ] = None,
-    profiles: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="profile YAML (default runtime/sim/profiles.yaml)"),
-    ] = None,
-    set_: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option("--set", help="override a recipe field, e.g. --set reflow.delta=2"),
-    ] = None,
+    model: ModelOption = None,
+    workload: WorkloadOption = None,
+    profiles: ProfilesOption = None,
+    set_: SetOption = None,
     seed: Annotated[int, typer.Option(help="workload seed (every run uses it)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
