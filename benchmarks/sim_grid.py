@@ -60,9 +60,11 @@ MODE_DEFINITIONS = {
     "colocated_sync": "every rank generates the next sync_every batches, then every rank "
     "trains them; each phase change pays a role switch, and the way back an in-place weight "
     "sync (verl's default)",
-    "disaggregated_sync": "a rollout:trainer split with a barrier: rollout generates a "
-    "batch, then waits while the trainer trains on it",
-    "one_step_off": "the same split, rollout one batch ahead of the trainer",
+    "disaggregated_sync": "a rollout:trainer split with a barrier: rollout generates one "
+    "weight publication's batches (sync_every trainer steps), then waits while the trainer "
+    "trains them",
+    "one_step_off": "the same split, rollout one publication ahead: it generates the next "
+    "publication's batches while the trainer trains this one's",
     "async": "verl's fully-async policy: streaming, partial rollout across weight syncs, "
     "staleness bound delta in versions; no replay, no allocator, fixed caps",
     "reflow": "async plus replay (sigma, tau), the producer/consumer allocator and "

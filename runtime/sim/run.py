@@ -362,6 +362,8 @@ def figures(
         "efficiency": round(whole / bound, 4) if bound else None,
         "trainer_idle_by_cause": s.get("trainer_idle_by_cause", {}),
         "rollout_idle_by_cause": s.get("rollout_idle_by_cause", {}),
+        # busy time by what the engine did (prefill), where the engines say
+        "rollout_busy_by_cause": s.get("rollout_busy_by_cause", {}),
         "replay_share": round(
             sum(m["batch_replay"] for m in result.metrics)
             / max(sum(m["batch_unused"] + m["batch_replay"] for m in result.metrics), 1),

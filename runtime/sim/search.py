@@ -202,11 +202,10 @@ def search(
     every = base.cfg.train.sync_every
     full = protocol_steps(base.workload, protocol[0], protocol[1], every)
     short = search_steps or search_protocol(full, every)
-    full_steps = steps or steps_needed(*full, every)
-    if full_steps < steps_needed(*full, every):
-        raise RecipeError(
-            f"train.steps: {full_steps} is fewer than the protocol's {steps_needed(*full, every)}"
-        )
+    needed = steps_needed(*full, every)
+    full_steps = steps or needed
+    if full_steps < needed:
+        raise RecipeError(f"train.steps: {full_steps} is fewer than the protocol's {needed}")
     default = Evaluation(base.cfg.resources.initial_ratio or "", base.cfg.reflow.B_max or 0, 0.0)
     runs = {"search": 0, "full": 0}
     configs: dict[tuple[str, int], Config] = {}  # of the full runs

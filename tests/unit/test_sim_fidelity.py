@@ -141,6 +141,8 @@ def test_a_simulated_run_pauses_rollout_only_for_its_weight_syncs():
     # a rank is paused at most the sync time per sync it received: prefill is not a pause
     assert sum(sim.pool.rollout_paused) <= len(syncs) * sync_s * 1.0001
     assert sum(sim.pool.rollout_prefill) > 0
+    # and rank 0 books it by name, from the heartbeats' engine stats
+    assert res.summary["rollout_busy_by_cause"]["prefill"] > 0
 
 
 # --- 3. the trainer's old-policy log-prob pass ----------------------------------------

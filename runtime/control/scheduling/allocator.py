@@ -45,6 +45,13 @@ allocator swung Qwen3-8B math at 128 GPUs from 96:32 to 36:92 and back in simula
 Windows start after the warm-up, the steps that can still train what rollout generated
 before the first batch (admission lets it run ``(delta + 1) x sync_every`` steps ahead,
 ``B_max`` in flight), which say nothing of the rates.
+
+Three rules keep it from sticking or swinging (docs/scheduling.md): the throttled rule
+needs no rates, so it runs before the "not enough data" check; a throttled move back to a
+placement whose throughput (tokens trained per second over its recent windows, two or
+more) is known must have done better there (hysteresis), and a rate-based move needs two
+decisions in a row to agree; and any move must promise enough gain to pay back the
+measured role switch over the steps the new placement is kept (payback).
 """
 
 from __future__ import annotations
@@ -214,16 +221,15 @@ class ProducerConsumerAllocator:
         horizon_s = self.horizon_steps() * w.seconds / w.steps
         return max(self.margin, self.switch_s / max(horizon_s, 1e-9))
 
-    def remember(self, step: int, p: Placement, w: WindowStats) -> float | None:
+    def remember(self, step: int, p: Placement, w: WindowStats) -> float:
         """``p``'s throughput: tokens (samples where tokens are not counted) trained per
         second over its windows of the last ``memory_steps`` (what a move back there is
         held to). One window is too noisy to judge by: with windows that cut sync
         intervals differently, APPS 8B on 16 GPUs measured 54, 25, 40 and 21 samples/s at
         one placement in four windows. Tokens, because samples per second fall as
         responses grow: a placement left 40 steps ago looked better than the current one
-        for that alone, and the allocator went back."""
-        if w.seconds <= 0:
-            return None
+        for that alone, and the allocator went back. ``w.seconds`` > 0 (:meth:`decide`
+        checks)."""
         done = w.consumed_tokens if w.consumed_tokens > 0 else w.consumed
         m = self.measured.get(p)
         if m is None or step - m.step > self.memory_steps:
@@ -268,7 +274,7 @@ class ProducerConsumerAllocator:
         if not throttled and not rated:
             d.reason = "nothing produced or consumed in the window"
             return d
-        d.throughput = self.remember(step, current, w)
+        d.throughput = now = self.remember(step, current, w)
         r = w.produced / w.rollout_busy_s if w.rollout_busy_s > 0 else 0.0
         t = w.consumed / w.trainer_busy_s if w.trainer_busy_s > 0 else 0.0
         d.rollout_rate, d.trainer_rate = (r, t) if rated else (None, None)
@@ -319,7 +325,9 @@ class ProducerConsumerAllocator:
         if not throttled and proposed != (current, best):
             d.reason = f"{best.ratio} proposed by the rates: moved to if the next window agrees"
             return d
-        refusal = self._not_worth_it(d, step, current, best, w, r, t, target, throttled, starved)
+        refusal = self._not_worth_it(
+            d, step, current, best, w, now, r, t, target, throttled, starved
+        )
         if refusal:
             d.reason = refusal
             return d
@@ -343,6 +351,7 @@ class ProducerConsumerAllocator:
         current: Placement,
         best: Placement,
         w: WindowStats,
+        now: float,
         r: float,
         t: float,
         target: Callable[[Placement], float],
@@ -358,9 +367,8 @@ class ProducerConsumerAllocator:
         this window's: a figure measured before the workload changed (responses that
         grew, then shrank) would hold the run where the rates no longer fit."""
         need = d.needed_gain = self.needed_gain(w)
-        now = d.throughput
         before = self.measured_at(best, step) if throttled else None
-        if before is not None and now is not None:
+        if before is not None:
             d.expected = before
             if before < now * (1 + need):
                 return (
@@ -368,13 +376,13 @@ class ProducerConsumerAllocator:
                     f"{current.ratio} {now:.3g}/s: less than the {need:.0%} a move must gain"
                 )
             return None
-        if throttled and not starved and now is not None:
+        if throttled and not starved:
             # the trainer is the bound (rollout has room): it scales with its ranks
             d.expected = now * best.trainer / current.trainer
-        elif not throttled and now is not None and t > 0 and r > 0:
+        elif not throttled and t > 0 and r > 0:
             here = self.capacity(current, r, t, target(current))
             d.expected = now * self.capacity(best, r, t, target(best)) / max(here, 1e-12)
-        if d.expected is not None and now is not None and d.expected < now * (1 + need):
+        if d.expected is not None and d.expected < now * (1 + need):
             return (
                 f"no payback: {best.ratio} is expected to train {d.expected:.3g}/s "
                 f"against {now:.3g}/s, less than the {need:.0%} that pays back a "
