@@ -16,6 +16,7 @@ Marked ``gpu`` (by folder); never run on the CPU-only machines this project is b
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import random
@@ -33,7 +34,12 @@ from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import SMALL, build_model, build_tokenizer, save_pretrained
 from runtime.rank.collective import Collective
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# The GPU check (scripts/gpu-check.sh) runs this folder where vLLM is not installed;
+# find_spec, not an import: collecting must stay cheap where vLLM is there.
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM"),
+]
 
 N_PROMPTS, N_TOKENS = 8, 32
 TIS_CAP = 2.0

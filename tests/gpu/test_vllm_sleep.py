@@ -11,6 +11,7 @@ CPU-only machines this project is built on.
 """
 
 import asyncio
+import importlib.util
 import threading
 from pathlib import Path
 
@@ -21,7 +22,12 @@ from runtime.config.recipe import build_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 
 # A marker, not a skip at import: `make test` deselects this folder (`-m "not gpu"`).
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# The GPU check (scripts/gpu-check.sh) runs this folder where vLLM is not installed;
+# find_spec, not an import: collecting must stay cheap where vLLM is there.
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM"),
+]
 
 PROMPT = [BOS, 5, 6]
 GREEDY = 1e-6  # a temperature this low samples the argmax
