@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -114,6 +115,7 @@ class Report:
             into[name] = fn() | {"part_s": round(time.perf_counter() - start, 2)}
             ok = True
         except Exception as exc:  # a failed part is a result too; the others go on
+            traceback.print_exc()  # the whole of it to the log, one line to the JSON
             line = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self.data["errors"].append(line)
             into[name] = {"error": line}

@@ -60,6 +60,7 @@ def cfg_for(model: str, world: int, dtype: str = "bfloat16", **train) -> object:
     return build_config(
         {
             "model": {"path": model, "dtype": dtype, "max_seq_len": 256},
+            "workload": {"max_response_tokens": 64},
             "train": {"lr": 1e-4, "steps": 10, **train},
             "resources": {
                 "device": "cuda",

@@ -41,6 +41,7 @@ def cfg_for(model: str, strategy: str, world: int = 1, group: int = 1):
     return build_config(
         {
             "model": {"path": model, "dtype": "bfloat16", "max_seq_len": 256},
+            "workload": {"max_response_tokens": 64},
             "train": {"lr": 1e-4, "steps": 10, "strategy": strategy},
             "resources": {
                 "device": "cuda",

@@ -99,3 +99,20 @@ def test_the_summary_names_errors_skips_and_failed_tests():
     assert "failed  t::x (boom)" in page
     assert "skipped: 1.7b: past --budget-s 10" in page
     assert "error: 4b: OutOfMemoryError" in page
+
+
+def test_every_gpu_tests_recipe_builds(tmp_path):
+    """The gpu tests run only where a GPU is lent; their recipes are checked here, so a
+    recipe rule added since (one did: workload.max_response_tokens must leave room for a
+    prompt) fails in CI and not on the device."""
+    from tests.gpu import test_fsdp_cuda, test_nccl_weight_sync, test_trainer_offload
+    from tests.gpu import test_vllm_sleep
+
+    model = str(tmp_path)
+    for world in (1, 2):
+        for strategy in ("fsdp2", "replicate"):
+            test_fsdp_cuda.cfg_for(model, world, "float32", strategy=strategy)
+            test_trainer_offload.cfg_for(model, strategy, world=world)
+    test_nccl_weight_sync.cfg_for(model, 2, 1, "replicate")
+    test_nccl_weight_sync.cfg_for(model, 3, 2, "fsdp2")
+    test_vllm_sleep.cuda_cfg(tmp_path)

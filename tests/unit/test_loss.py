@@ -454,3 +454,19 @@ def test_batch_loss_refuses_what_it_cannot_do_right():
         batch_loss(logp, old, rollout, mask, samples, cfg, keep=[True] * 5)
     with pytest.raises(ValueError, match="recomputed"):
         batch_loss(logp, None, rollout, mask, samples, cfg)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_the_loss_computes_on_the_log_probs_device(agg):
+    """The batch's metadata (advantages, replay weights, the denominator) is made on the
+    CPU; the loss must move it to the log-probs' device. "meta" stands in for a GPU here:
+    mixing a CPU tensor into its arithmetic raises as CUDA does, and the first thing meta
+    cannot do is read a value out (``bool(keep.all())``), past the loss's arithmetic."""
+    cfg = _cfg(agg)
+    samples, mask = _batch([3, 7, 1], [0, 1, 0])
+    rollout = rollout_logprobs_of(samples)
+    logp = rollout + 0.01
+    with pytest.raises(RuntimeError) as raised:
+        batch_loss(logp.to("meta"), None, rollout.to("meta"), mask.to("meta"), samples, cfg)
+    # before the fix: "Tensor on device cpu is not on the expected device meta!"
+    assert "item() cannot be called on meta tensors" in str(raised.value)

@@ -241,7 +241,8 @@ def policy_loss(
         raise ValueError(f"unknown loss aggregation {agg!r}")
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None].to(logprobs.dtype)
+    # the batch's metadata comes as CPU tensors; the log-probs are on the trainer's device
+    adv = advantages[:, None].to(device=logprobs.device, dtype=logprobs.dtype)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     objective = torch.minimum(unclipped, clipped)
@@ -263,7 +264,11 @@ def policy_loss(
             total, kept_mass = (w * mass).sum(), (w * kept * mass).sum()
             scale = total / kept_mass if kept_mass > 0 else torch.zeros_like(total)
         w = w * kept * scale
-    denom_t = mask.sum().clamp_min(1.0) if denom is None else torch.tensor(max(denom, 1.0))
+    denom_t = (
+        mask.sum().clamp_min(1.0)
+        if denom is None
+        else torch.tensor(max(denom, 1.0), device=mask.device)
+    )
     if agg == "token_mean":
         loss = (w[:, None] * token_loss).sum() / denom_t
     else:
