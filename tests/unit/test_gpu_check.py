@@ -105,8 +105,12 @@ def test_every_gpu_tests_recipe_builds(tmp_path):
     """The gpu tests run only where a GPU is lent; their recipes are checked here, so a
     recipe rule added since (one did: workload.max_response_tokens must leave room for a
     prompt) fails in CI and not on the device."""
-    from tests.gpu import test_fsdp_cuda, test_nccl_weight_sync, test_trainer_offload
-    from tests.gpu import test_vllm_sleep
+    from tests.gpu import (
+        test_fsdp_cuda,
+        test_nccl_weight_sync,
+        test_trainer_offload,
+        test_vllm_sleep,
+    )
 
     model = str(tmp_path)
     for world in (1, 2):
