@@ -16,6 +16,7 @@ under teacher forcing.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -220,6 +221,7 @@ def hf_logprobs(path: str, prompt: list[int], tokens: list[int]) -> list[float]:
 # ~1 min, `make test-slow`: CI's 45 minutes took the colocated and lost-rank runs, and
 # tests/integration/test_colocated.py checks vLLM against FSDP2 shards (mean ratio ~1)
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 def test_a_sharded_trainers_streamed_weights_give_vllm_the_trainers_logprobs(model_dir, tmp_path):
     mp.start_processes(
         vllm_script, args=(model_dir, str(tmp_path)), nprocs=3, join=True, start_method="spawn"
