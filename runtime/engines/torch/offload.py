@@ -104,6 +104,17 @@ class HostOffload:
         self.host = host
         return OffloadRecord(time.perf_counter() - start, self.nbytes)
 
+    def free(self) -> OffloadRecord:
+        """Free every storage on the device without a copy: for state that is not wanted
+        back (a sharded trainer's rank leaving the trainer, whose shards go stale). The
+        bytes freed, in no time worth a copy; the device memory back to the driver."""
+        start = time.perf_counter()
+        for storage in self.storages:
+            storage.resize_(0)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return OffloadRecord(time.perf_counter() - start, self.nbytes)
+
     def restore(self) -> OffloadRecord:
         """Grow every storage back on the device and copy its bytes in."""
         start = time.perf_counter()

@@ -358,22 +358,39 @@ class TorchTrainer:
             return "none"
         return "offloaded" if self._offload is not None else "on_device"
 
-    def offload(self, move: bool | None = None) -> OffloadRecord:
-        """Gradients dropped, then parameters (local shards), buffers and AdamW state to
-        host memory, pinned (runtime/engines/torch/offload.py). ``move`` None: copied
-        where the device is a GPU; on the CPU the bytes already are in host memory."""
-        if self.offload_state != "on_device":
-            raise RuntimeError(f"offload with the trainer state {self.offload_state}")
+    def _device_state(self, move: bool) -> HostOffload:
+        """Gradients dropped; parameters (local shards), buffers and AdamW state, by
+        storage (runtime/engines/torch/offload.py)."""
         self.opt.zero_grad(set_to_none=True)
         for param in self.model.parameters():
             param.grad = None  # FSDP2 and the stand-in head included: nothing left behind
         tensors = [*self.model.parameters(), *self.model.buffers()]
         for state in self.opt.state.values():
             tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return HostOffload(tensors, self.device, move)
+
+    def offload(self, move: bool | None = None) -> OffloadRecord:
+        """Gradients dropped, then parameters (local shards), buffers and AdamW state to
+        host memory, pinned. ``move`` None: copied where the device is a GPU; on the CPU
+        the bytes already are in host memory."""
+        if self.offload_state != "on_device":
+            raise RuntimeError(f"offload with the trainer state {self.offload_state}")
         if move is None:
             move = self.device.type != "cpu"
-        self._offload = HostOffload(tensors, self.device, move)
+        self._offload = self._device_state(move)
         return self._offload.offload()
+
+    def drop(self) -> OffloadRecord:
+        """Free the whole state on the device without keeping a copy, then :meth:`release`:
+        a sharded trainer's rank leaving the trainer, whose shards go stale with the next
+        step (it receives current ones when it joins again). Copying them to the host first
+        was wasted, and slow: on an H200 the fresh pinned buffer of a first offload filled
+        at 1.2-2 GB/s (docs/results.md 2026-12-04). Step and version stay."""
+        if self.offload_state != "on_device":
+            raise RuntimeError(f"drop with the trainer state {self.offload_state}")
+        record = self._device_state(move=True).free()
+        self.release()
+        return record
 
     def reload(self) -> OffloadRecord:
         """The state :meth:`offload` moved, back on the device, values unchanged."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.config.layout import LayoutChange
+from runtime.config.layout import COLOCATED, LayoutChange
 from runtime.config.schema import Config
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SWITCH_KEYS = (
     "offload_s",
     "offload_bytes",
+    "dropped_bytes",
     "restore_s",
     "restore_bytes",
     "rebuild_s",
@@ -310,15 +311,27 @@ class TorchTrainerSide(BatchConsumer):
 
     def deactivate(self) -> None:
         """The rank leaves the trainer role (or starts as rollout): gradients dropped,
-        parameters and AdamW state to host memory, so the device is free for rollout."""
+        parameters and AdamW state to host memory, so the device is free for rollout.
+
+        A sharded trainer's rank leaving the trainer in a layout change keeps nothing: its
+        shards go stale with the next step and :meth:`on_layout` releases them, so they are
+        freed here without the copy. Under ``colocated_sync`` every rank comes back to the
+        same shards, which are offloaded as for a replicated trainer."""
         super().deactivate()
         record = _switch_record()
         if self.trainer.offload_state == "on_device":
-            moved = self.trainer.offload()
-            record.update(offload_s=moved.seconds, offload_bytes=float(moved.bytes))
-            log.info(
-                "trainer state offloaded: %.1f MB in %.3f s", moved.bytes / 2**20, moved.seconds
-            )
+            if self.trainer.sharded and self.cfg.reflow.mode != COLOCATED:
+                freed = self.trainer.drop()
+                record.update(dropped_bytes=float(freed.bytes))
+                log.info("trainer shards freed (not kept): %.1f MB", freed.bytes / 2**20)
+            else:
+                moved = self.trainer.offload()
+                record.update(offload_s=moved.seconds, offload_bytes=float(moved.bytes))
+                log.info(
+                    "trainer state offloaded: %.1f MB in %.3f s",
+                    moved.bytes / 2**20,
+                    moved.seconds,
+                )
         self.last_switch = record
 
     def activate(self) -> None:
