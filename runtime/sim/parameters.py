@@ -76,10 +76,12 @@ class ModelProfile:
         runtime/rank/worker.py ``_switch`` times) of one rank changing role ``before`` ->
         ``after`` in a new layout; a disaggregated layout change, not colocated phases.
 
-        To rollout: the trainer state goes to the host, the engine wakes from sleep, and
-        it loads the leader's weights (a weight sync). To the trainer: the engine sleeps
-        (its weights to the host), the trainer state comes back to the GPU and is
-        overwritten by the current one from the trainer ranks. Every rank regroups."""
+        To rollout: the trainer state goes to the host (a sharded trainer's rank frees
+        its shards instead, no copy: runtime/engines/torch/trainer.py ``drop``), the
+        engine wakes from sleep, and it loads the leader's weights (a weight sync). To the
+        trainer: the engine sleeps (its weights to the host), the trainer state comes back
+        to the GPU and is overwritten by the current one from the trainer ranks. Every
+        rank regroups."""
         if self.switch_s is not None:
             raise ProfileError(f"{self.name}: switch_s is given; there are no phases")
         assert self.offload_gb_s and self.state_transfer_gb_s  # __post_init__
@@ -91,7 +93,8 @@ class ModelProfile:
         if before == after:
             return phases
         if after == "rollout":
-            phases["offload"] = state_gb / self.offload_gb_s
+            sharded = self.trainer_gpus_per_replica > 1
+            phases["offload"] = 0.0 if sharded else state_gb / self.offload_gb_s
             phases["wake"] = self.wake_s or 0.0
             phases["weight_load"] = self.weight_sync_s
         else:

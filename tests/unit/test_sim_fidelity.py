@@ -230,7 +230,9 @@ def test_a_role_switch_takes_the_sum_of_its_parts():
     assert m.switch_s is None
     state_gb = m.params_b * m.trainer_state_bytes_per_param / m.trainer_gpus_per_replica
     weights_gb = 2 * m.params_b / m.rollout_gpus_per_replica
-    to_rollout = state_gb / m.offload_gb_s + m.wake_s + m.regroup_s + m.weight_sync_s
+    # a sharded trainer's leaving rank frees its shards: no copy to the host
+    assert m.trainer_gpus_per_replica > 1
+    to_rollout = m.wake_s + m.regroup_s + m.weight_sync_s
     to_trainer = (
         weights_gb / m.offload_gb_s
         + state_gb / m.offload_gb_s
@@ -244,6 +246,12 @@ def test_a_role_switch_takes_the_sum_of_its_parts():
     assert seconds == pytest.approx(to_rollout) and sum(phases.values()) == seconds
     assert sim._switch_s(1, roles)[0] == pytest.approx(to_trainer)
     assert sim._switch_s(2, roles) == (m.regroup_s, {"regroup": m.regroup_s})  # kept its role
+    # a replicated trainer (one GPU per replica) copies its whole state to the host
+    whole = dataclasses.replace(m, trainer_gpus_per_replica=1)
+    sim = sim_cluster.SimCluster(plan(small(), 32).cfg, whole, PROFILES.workload("math"))
+    sim._roles_before = ["trainer", "rollout", "rollout"]
+    offload = sim._switch_s(0, roles)[1]["offload"]
+    assert offload == pytest.approx(m.params_b * m.trainer_state_bytes_per_param / m.offload_gb_s)
     # in a run, the allocator's switches report those phases to rank 0
     cfg = small("apps_coding.yaml", 12, "scheduler.cooldown_steps=2", "scheduler.window_steps=3")
     slow = dataclasses.replace(m, train_tok_s=300.0)  # trainer-bound: rollout ranks move
