@@ -135,6 +135,40 @@ def test_an_fsdp2_trainer_offloads_its_shards_and_trains_on(model_dir, tmp_path)
     check(torch.load(tmp_path / "offload.pt", weights_only=False))
 
 
+def fsdp_leaving_rank(rank: int, model: str, out: str) -> None:
+    """The trainer side of a sharded trainer's rank leaving the trainer (the worker's
+    ``deactivate``): its shards freed on the device, nothing copied to the host."""
+    from runtime.engines.torch.trainer_side import TorchTrainerSide
+    from runtime.store.run_dir import RunPaths
+
+    c = _join(rank, 1, out)
+    c.regroup(0, ("trainer",))
+    side = TorchTrainerSide(cfg_for(model, "fsdp2"), rank, RunPaths(Path(out)), c)
+    side.trainer.train_step(batch(), c, 0, 1)
+    torch.cuda.synchronize()
+    need, held = state_bytes(side.trainer), torch.cuda.memory_allocated()
+    side.deactivate()
+    out_ = {
+        "need": need,
+        "freed": held - torch.cuda.memory_allocated(),
+        "state": side.offload_state,
+        "switch": dict(side.last_switch),
+    }
+    torch.save(out_, f"{out}/leaving.pt")
+    c.close()
+
+
+def test_a_sharded_trainers_leaving_rank_frees_its_shards_without_a_copy(model_dir, tmp_path):
+    mp.start_processes(
+        fsdp_leaving_rank, args=(model_dir, str(tmp_path)), nprocs=1, start_method="spawn"
+    )
+    out = torch.load(tmp_path / "leaving.pt", weights_only=False)
+    assert out["state"] == "none"
+    assert out["switch"]["offload_bytes"] == 0.0  # no copy to the host
+    assert out["switch"]["dropped_bytes"] >= out["need"] > 0
+    assert out["freed"] >= out["need"]  # parameters and AdamW left the device
+
+
 def handoff_rank(rank: int, model: str, out: str) -> None:
     """Rank 0 trains alone, then rank 1 joins as a second replica group (of one rank)
     and receives rank 0's shards over NCCL; both train a step in agreement."""
