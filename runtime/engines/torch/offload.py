@@ -142,3 +142,17 @@ class HostOffload:
             release = getattr(torch._C, "_host_emptyCache", None)
             if release is not None:
                 release()
+
+
+def training_state(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, move: bool
+) -> HostOffload:
+    """A trainer's device state by storage, gradients dropped first (the next step makes
+    new ones): parameters (local shards), buffers and AdamW's state."""
+    opt.zero_grad(set_to_none=True)
+    for param in model.parameters():
+        param.grad = None  # FSDP2 and the stand-in head included: nothing left behind
+    tensors = [*model.parameters(), *model.buffers()]
+    for state in opt.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return HostOffload(tensors, device, move)

@@ -38,7 +38,7 @@ from runtime.data import micro_batches
 from runtime.data.sample import Sample
 from runtime.engines.torch import logprobs
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
-from runtime.engines.torch.offload import HostOffload, OffloadRecord
+from runtime.engines.torch.offload import HostOffload, OffloadRecord, training_state
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
     compute_precision,
@@ -358,17 +358,6 @@ class TorchTrainer:
             return "none"
         return "offloaded" if self._offload is not None else "on_device"
 
-    def _device_state(self, move: bool) -> HostOffload:
-        """Gradients dropped; parameters (local shards), buffers and AdamW state, by
-        storage (runtime/engines/torch/offload.py)."""
-        self.opt.zero_grad(set_to_none=True)
-        for param in self.model.parameters():
-            param.grad = None  # FSDP2 and the stand-in head included: nothing left behind
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        for state in self.opt.state.values():
-            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
-        return HostOffload(tensors, self.device, move)
-
     def offload(self, move: bool | None = None) -> OffloadRecord:
         """Gradients dropped, then parameters (local shards), buffers and AdamW state to
         host memory, pinned. ``move`` None: copied where the device is a GPU; on the CPU
@@ -377,18 +366,17 @@ class TorchTrainer:
             raise RuntimeError(f"offload with the trainer state {self.offload_state}")
         if move is None:
             move = self.device.type != "cpu"
-        self._offload = self._device_state(move)
+        self._offload = training_state(self.model, self.opt, self.device, move)
         return self._offload.offload()
 
     def drop(self) -> OffloadRecord:
-        """Free the whole state on the device without keeping a copy, then :meth:`release`:
-        a sharded trainer's rank leaving the trainer, whose shards go stale with the next
-        step (it receives current ones when it joins again). Copying them to the host first
-        was wasted, and slow: on an H200 the fresh pinned buffer of a first offload filled
-        at 1.2-2 GB/s (docs/results.md 2026-12-04). Step and version stay."""
+        """Free the state on the device, no copy kept, then :meth:`release`: a sharded
+        trainer's rank leaving the trainer, whose shards go stale with the next step. A
+        host copy was wasted, and slow (an H200 pinned a fresh buffer at 1.2-2 GB/s:
+        docs/results.md 2026-12-04). Step and version stay."""
         if self.offload_state != "on_device":
             raise RuntimeError(f"drop with the trainer state {self.offload_state}")
-        record = self._device_state(move=True).free()
+        record = training_state(self.model, self.opt, self.device, move=True).free()
         self.release()
         return record
 
