@@ -285,11 +285,14 @@ def recipe(folder: Path, wl: Workload, cuda: bool) -> Any:
                 "activation_checkpointing": True,
                 "micro_batch_tokens": wl.micro_batch_tokens,
             },
+            # colocated_sync: a rank leaving the trainer keeps its state (offloaded to
+            # pinned memory) for its next phase; in the other modes a sharded trainer's
+            # leaving rank frees its shards with no copy, which leaves nothing to time
+            "reflow": {"mode": "colocated_sync"},
             "resources": {
                 "device": "cuda" if cuda else "cpu",
-                "gpus_per_node": 2,
+                "gpus_per_node": 1,
                 "trainer_gpus_per_replica": 1,
-                "initial_ratio": "1:1",
             },
         }
     )
@@ -429,9 +432,11 @@ class Check:
         return out
 
     def switch(self, side: Any, batch: list[Any], state_bytes: int) -> dict[str, Any]:
-        """Role switches on the device, twice: the trainer side leaves (offload), the
-        groups are made again, the side comes back (restore) and trains a step. The first
-        offload pins a fresh host buffer; the second finds torch's pinned-memory cache."""
+        """Role switches on the device, twice, as ``colocated_sync`` makes them (and a
+        replicated trainer in any mode): the trainer side leaves (offload to pinned
+        memory), the groups are made again, the side comes back (restore) and trains a
+        step. The first offload pins a fresh host buffer; the second finds torch's
+        pinned-memory cache."""
         if state_bytes > SWITCH_STATE_LIMIT:
             return {"skipped": f"state of {state_bytes / GIB:.0f} GiB > the pinned-buffer limit"}
         return {key: self._one_switch(side, batch) for key in ("first", "again")}
