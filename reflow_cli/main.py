@@ -35,6 +35,7 @@ from runtime.data.datasets import DatasetError, check_dataset
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
 from runtime.transport import protocol as p
+from runtime.workloads.rewards import custom as custom_reward
 from runtime.workloads.sandbox import SandboxError, check_sandbox
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
@@ -138,7 +139,9 @@ def launch(
     try:  # a missing file, column or sandbox should fail here, not after the engines started
         check_dataset(cfg)
         check_sandbox(cfg)
-    except (DatasetError, SandboxError) as exc:
+        if cfg.workload.reward_fn is not None:  # loaded once here; its path made absolute
+            cfg.workload.reward_fn = custom_reward.check(cfg.workload.reward_fn)
+    except (DatasetError, SandboxError, custom_reward.RewardFnError) as exc:
         raise UserError(str(exc)) from None
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")

@@ -131,3 +131,70 @@ def code_cmd(
         _config(str(recipe))  # a bad recipe is one line (RecipeError), before any input
     rec = None if recipe is None else str(recipe)
     _serve(partial(_score_code, recipe=rec, explain=explain), workers)
+
+
+def _custom_input(lineno: int, line: str) -> tuple[Any, ...] | str:
+    """verl's four arguments from one line, or the one-line error in its place."""
+    record = _record(lineno, line, ("solution_str",))
+    if isinstance(record, str):
+        return record
+    if not isinstance(record["solution_str"], str):
+        return f"line {lineno}: field 'solution_str' must be a string"
+    return (
+        record.get("data_source", "custom"),
+        record["solution_str"],
+        record.get("ground_truth"),
+        record.get("extra_info"),
+    )
+
+
+async def _score_custom(ref: str, lines: list[tuple[int, str]], workers: int, timeout_s: float):
+    """Every line through the reward pool training uses (its processes, its timeout)."""
+    import asyncio
+
+    from runtime.workloads.agents.pool import RewardPool
+    from runtime.workloads.rewards import custom
+
+    pool = RewardPool(max(1, workers), timeout_s)
+    gate = asyncio.Semaphore(max(1, workers))
+
+    async def one(lineno: int, line: str) -> dict[str, Any]:
+        args = _custom_input(lineno, line)
+        if isinstance(args, str):
+            return {"score": None, "error": args}
+        async with gate:
+            result, error = await pool.call(custom.score, ref, *args)
+        if error is not None:
+            return {"score": 0.0, "error": error}  # as training scores it
+        return {"score": result["score"], **({"info": result["info"]} if result["info"] else {})}
+
+    try:
+        return await asyncio.gather(*(one(i, x) for i, x in lines))
+    finally:
+        pool.close()
+
+
+@reward_app.command("custom")
+def custom_cmd(
+    fn: Annotated[str, typer.Option("--fn", help="PATH.py:NAME or module:NAME (verl's signature)")],
+    workers: Annotated[int, typer.Option(help="calls at once")] = _WORKERS,
+    timeout_s: Annotated[
+        float, typer.Option(help="per call, as workload.reward_timeout_s (then it scores 0)")
+    ] = 10.0,
+) -> None:
+    """Score {"solution_str", "ground_truth"?, "data_source"?, "extra_info"?} lines with
+    your own reward function, as training calls it (workload.reward_fn); out: {"score",
+    "info"?, "error"?} (a raise or a timeout scores 0 and says why)."""
+    import asyncio
+
+    from jobs.errors import UserError
+    from runtime.workloads.rewards import custom
+
+    try:
+        ref = custom.check(fn)
+    except custom.RewardFnError as exc:
+        raise UserError(str(exc).replace(custom.FIELD, "--fn")) from None
+    lines = [(i, x) for i, x in enumerate(sys.stdin, 1) if x.strip()]
+    for result in asyncio.run(_score_custom(ref, lines, workers, timeout_s)):
+        sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()

@@ -89,6 +89,12 @@ class WorkloadConfig:
     reward_timeout_s: float = opt(
         10.0, "wall-clock limit of one reward or tool computation; then it scores 0", gt=0
     )
+    reward_fn: str | None = opt(
+        None,
+        "your own reward, PATH.py:NAME or module:NAME, called as verl calls one (keyword "
+        "arguments data_source, solution_str, ground_truth, extra_info; returns a float or a "
+        "dict with score): replaces the kind's reward (docs/your-task.md)",
+    )
     public_tests: int = opt(
         1,
         "code_agent: tests whose failures are fed back (at most total - 1); the final reward uses "

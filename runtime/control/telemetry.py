@@ -22,6 +22,20 @@ log = logging.getLogger(__name__)
 LEDGER_KEYS = ("dispatched", "delivered", "consumed", "replayed", "evicted", "lost", "duplicated")
 
 
+def reward_info_means(samples: list[Sample]) -> dict[str, float]:
+    """``reward_info/<key>``: the mean over the batch's samples of each numeric diagnostic
+    a recipe's own reward function returned beside its score (``workload.reward_fn``)."""
+    sums: dict[str, list[float]] = {}
+    for t in samples:
+        info = t.info.get("reward_info")
+        if not isinstance(info, dict):
+            continue
+        for key, value in info.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                sums.setdefault(key, []).append(float(value))
+    return {f"reward_info/{k}": round(sum(v) / len(v), 6) for k, v in sorted(sums.items())}
+
+
 def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[str, Any]:
     """The metrics line of a finished step, before the coordinator adds its decisions."""
     n = c.counters
@@ -42,6 +56,7 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
             # of those, the samples trained for the first time (replay trains no new data)
             fresh_tokens=sum(t.n_valid for t in batch.samples[: batch.n_unused]),
         )
+        line.update(reward_info_means(batch.samples))
         warning = n.zero_reward.observe(batch.samples)
         if warning:
             log.warning("%s", warning)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.config.schema import Config
@@ -176,6 +177,33 @@ class AgentEnv:
         if g.finish == "abort":
             episode.cut = g
         return g
+
+    async def custom_reward(self, episode: Episode, prompt: dict[str, Any]) -> bool:
+        """Score ``episode`` with the recipe's own reward function (``workload.reward_fn``,
+        runtime/workloads/rewards/custom.py) in the reward pool, on everything generated
+        after the prompt; False (nothing done) when the recipe names none, and the agent
+        scores as its kind does."""
+        ref = self.cfg.workload.reward_fn
+        if ref is None:
+            return False
+        from runtime.workloads.rewards import custom
+
+        source, truth, extra = custom.verl_arguments(self.record(prompt), self.data_source)
+        text = self.codec.decode(episode.token_ids)
+        result, error = await self.call(custom.score, ref, source, text, truth, extra)
+        episode.reward = float(result["score"]) if result else 0.0
+        if result and result["info"]:
+            episode.info["reward_info"] = result["info"]
+        if error:
+            episode.info["reward_error"] = error
+        return True
+
+    @property
+    def data_source(self) -> str:
+        """verl's ``data_source`` for records without one: the train file's name, or the
+        workload kind for generated prompts."""
+        train = str(self.cfg.data.train)
+        return self.cfg.workload.kind if train.startswith("embedded:") else Path(train).stem
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``fn(*args)`` in the reward pool: (value, None) or (None, why it failed)."""

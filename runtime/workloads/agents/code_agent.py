@@ -76,6 +76,8 @@ class CodeAgent:
             if len(ep.context) + len(ids) >= env.cfg.model.max_seq_len:
                 break
             ep.add_env(ids)
+        if await env.custom_reward(ep, prompt):  # the recipe's own reward replaces the tests'
+            return ep
         result, error = await env.call(
             scoring.code_score, program, tests, fn_name, hidden, settings, w.reward_timeout_s
         )

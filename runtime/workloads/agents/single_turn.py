@@ -17,7 +17,8 @@ class SingleTurnAgent:
             return None
         ep.add_model(g)
         ep.info["turns"] = 1
-        await self.score(env, ep, prompt)
+        if not await env.custom_reward(ep, prompt):
+            await self.score(env, ep, prompt)
         return ep
 
     async def score(self, env: AgentEnv, ep: Episode, prompt: dict[str, Any]) -> None:

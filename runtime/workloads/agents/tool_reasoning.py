@@ -54,6 +54,8 @@ class ToolAgent:
                 break
             ep.add_env(ids)
         ep.info["tool_calls"] = calls
+        if await env.custom_reward(ep, prompt):  # the recipe's own reward replaces math's
+            return ep
         text = env.codec.decode(ep.model_ids())
         value, error = await env.call(scoring.math_score, text, env.record(prompt)["answer"])
         ep.reward = float(value or 0.0)
