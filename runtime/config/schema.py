@@ -58,15 +58,17 @@ class ModelConfig:
 class DataConfig:
     train: str = opt(
         "embedded:synthetic",
-        "training prompts: embedded:NAME, or a JSONL/JSON/Parquet file (checked at launch)",
+        "training prompts: embedded:NAME, a JSONL/JSON/Parquet file, a folder written by "
+        "datasets' save_to_disk (one split), or a folder of Parquet shards (checked at launch)",
     )
     eval: str | None = opt(
         None, "held-out prompts (same formats, checked at launch); none = split from train"
     )
     format: str = opt(
         "auto",
-        "file format; auto = from the name (.jsonl, .json, .parquet, optionally .gz)",
-        choices=("auto", "jsonl", "json", "parquet"),
+        "file format; auto = from the name (.jsonl, .json, .parquet, optionally .gz) or the "
+        "folder (state.json: hf_disk; .parquet files: parquet)",
+        choices=("auto", "jsonl", "json", "parquet", "hf_disk"),
     )
     fields: dict[str, str] = opt(
         {}, "role -> the file's field name, e.g. {prompt: question} (runtime/data/datasets.py)"

@@ -1,5 +1,7 @@
 """Prompt datasets from local files: JSON Lines, JSON (one list of records) or Parquet,
-each optionally gzip-compressed (``.gz``, JSON formats only).
+each optionally gzip-compressed (``.gz``, JSON formats only); or a folder, as people keep
+datasets: one written by Hugging Face ``datasets``' ``save_to_disk`` (a split's folder),
+or a folder of Parquet shards.
 
 A recipe names records' fields by their role (``prompt``, ``answer``, ``tests``, ...);
 ``data.fields`` maps a role to the file's own column when they differ, e.g. GSM8K's
@@ -74,14 +76,68 @@ def _read_parquet(path: Path) -> Iterator[dict[str, Any]]:
     yield from table.to_pylist()
 
 
+def _read_hf_disk(path: Path) -> Iterator[dict[str, Any]]:
+    """A folder written by Hugging Face ``datasets``' ``save_to_disk`` (one split): its
+    ``state.json`` lists Arrow stream files, read in order with pyarrow (no ``datasets``
+    needed). A whole ``DatasetDict`` is refused with its splits named."""
+    import pyarrow as pa
+
+    if (path / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError):
+            splits = []
+        names = ", ".join(map(str, splits)) or "none listed"
+        first = splits[0] if splits else "train"
+        raise DatasetError(
+            f"{path}: a DatasetDict folder: name one split, e.g. {path / str(first)} "
+            f"(splits: {names})"
+        )
+    try:
+        files = [
+            f["filename"] for f in json.loads((path / "state.json").read_text())["_data_files"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(
+            f"{path}/state.json: not a datasets.save_to_disk state ({exc})"
+        ) from None
+    for name in files:
+        try:
+            with pa.memory_map(str(path / name)) as source:
+                table = pa.ipc.open_stream(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise DatasetError(f"{path / name}: not a readable Arrow file ({exc})") from None
+        yield from table.to_pylist()
+
+
+def _read_parquet_folder(path: Path) -> Iterator[dict[str, Any]]:
+    """A folder of Parquet shards (as the Hub lays a dataset out, ``data/train-00000-of-
+    00002.parquet``): every ``.parquet`` file below it, in name order."""
+    shards = sorted(path.rglob("*.parquet"))
+    if not shards:
+        raise DatasetError(f"{path}: no .parquet files in this folder")
+    for shard in shards:
+        yield from _read_parquet(shard)
+
+
 READERS: dict[str, Callable[[Path], Iterator[dict[str, Any]]]] = {
     "jsonl": _read_jsonl,
     "json": _read_json,
     "parquet": _read_parquet,
+    "hf_disk": _read_hf_disk,
 }
 
 
 def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            return "hf_disk"
+        if any(path.rglob("*.parquet")):
+            return "parquet"
+        raise DatasetError(
+            f"{path}: a folder, but neither one written by datasets' save_to_disk "
+            "(state.json) nor one of Parquet shards"
+        )
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes[-1:] == [".gz"]:
         suffixes = suffixes[:-1]
@@ -104,17 +160,22 @@ def load_records(
     """All records of ``path``, each with its roles under their role names (the original
     fields are kept too). Raises :class:`DatasetError`."""
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such dataset file")
+    if not path.exists():
+        raise DatasetError(f"{path}: no such dataset file or folder")
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt not in READERS:
         raise DatasetError(f"{path}: unknown format {fmt!r} (one of: {', '.join(READERS)})")
     if fmt == "parquet" and path.suffix == ".gz":
         raise DatasetError(f"{path}: Parquet files are compressed inside; do not gzip them")
+    if path.is_dir() != (fmt == "hf_disk" or (fmt == "parquet" and path.is_dir())):
+        raise DatasetError(
+            f"{path}: data.format {fmt} does not read a {'folder' if path.is_dir() else 'file'}"
+        )
+    reader = _read_parquet_folder if fmt == "parquet" and path.is_dir() else READERS[fmt]
     mapping = dict(fields or {})
     roles = list(dict.fromkeys([*required, *mapping]))
     out = []
-    for i, record in enumerate(READERS[fmt](path)):
+    for i, record in enumerate(reader(path)):
         own = sorted(record)  # the file's fields, before roles are added
         original = dict(record)  # roles read the file's fields, never another role
         for role in roles:

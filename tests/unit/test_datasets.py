@@ -3,6 +3,7 @@ full files in ../shared/data, skipped when it is absent) and on broken files mad
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,41 @@ def test_bad_prompt_template_is_one_line(tmp_path, template, message):
     with pytest.raises(DatasetError, match=message) as info:
         check_template(template, record, path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_a_folder_written_by_datasets_save_to_disk_is_read_split_by_split():
+    """tests/fixtures/hf_toy_add: a DatasetDict (train 4 rows, test 2) written by Hugging
+    Face datasets 5.2.0's save_to_disk; read with pyarrow alone."""
+    rows = load_records(
+        FIXTURES / "hf_toy_add" / "train", fields={"prompt": "question"}, required=("answer",)
+    )
+    assert [r["answer"] for r in rows] == ["3", "7", "15", "14"]
+    assert rows[0]["prompt"] == "What is 1 + 2?" and rows[0]["extra_info"] == {"index": 0}
+    assert len(load_records(FIXTURES / "hf_toy_add" / "test")) == 2
+    with pytest.raises(DatasetError) as e:
+        load_records(FIXTURES / "hf_toy_add")
+    assert str(e.value) == (
+        f"{FIXTURES / 'hf_toy_add'}: a DatasetDict folder: name one split, e.g. "
+        f"{FIXTURES / 'hf_toy_add' / 'train'} (splits: train, test)"
+    )
+
+
+def test_a_folder_of_parquet_shards_is_read_in_shard_order():
+    rows = load_records(FIXTURES / "parquet_toy_add", required=("question", "answer"))
+    assert [r["answer"] for r in rows] == ["3", "7", "15", "14", "11", "7"]
+
+
+def test_folders_that_hold_no_dataset_get_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DatasetError, match="neither one written by datasets' save_to_disk"):
+        load_records(tmp_path)
+    (tmp_path / "state.json").write_text("{}")
+    with pytest.raises(DatasetError, match=r"state\.json: not a datasets\.save_to_disk state"):
+        load_records(tmp_path)
+    with pytest.raises(DatasetError, match="no such dataset file or folder"):
+        load_records(tmp_path / "missing")
+    with pytest.raises(DatasetError, match=r"data\.format jsonl does not read a folder"):
+        load_records(FIXTURES / "parquet_toy_add", fmt="jsonl")
