@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,7 @@ def test_numeric_diagnostics_are_averaged_into_the_step_line():
 
 def reflow(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(REPO / ".venv/bin/reflow"), *args],
+        [sys.executable, "-m", "reflow_cli.main", *args],
         input=stdin,
         capture_output=True,
         text=True,

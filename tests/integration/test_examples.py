@@ -1,0 +1,50 @@
+"""The tasks of one's own in examples/ run as a user would launch them (a few steps on the
+CPU, real engines): their own reward file, their own dataset folder (docs/your-task.md)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import REPO, reflow
+
+
+def launch(example: str, runs_dir) -> tuple[dict, list[dict], list[dict]]:
+    done = reflow(
+        "launch", str(REPO / "examples" / example / "recipe.yaml"), "--local", "--wait", timeout=900
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    run_dir = next(runs_dir.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state"] == "COMPLETED" and summary["samples"]["lost"] == 0
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return summary, samples, [s for s in steps if "step" in s]
+
+
+def test_a_verl_reward_file_on_a_save_to_disk_folder(runs_dir):
+    """examples/verl_reward_hf: verl's GSM8K layout written by datasets' save_to_disk,
+    scored by a reward file in verl's signature."""
+    import importlib.util
+
+    _, samples, steps = launch("verl_reward_hf", runs_dir)
+    spec = importlib.util.spec_from_file_location(
+        "example_reward", REPO / "examples/verl_reward_hf/reward.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for s in samples:  # every reward is the file's, with its diagnostics
+        info = s["info"]
+        assert set(info["reward_info"]) == {"found", "chars"}, info
+        assert "reward_error" not in info
+    assert all("reward_info/found" in line and "reward_info/chars" in line for line in steps)
+    assert len(steps) == 3
+    # the function on a few strings, as verl would call it
+    score = module.compute_score
+    assert score("openai/gsm8k", "so #### 1,200.", "1200", {})["score"] == 1.0
+    assert score("openai/gsm8k", "it is 7 or 8", "8", None)["score"] == 1.0
+    assert score("openai/gsm8k", "no number", "8", None) == {
+        "score": 0.0,
+        "found": False,
+        "chars": 9,
+    }
