@@ -35,6 +35,7 @@ from runtime.data.datasets import DatasetError, check_dataset
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
 from runtime.transport import protocol as p
+from runtime.workloads.agents import environment
 from runtime.workloads.rewards import custom as custom_reward
 from runtime.workloads.sandbox import SandboxError, check_sandbox
 
@@ -141,7 +142,19 @@ def launch(
         check_sandbox(cfg)
         if cfg.workload.reward_fn is not None:  # loaded once here; its path made absolute
             cfg.workload.reward_fn = custom_reward.check(cfg.workload.reward_fn)
-    except (DatasetError, SandboxError, custom_reward.RewardFnError) as exc:
+        if (cfg.workload.kind == "custom") != (cfg.workload.agent is not None):
+            raise UserError(
+                "workload.agent: an environment class goes with workload.kind custom, and "
+                "kind custom needs one"
+            )
+        if cfg.workload.agent is not None:
+            cfg.workload.agent = environment.check(cfg.workload.agent)
+    except (
+        DatasetError,
+        SandboxError,
+        custom_reward.RewardFnError,
+        environment.AgentClassError,
+    ) as exc:
         raise UserError(str(exc)) from None
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")

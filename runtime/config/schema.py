@@ -91,6 +91,11 @@ class WorkloadConfig:
     reward_timeout_s: float = opt(
         10.0, "wall-clock limit of one reward or tool computation; then it scores 0", gt=0
     )
+    agent: str | None = opt(
+        None,
+        "kind custom: your own environment, PATH.py:Class or module:Class with reset(record, "
+        "tools) and step(action) -> Step (runtime/workloads/agents/environment.py)",
+    )
     reward_fn: str | None = opt(
         None,
         "your own reward, PATH.py:NAME or module:NAME, called as verl calls one (keyword "

@@ -71,6 +71,12 @@ KINDS: dict[str, WorkloadKind] = {
             sim_workload="apps_agent",
         ),
         WorkloadKind(
+            # your own environment (workload.agent), played by one loop for all
+            "custom",
+            f"{_AGENTS}.environment:EnvAgent",
+            fields=("prompt",),
+        ),
+        WorkloadKind(
             "tool_reasoning",
             f"{_AGENTS}.tool_reasoning:ToolAgent",
             fields=("prompt", "answer"),

@@ -48,3 +48,17 @@ def test_a_verl_reward_file_on_a_save_to_disk_folder(runs_dir):
         "found": False,
         "chars": 9,
     }
+
+
+def test_a_multi_turn_environment_of_ones_own(runs_dir):
+    """examples/number_game: kind custom with env.py's NumberGame: every sample has the
+    environment's turns masked out between the model's, its reward summed from the steps."""
+    _, samples, steps = launch("number_game", runs_dir)
+    assert len(steps) == 3
+    for s in samples:
+        mask, turns = s["loss_mask"], s["info"]["turns"]
+        assert 1 <= turns <= 4 and "reward_error" not in s["info"]
+        # model turns and observations alternate: turns - 1 masked runs between them
+        runs = [m for i, m in enumerate(mask) if i == 0 or mask[i - 1] != m]
+        assert runs == [1, 0] * (turns - 1) + [1], (turns, runs)
+        assert 0.0 <= s["reward"] <= 1.0

@@ -61,6 +61,7 @@ def test_the_old_tables_agree_with_the_records():
         "math": ("prompt", "answer"),
         "tool_reasoning": ("prompt", "answer"),
         "code_agent": ("prompt", "tests"),
+        "custom": ("prompt",),
     }
     assert WORKLOAD_OF_KIND == {
         "math": "math",
@@ -86,7 +87,8 @@ def test_a_kind_without_a_record_is_refused_in_one_line(tmp_path):
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
     assert str(info.value) == (
-        f"{path}: workload.kind: 'chess' is not one of: arith, math, code_agent, tool_reasoning"
+        f"{path}: workload.kind: 'chess' is not one of: "
+        "arith, math, code_agent, custom, tool_reasoning"
     )
     with pytest.raises(KeyError) as key:
         workload_kind("chess")
