@@ -8,10 +8,10 @@ import json
 from tests.helpers import REPO, reflow
 
 
-def launch(example: str, runs_dir) -> tuple[dict, list[dict], list[dict]]:
-    done = reflow(
-        "launch", str(REPO / "examples" / example / "recipe.yaml"), "--local", "--wait", timeout=900
-    )
+def launch(example: str, runs_dir, *sets: str) -> tuple[dict, list[dict], list[dict]]:
+    recipe = str(REPO / "examples" / example / "recipe.yaml")
+    args = [x for s in sets for x in ("--set", s)]
+    done = reflow("launch", recipe, "--local", "--wait", *args, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     run_dir = next(runs_dir.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -62,3 +62,15 @@ def test_a_multi_turn_environment_of_ones_own(runs_dir):
         runs = [m for i, m in enumerate(mask) if i == 0 or mask[i - 1] != m]
         assert runs == [1, 0] * (turns - 1) + [1], (turns, runs)
         assert 0.0 <= s["reward"] <= 1.0
+
+
+def test_the_arith_retry_environment_runs_on_the_embedded_task(runs_dir):
+    """examples/arith_retry: a custom environment on the embedded prompts and model (the
+    run that learns is 400 steps, outside make test: docs/results.md)."""
+    _, samples, steps = launch("arith_retry", runs_dir, "train.steps=3", "logging.samples=true")
+    assert len(steps) == 3
+    for s in samples:
+        tries, turns = s["info"]["env/tries"], s["info"]["turns"]
+        assert tries == turns and 1 <= turns <= 2
+        assert s["reward"] in (0.0, 0.5, 1.0)
+        assert (s["reward"] == 1.0) == (turns == 1 and s["reward"] > 0)
