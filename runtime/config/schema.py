@@ -62,7 +62,10 @@ class DataConfig:
         "datasets' save_to_disk (one split), or a folder of Parquet shards (checked at launch)",
     )
     eval: str | None = opt(
-        None, "held-out prompts (same formats, checked at launch); none = split from train"
+        None,
+        "held-out prompts (same formats), checked at launch but not evaluated yet: only the "
+        "arith kind has a held-out eval, the trainer's own (named eval sets with pass@k are "
+        "to come)",
     )
     format: str = opt(
         "auto",
