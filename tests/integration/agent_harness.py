@@ -56,3 +56,14 @@ def run_agent(
     finally:
         if own:
             pool.close()
+
+
+def segments(ep) -> list[tuple[int, list[int]]]:
+    """The episode as runs of (mask value, token ids)."""
+    out: list[tuple[int, list[int]]] = []
+    for t, m in zip(ep.token_ids, ep.loss_mask, strict=True):
+        if out and out[-1][0] == m:
+            out[-1][1].append(t)
+        else:
+            out.append((m, [t]))
+    return out

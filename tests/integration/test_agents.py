@@ -19,7 +19,7 @@ from runtime.workloads.agents.pool import RewardPool
 from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
 from runtime.workloads.agents.tool_reasoning import ToolAgent
 from tests.helpers import SHARED_DATA, needs_full_data
-from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
+from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent, segments
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap not installed")
 
@@ -32,17 +32,6 @@ def config(kind: str, **workload) -> Config:
     for key, value in workload.items():
         setattr(cfg.workload, key, value)
     return cfg
-
-
-def segments(ep) -> list[tuple[int, list[int]]]:
-    """The episode as runs of (mask value, token ids)."""
-    out: list[tuple[int, list[int]]] = []
-    for t, m in zip(ep.token_ids, ep.loss_mask, strict=True):
-        if out and out[-1][0] == m:
-            out[-1][1].append(t)
-        else:
-            out.append((m, [t]))
-    return out
 
 
 MBPP_RECORD = {

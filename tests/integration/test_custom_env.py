@@ -13,7 +13,7 @@ from runtime.config.schema import Config
 from runtime.workloads.agents.environment import EnvAgent
 from runtime.workloads.agents.pool import RewardPool
 from tests.helpers import REPO, reflow
-from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent
+from tests.integration.agent_harness import ScriptedEngine, chat_codec, run_agent, segments
 
 GAME = REPO / "examples" / "number_game" / "env.py"
 
@@ -63,16 +63,6 @@ def config(agent: str, max_turns: int = 4, timeout_s: float = 5.0) -> Config:
     cfg.workload.reward_timeout_s = timeout_s
     cfg.model.max_seq_len = 2048
     return cfg
-
-
-def segments(ep) -> list[tuple[int, list[int]]]:
-    out: list[tuple[int, list[int]]] = []
-    for t, m in zip(ep.token_ids, ep.loss_mask, strict=True):
-        if out and out[-1][0] == m:
-            out[-1][1].append(t)
-        else:
-            out.append((m, [t]))
-    return out
 
 
 def test_the_environments_turns_go_between_the_models_masked_out():
@@ -151,11 +141,11 @@ def test_the_recipes_reward_fn_scores_a_custom_environment(tmp_path):
         ([f"workload.agent={GAME}:NumberGame"], "workload.agent: an environment class goes"),
         (
             ["workload.kind=custom", f"workload.agent={GAME}:Nope"],
-            f"workload.agent: {GAME} has no class Nope",
+            f"workload.agent: {GAME} has no Nope",
         ),
         (
             ["workload.kind=custom", "workload.agent=json:dumps"],
-            "workload.agent: json has no class dumps",
+            "workload.agent: json:dumps is not a class",
         ),
     ],
 )

@@ -32,19 +32,17 @@ reward 0 and ``reward_error`` saying why; nothing is lost.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.workloads import user_code
 from runtime.workloads.agents.base import AgentEnv, Episode
 from runtime.workloads.sandbox import RunResult
+from runtime.workloads.user_code import UserCodeError
 
 FIELD = "workload.agent"
 
@@ -86,54 +84,24 @@ class Environment:
         raise NotImplementedError
 
 
-class AgentClassError(ValueError):
-    """``workload.agent`` cannot be used; ``str()`` is one line naming the field."""
+AgentClassError = UserCodeError  # one line naming workload.agent
 
 
 def load_class(ref: str) -> type:
     """The class ``ref`` (``PATH.py:Class`` or ``module:Class``) names, with ``reset`` and
     ``step``."""
-    target, sep, name = ref.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise AgentClassError(f"{FIELD}: {ref!r} is not PATH.py:Class or module:Class")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise AgentClassError(f"{FIELD}: {target}: no such file")
-            module_name = "reflow_env_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except AgentClassError:
-        raise
-    except Exception as exc:  # the user's module failed to import: say where
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        raise AgentClassError(f"{FIELD}: {target}: {type(exc).__name__}: {text}") from None
-    cls = getattr(module, name, None)
+    target, name, cls = user_code.load_object(ref, FIELD, "Class")
     if not isinstance(cls, type):
-        raise AgentClassError(f"{FIELD}: {target} has no class {name}")
+        raise AgentClassError(f"{FIELD}: {target}:{name} is not a class")
     for method in ("reset", "step"):
         if not callable(getattr(cls, method, None)):
             raise AgentClassError(f"{FIELD}: {target}:{name} has no {method} method")
     return cls
 
 
-def resolve(ref: str, base: Path | None = None) -> str:
-    """``ref`` with a file's path made absolute (ranks started elsewhere find it)."""
-    target, _, name = ref.rpartition(":")
-    if not target.endswith(".py") or Path(target).is_absolute():
-        return ref
-    return f"{((base or Path.cwd()) / target).resolve()}:{name}"
-
-
 def check(ref: str, base: Path | None = None) -> str:
     """``reflow launch``'s check: the resolved reference, after loading the class once."""
-    resolved = resolve(ref, base)
+    resolved = user_code.resolve(ref, FIELD, base)
     load_class(resolved)
     return resolved
 

@@ -18,15 +18,14 @@ starts (:func:`check`).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from runtime.workloads import user_code
+from runtime.workloads.user_code import UserCodeError
 
 # verl's call: compute_score(data_source=..., solution_str=..., ground_truth=...,
 # extra_info=...) (verl/trainer/ppo/reward.py, the custom_reward_function it wraps)
@@ -35,58 +34,18 @@ FIELD = "workload.reward_fn"
 _LOADED: dict[str, Callable[..., Any]] = {}  # per process: the pool's workers load once
 
 
-class RewardFnError(ValueError):
-    """A reward function that cannot be used; ``str()`` is one line naming the field."""
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """``("PATH.py" or "module", "NAME")`` of a ``workload.reward_fn`` value."""
-    target, sep, name = ref.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise RewardFnError(f"{FIELD}: {ref!r} is not PATH.py:NAME or module:NAME")
-    return target, name
+RewardFnError = UserCodeError  # one line naming workload.reward_fn
 
 
 def resolve(ref: str, base: Path | None = None) -> str:
-    """``ref`` with a file's path made absolute (from ``base``, default the working
-    folder), so that ranks started elsewhere find the same file."""
-    target, name = split_ref(ref)
-    if not target.endswith(".py"):
-        return ref
-    path = Path(target).expanduser()
-    if not path.is_absolute():
-        path = (base or Path.cwd()) / path
-    return f"{path.resolve()}:{name}"
+    """``ref`` with a file's path made absolute (runtime/workloads/user_code.py)."""
+    return user_code.resolve(ref, FIELD, base)
 
 
 def load(ref: str) -> Callable[..., Any]:
     """The function ``ref`` names, imported now (a file by its path), its signature
     checked against verl's keyword arguments."""
-    target, name = split_ref(ref)
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise RewardFnError(f"{FIELD}: {target}: no such file")
-        # a name of its own per file, so two reward files named alike do not collide
-        module_name = "reflow_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise RewardFnError(f"{FIELD}: {target}: not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses and pickling look modules up
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # the user's module failed to import: say where
-            sys.modules.pop(module_name, None)
-            raise RewardFnError(f"{FIELD}: {target}: {_one_line(exc)}") from None
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as exc:
-            raise RewardFnError(f"{FIELD}: module {target}: {_one_line(exc)}") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise RewardFnError(f"{FIELD}: {target} has no {name}")
+    target, name, fn = user_code.load_object(ref, FIELD)
     if not callable(fn):
         raise RewardFnError(f"{FIELD}: {target}:{name} is a {type(fn).__name__}, not a function")
     try:
@@ -174,8 +133,3 @@ def verl_arguments(record: dict[str, Any], default_source: str) -> tuple[Any, An
     if extra is None:
         extra = {k: v for k, v in record.items() if k in ("index", "split", "id")}
     return source, truth, extra
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}"[:300]
