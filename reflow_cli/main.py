@@ -468,7 +468,7 @@ def simulate(
     needed = steps_needed(warmup, measure, every)
     if not explicit:  # the protocol's length, in whole sync intervals
         overrides.append(f"train.steps={needed}")
-        cfg = load_recipe(recipe, overrides)
+        cfg = load_recipe(recipe, overrides, on_note=lambda _: None)  # noted by the first load
         plans = plans_of(cfg, overrides)
     if cfg.train.steps < needed:  # refused before anything runs
         raise ProtocolError(

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,29 @@ class RecipeError(ValueError):
 
 
 class _FieldError(Exception):
-    def __init__(self, path: str, message: str) -> None:
+    def __init__(self, path: str, message: str, *, not_in_mode: str | None = None) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
+        # Set when the value is refused only because of reflow.mode (why, in a few words):
+        # such a value from the recipe file yields to a mode given by --set.
+        self.not_in_mode = not_in_mode
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read, override (``section.key=value``), type-check and feasibility-check a recipe."""
+def _print_note(line: str) -> None:
+    # stderr: `simulate --json` and `tune --json` keep stdout for their JSON
+    print(line, file=sys.stderr)
+
+
+def load_recipe(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    on_note: Callable[[str], None] = _print_note,
+) -> Config:
+    """Read, override (``section.key=value``), type-check and feasibility-check a recipe.
+    ``on_note`` gets the one line saying which recipe fields a ``--set reflow.mode``
+    left out (:func:`build_config`); by default it is printed on stderr."""
     path = Path(path)
     source = str(path)
     try:
@@ -70,26 +87,93 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: the top level must be a mapping of sections")
-    return build_config(raw, source=source, overrides=overrides)
+    return build_config(raw, source=source, overrides=overrides, on_note=on_note)
 
 
 def build_config(
-    raw: dict[str, Any], *, source: str = "<recipe>", overrides: typing.Iterable[str] = ()
+    raw: dict[str, Any],
+    *,
+    source: str = "<recipe>",
+    overrides: typing.Iterable[str] = (),
+    on_note: Callable[[str], None] = _print_note,
 ) -> Config:
+    """``raw`` with ``overrides`` applied, type-checked and feasibility-checked.
+
+    A ``--set reflow.mode=M`` wins over what the recipe file set for another mode: a
+    file field that only M refuses (``resources.initial_ratio`` under colocated_sync,
+    ``reflow.sigma`` > 0 or ``scheduler.auto_rebalance`` under a baseline) is left out,
+    so that comparing a recipe with a baseline is one ``--set``, and ``on_note`` gets one
+    line naming what was left out. The same contradiction within the file, or within the
+    ``--set`` items, is still refused: only the command line outranks the file.
+    """
+    file_mode = _lookup(raw, "reflow.mode")
     overridden: dict[str, str] = {}
     for item in overrides:
         key, _value = _apply_override(raw, item)
         overridden[key] = item
-    try:
-        cfg = _build(Config, raw, "")
-        check_feasible(cfg)
-    except _FieldError as err:
-        origin = source
-        for key, item in overridden.items():
-            if err.path == key or err.path.startswith(key + "."):
-                origin = f"{source} (--set {item})"
-        raise RecipeError(f"{origin}: {err}") from None
+    mode_set = _given_by(overridden, "reflow.mode")
+    switched = mode_set is not None and _lookup(raw, "reflow.mode") != (file_mode or "reflow")
+    left_out: list[tuple[str, Any, str]] = []
+    while True:
+        try:
+            cfg = _build(Config, raw, "")
+            check_feasible(cfg)
+            break
+        except _FieldError as err:
+            if (
+                switched
+                and err.not_in_mode is not None
+                and _given_by(overridden, err.path) is None
+                and _lookup(raw, err.path) is not None
+            ):
+                # from the file (not a --set), refused only by the --set mode: drop it and
+                # check again, as the other refused fields (at most a few) come one by one
+                left_out.append((err.path, _pop(raw, err.path), err.not_in_mode))
+                continue
+            given = _given_by(overridden, err.path)
+            origin = source if given is None else f"{source} (--set {given})"
+            raise RecipeError(f"{origin}: {err}") from None
+    if left_out:
+        fields = ", ".join(f"{path} {_shown(value)} ({why})" for path, value, why in left_out)
+        verb = "does" if len(left_out) == 1 else "do"
+        on_note(
+            f"note: --set {mode_set}: {fields} from {source} {verb} not apply to this mode; "
+            "left out"
+        )
     return cfg
+
+
+def _given_by(overridden: dict[str, str], dotted: str) -> str | None:
+    """The last ``--set`` item that gives ``dotted`` (itself or a section above it)."""
+    given = None
+    for key, item in overridden.items():
+        if dotted == key or dotted.startswith(key + "."):
+            given = item
+    return given
+
+
+def _lookup(raw: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` in a raw recipe mapping, or None where there is none."""
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _pop(raw: dict[str, Any], dotted: str) -> Any:
+    """Remove ``dotted`` from a raw recipe mapping (the schema default applies again)."""
+    *sections, name = dotted.split(".")
+    node = raw
+    for part in sections:
+        node = node[part]
+    return node.pop(name)
+
+
+def _shown(value: Any) -> str:
+    """A value as a recipe writes it: true, 0.5, 24:8."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
@@ -226,7 +310,9 @@ def _check_mode(cfg: Config) -> None:
         for dotted, why in BASELINE_FIXED.items():
             section, name = dotted.split(".")
             if getattr(getattr(cfg, section), name):
-                raise _FieldError(dotted, f"true is not part of mode={rf.mode} ({why})")
+                raise _FieldError(
+                    dotted, f"true is not part of mode={rf.mode} ({why})", not_in_mode=why
+                )
     if rf.mode != "colocated_sync":
         return
     for name in ("trainer_gpus_per_replica", "rollout_gpus_per_replica"):
@@ -261,6 +347,7 @@ def check_feasible(cfg: Config) -> None:
                 "resources.initial_ratio",
                 f"{res.initial_ratio!r} does not apply to mode=colocated_sync (every rank plays "
                 "both roles in turn): leave it unset (null)",
+                not_in_mode="every rank plays both roles in turn",
             )
         res.initial_ratio = f"{world}:0"
     elif res.initial_ratio is None:
@@ -290,7 +377,9 @@ def check_feasible(cfg: Config) -> None:
         rf.sigma = 0.5 if rf.mode == "reflow" else 0.0
     elif rf.mode != "reflow" and rf.sigma > 0:
         raise _FieldError(
-            "reflow.sigma", f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})"
+            "reflow.sigma",
+            f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})",
+            not_in_mode=f"replay is off in mode={rf.mode}",
         )
     _check_mode(cfg)
     group = cfg.algorithm.group_size

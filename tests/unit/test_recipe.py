@@ -1,12 +1,13 @@
 """Recipe validation: every bad recipe gets one exact line naming file, field and rule."""
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from runtime.config.recipe import RecipeError, build_config, dump_config, load_recipe, rebuild
-from runtime.config.schema import Config
+from runtime.config.schema import BASELINE_FIXED, BASELINES, MODES, Config
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -292,3 +293,139 @@ def test_a_saved_config_with_B_max_per_gpu_loads_again(tmp_path):
     # a B_max given outright (reflow tune's B_max search) replaces the per-GPU one
     fixed = rebuild(cfg, {"reflow.B_max": 1000}, source="--b-max")
     assert (fixed.reflow.B_max, fixed.reflow.B_max_per_gpu) == (1000, None)
+
+
+def refused_by(raw: dict, mode: str) -> list[str]:
+    """The fields a recipe file sets for its own mode that ``mode`` refuses."""
+    refused = []
+    if mode == "colocated_sync" and raw.get("resources", {}).get("initial_ratio") is not None:
+        refused.append("resources.initial_ratio")
+    if mode != "reflow" and (raw.get("reflow", {}).get("sigma") or 0) > 0:
+        refused.append("reflow.sigma")
+    for dotted in BASELINE_FIXED:
+        section, name = dotted.split(".")
+        if mode in BASELINES and raw.get(section, {}).get(name):
+            refused.append(dotted)
+    return refused
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
+def test_one_set_runs_a_shipped_recipe_in_any_mode(recipe, mode):
+    # comparing a recipe with a baseline is one --set: what the file set for its own mode
+    # and this one refuses is left out, in one note naming each field; the rest is kept
+    notes: list[str] = []
+    cfg = load_recipe(recipe, [f"reflow.mode={mode}"], on_note=notes.append)
+    base = load_recipe(recipe, on_note=notes.append)
+    assert cfg.reflow.mode == mode
+    refused = refused_by(yaml.safe_load(recipe.read_text()), mode)
+    if refused:
+        assert len(notes) == 1 and "\n" not in notes[0]
+        verb = "does" if len(refused) == 1 else "do"
+        assert notes[0].startswith(f"note: --set reflow.mode={mode}: ")
+        assert notes[0].endswith(f" from {recipe} {verb} not apply to this mode; left out")
+        named = re.findall(r"([a-z_]+\.[a-z_]+) \S+ \(", notes[0])
+        assert sorted(named) == sorted(refused)
+    else:
+        assert notes == []
+    if mode != "reflow":  # the baseline's own values in place of the file's
+        assert cfg.reflow.sigma == 0.0
+        assert not cfg.scheduler.auto_rebalance and not cfg.scheduler.adaptive_caps
+    else:
+        assert cfg == base
+    if mode == "colocated_sync":
+        assert cfg.resources.initial_ratio == f"{cfg.world_size}:0"
+    else:
+        assert cfg.resources.initial_ratio == base.resources.initial_ratio
+    for section in ("model", "data", "workload", "algorithm", "train", "engine", "slurm"):
+        assert getattr(cfg, section) == getattr(base, section)
+    assert (cfg.reflow.tau, cfg.reflow.delta, cfg.reflow.B_max, cfg.world_size) == (
+        base.reflow.tau,
+        base.reflow.delta,
+        base.reflow.B_max,
+        base.world_size,
+    )
+
+
+def test_the_note_names_each_field_left_out_and_its_file(capsys):
+    demo = REPO / "recipes" / "demo.yaml"
+    load_recipe(demo, ["train.steps=4", "reflow.mode=colocated_sync"])
+    printed = capsys.readouterr()
+    assert printed.out == ""  # stderr: --json output stays parseable
+    assert printed.err == (
+        "note: --set reflow.mode=colocated_sync: resources.initial_ratio 2:2 (every rank "
+        "plays both roles in turn), reflow.sigma 0.5 (replay is off in mode=colocated_sync) "
+        f"from {demo} do not apply to this mode; left out\n"
+    )
+    notes: list[str] = []
+    load_recipe(REPO / "recipes" / "dapo_math.yaml", ["reflow.mode=async"], on_note=notes.append)
+    assert notes == [
+        "note: --set reflow.mode=async: reflow.sigma 0.5 (replay is off in mode=async), "
+        "scheduler.auto_rebalance true (the baselines keep their placement) from "
+        f"{REPO / 'recipes' / 'dapo_math.yaml'} do not apply to this mode; left out"
+    ]
+    # a field the --set items put right themselves is theirs, not left out
+    sets = ["reflow.mode=colocated_sync", "resources.initial_ratio=null", "reflow.sigma=0"]
+    assert load_recipe(demo, sets, on_note=notes.append).resources.initial_ratio == "4:0"
+    assert len(notes) == 1
+
+
+def test_a_contradiction_within_the_file_or_within_the_sets_is_still_refused(tmp_path):
+    notes: list[str] = []
+    ratio = (
+        "resources.initial_ratio: '2:2' does not apply to mode=colocated_sync (every rank "
+        "plays both roles in turn): leave it unset (null)"
+    )
+    path = write(tmp_path, "reflow: {mode: colocated_sync}\nresources: {initial_ratio: '2:2'}")
+    # the file contradicts itself; a --set of its own mode changes nothing to yield to
+    for sets in ([], ["reflow.mode=colocated_sync"]):
+        with pytest.raises(RecipeError) as info:
+            load_recipe(path, sets, on_note=notes.append)
+        assert str(info.value) == f"{path}: {ratio}"
+    path = write(tmp_path, "reflow: {mode: async, sigma: 0.5}")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["reflow.mode=async"], on_note=notes.append)
+    assert (
+        str(info.value)
+        == f"{path}: reflow.sigma: 0.5 needs mode=reflow (replay is off in mode=async)"
+    )
+    # both on the command line: the --set that the mode refuses is named
+    demo = REPO / "recipes" / "demo.yaml"
+    for sets, message in [
+        (["reflow.mode=colocated_sync", "resources.initial_ratio=2:2"], ratio),
+        (
+            ["reflow.mode=async", "reflow.sigma=0.3"],
+            "reflow.sigma: 0.3 needs mode=reflow (replay is off in mode=async)",
+        ),
+        (
+            ["reflow.mode=async", "scheduler.auto_rebalance=true"],
+            "scheduler.auto_rebalance: true is not part of mode=async (the baselines keep "
+            "their placement)",
+        ),
+    ]:
+        with pytest.raises(RecipeError) as info:
+            load_recipe(demo, sets, on_note=notes.append)
+        assert str(info.value) == f"{demo} (--set {sets[1]}): {message}"
+    assert notes == []  # refused: nothing was left out
+
+
+def test_the_command_line_notes_a_field_left_out_and_refuses_a_contradiction():
+    from tests.helpers import reflow
+
+    demo = "recipes/demo.yaml"
+    done = reflow("plan", demo, "--set", "reflow.mode=colocated_sync")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "note: --set reflow.mode=colocated_sync: resources.initial_ratio 2:2 (every rank "
+        "plays both roles in turn), reflow.sigma 0.5 (replay is off in mode=colocated_sync) "
+        f"from {demo} do not apply to this mode; left out"
+    ]
+    done = reflow(
+        "plan", demo, "--set", "reflow.mode=colocated_sync", "--set", "resources.initial_ratio=2:2"
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"reflow: {demo} (--set resources.initial_ratio=2:2): resources.initial_ratio: '2:2' "
+        "does not apply to mode=colocated_sync (every rank plays both roles in turn): leave "
+        "it unset (null)"
+    ]
