@@ -27,7 +27,7 @@ class Raises(Environment):
 
 class Slow(Environment):
     def step(self, action):
-        time.sleep(30)
+        time.sleep(3)  # past the 1 s timeout; a thread cannot be stopped, only left
 
 class Malformed(Environment):
     def step(self, action):
