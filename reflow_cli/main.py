@@ -38,6 +38,7 @@ from runtime.transport import protocol as p
 from runtime.workloads.agents import environment
 from runtime.workloads.rewards import custom as custom_reward
 from runtime.workloads.sandbox import SandboxError, check_sandbox
+from runtime.workloads.user_code import UserCodeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
@@ -149,12 +150,7 @@ def launch(
             )
         if cfg.workload.agent is not None:
             cfg.workload.agent = environment.check(cfg.workload.agent)
-    except (
-        DatasetError,
-        SandboxError,
-        custom_reward.RewardFnError,
-        environment.AgentClassError,
-    ) as exc:
+    except (DatasetError, SandboxError, UserCodeError) as exc:
         raise UserError(str(exc)) from None
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")

@@ -167,11 +167,13 @@ def load_records(
         raise DatasetError(f"{path}: unknown format {fmt!r} (one of: {', '.join(READERS)})")
     if fmt == "parquet" and path.suffix == ".gz":
         raise DatasetError(f"{path}: Parquet files are compressed inside; do not gzip them")
-    if path.is_dir() != (fmt == "hf_disk" or (fmt == "parquet" and path.is_dir())):
+    folder = path.is_dir()
+    # folders: hf_disk or Parquet shards; files: everything but hf_disk
+    if (fmt == "hf_disk") != folder and not (folder and fmt == "parquet"):
         raise DatasetError(
-            f"{path}: data.format {fmt} does not read a {'folder' if path.is_dir() else 'file'}"
+            f"{path}: data.format {fmt} does not read a {'folder' if folder else 'file'}"
         )
-    reader = _read_parquet_folder if fmt == "parquet" and path.is_dir() else READERS[fmt]
+    reader = _read_parquet_folder if folder and fmt == "parquet" else READERS[fmt]
     mapping = dict(fields or {})
     roles = list(dict.fromkeys([*required, *mapping]))
     out = []

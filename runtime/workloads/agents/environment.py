@@ -117,6 +117,10 @@ async def _call(fn: Callable[..., Any], timeout_s: float, *args: Any) -> Any:
     return out
 
 
+def _started(_: Any) -> bool:
+    return True  # whatever reset returns: it set the environment up
+
+
 def _checked(step: Any) -> Step:
     if not isinstance(step, Step):
         raise TypeError(f"step returned {type(step).__name__}, not a Step")
@@ -142,7 +146,8 @@ class EnvAgent:
         ep = env.episode(request_id, prompt)
         game, total = cls(), 0.0
         ep.info["turns"] = 0
-        if not await _env_call(env, ep, game.reset, env.record(prompt), Tools(env)):
+        record = env.record(prompt)
+        if not await _env_call(env, ep, game.reset, _started, record, Tools(env)):
             return ep
         for turn in range(w.max_turns):
             g = await env.generate(ep, f"{request_id}-t{turn}")
@@ -152,7 +157,7 @@ class EnvAgent:
                 return None
             ep.add_model(g)
             ep.info["turns"] = turn + 1
-            step = await _env_call(env, ep, game.step, env.codec.decode(g.tokens))
+            step = await _env_call(env, ep, game.step, _checked, env.codec.decode(g.tokens))
             if step is None:
                 return ep  # the environment failed: reward 0, reward_error says why
             total += float(step.reward)
@@ -168,14 +173,20 @@ class EnvAgent:
         return ep
 
 
-async def _env_call(env: AgentEnv, ep: Episode, fn: Callable[..., Any], *args: Any) -> Any:
-    """One call into the environment, holding no generation slot: its result (a checked
-    :class:`Step` from ``step``, True from ``reset``), or None when it raised, timed out or
-    returned something malformed; then the episode scores 0 and ``reward_error`` says why."""
+async def _env_call(
+    env: AgentEnv,
+    ep: Episode,
+    fn: Callable[..., Any],
+    check: Callable[[Any], Any],
+    *args: Any,
+) -> Any:
+    """One call into the environment, holding no generation slot: ``check`` of its
+    result (a :class:`Step` from ``step``, True from ``reset``), or None when it raised,
+    timed out or returned something ``check`` refuses; then the episode scores 0 and
+    ``reward_error`` says why."""
     env.in_tools += 1
     try:
-        out = await _call(fn, env.cfg.workload.reward_timeout_s, *args)
-        return _checked(out) if fn.__name__ == "step" else True
+        return check(await _call(fn, env.cfg.workload.reward_timeout_s, *args))
     except asyncio.TimeoutError:
         why = f"timed out after {env.cfg.workload.reward_timeout_s:g} s"
     except Exception as exc:  # the user's environment failed: recorded, not raised
