@@ -346,11 +346,37 @@ def test_growing_responses_do_not_make_the_placement_left_behind_look_better():
     a.changed(6)  # two windows at 24:8, the first in a cooldown
     assert not a.decide(8, Placement(24, 8), early).applied
     assert a.decide(12, Placement(24, 8), early).best == "28:4"
+    # (half as long again: 150 tokens a sample, within LENGTH_DRIFT of the figure's 100)
     later = WindowStats(
-        5, 100.0, 130, 128, 900.0, 350.0, rollout_throttled=0.5, consumed_tokens=25_600
+        5, 100.0, 172, 171, 900.0, 350.0, rollout_throttled=0.5, consumed_tokens=25_650
     )
     d = a.decide(18, Placement(28, 4), later)
     assert d.best == "24:8" and not d.applied and d.reason.startswith("hysteresis"), d.reason
+
+
+def test_a_figure_measured_on_much_longer_responses_does_not_hold_the_run():
+    # tests/integration/test_allocator.py, as it failed in CI: 1:3 measured over two
+    # windows while responses were long (200 tokens) and its trainer waited for rollout;
+    # at 2:2 the responses are 5x shorter, rollout is throttled and the trainer does not
+    # wait: the trainer is the bound and 1:3 is the rule's move. Before, 1:3's old figure
+    # (1.4k tokens/s against 3.7k) refused it to the end of the run.
+    a = ProducerConsumerAllocator(4, 1, 1, sigma=0.5, cooldown_steps=3)
+    long = WindowStats(3, 15.0, 100, 100, 15.0, 45.0, trainer_starved=0.7, consumed_tokens=20_000)
+    a.decide(17, Placement(1, 3), long)
+    a.decide(18, Placement(1, 3), long)
+    short = WindowStats(3, 3.0, 300, 280, 6.0, 6.0, rollout_throttled=0.8, consumed_tokens=11_200)
+    a.changed(24)
+    d = a.decide(28, Placement(2, 2), short)
+    assert d.best == "1:3" and d.applied, d.reason
+    assert a.measured_at(Placement(1, 3), 28, short) is None
+    # the same windows with responses of the same length keep the figure, and the hold
+    b = ProducerConsumerAllocator(4, 1, 1, sigma=0.5, cooldown_steps=3)
+    b.decide(17, Placement(1, 3), long)
+    b.decide(18, Placement(1, 3), long)
+    b.changed(24)
+    same = WindowStats(3, 3.0, 300, 280, 6.0, 6.0, rollout_throttled=0.8, consumed_tokens=280 * 200)
+    d = b.decide(28, Placement(2, 2), same)
+    assert d.best == "1:3" and not d.applied and d.reason.startswith("hysteresis"), d.reason
 
 
 def test_payback_is_counted_over_the_steps_a_placement_is_kept():

@@ -49,7 +49,8 @@ before the first batch (admission lets it run ``(delta + 1) x sync_every`` steps
 Three rules keep it from sticking or swinging (docs/scheduling.md): the throttled rule
 needs no rates, so it runs before the "not enough data" check; a throttled move back to a
 placement whose throughput (tokens trained per second over its recent windows, two or
-more) is known must have done better there (hysteresis), and a rate-based move needs two
+more, on responses of about the current length) is known must have done better there
+(hysteresis), and a rate-based move needs two
 decisions in a row to agree; and any move must promise enough gain to pay back the
 measured role switch over the steps the new placement is kept (payback).
 """
@@ -122,16 +123,26 @@ HELD_UP = 0.1
 @dataclass(frozen=True)
 class Measured:
     """What a placement trained over its windows (tokens, or samples where tokens are not
-    counted), in how many seconds and windows, and the step of the last one."""
+    counted), in how many seconds and windows, the step of the last one, and the samples
+    those tokens were (0 where tokens are not counted)."""
 
     done: float
     seconds: float
     windows: int
     step: int
+    samples: int = 0
 
     @property
     def throughput(self) -> float:
         return self.done / self.seconds
+
+    def drifted(self, w: WindowStats) -> bool:
+        """Whether ``w``'s responses are more than ``LENGTH_DRIFT`` times longer or shorter
+        than those this figure was measured on (False where either did not count tokens)."""
+        if self.samples <= 0 or w.consumed_tokens <= 0 or w.consumed <= 0 or self.done <= 0:
+            return False
+        ratio = (w.consumed_tokens / w.consumed) / (self.done / self.samples)
+        return not 1 / LENGTH_DRIFT <= ratio <= LENGTH_DRIFT
 
 
 # A placement's figure stands for it (hysteresis) only over at least this many windows:
@@ -139,6 +150,15 @@ class Measured:
 # trainer still waited for its first groups read 4% below 28:4, and held the run at 28:4,
 # 0.72x async at 24:8).
 TRUSTED_WINDOWS = 2
+
+# A placement's figure stands for the responses it was measured on: within this factor of
+# their mean length. Tokens per second at a placement do not carry across larger changes,
+# because which side binds changes with length (a rollout rank's KV cache holds fewer long
+# sequences, so it makes fewer tokens per second). With responses 5x shorter than when 1:3
+# was measured rollout-bound, a figure of 1:3 held a synthetic run at 2:2 where its
+# trainer was the bound (tests/integration/test_allocator.py). Simulated runs drift at
+# most 2.8x over a whole run (math), far less within ``memory_steps``. Round, not tuned.
+LENGTH_DRIFT = 2.0
 
 
 class ProducerConsumerAllocator:
@@ -230,19 +250,27 @@ class ProducerConsumerAllocator:
         responses grow: a placement left 40 steps ago looked better than the current one
         for that alone, and the allocator went back. ``w.seconds`` > 0 (:meth:`decide`
         checks)."""
-        done = w.consumed_tokens if w.consumed_tokens > 0 else w.consumed
+        counted = w.consumed_tokens > 0
+        done = w.consumed_tokens if counted else w.consumed
         m = self.measured.get(p)
-        if m is None or step - m.step > self.memory_steps:
+        if m is None or step - m.step > self.memory_steps or m.drifted(w):
             m = Measured(0.0, 0.0, 0, step)
-        self.measured[p] = m = Measured(m.done + done, m.seconds + w.seconds, m.windows + 1, step)
+        self.measured[p] = m = Measured(
+            m.done + done,
+            m.seconds + w.seconds,
+            m.windows + 1,
+            step,
+            m.samples + (w.consumed if counted else 0),
+        )
         return m.throughput
 
-    def measured_at(self, p: Placement, step: int) -> float | None:
-        """``p``'s figure if it stands for it: recent, and over enough windows."""
+    def measured_at(self, p: Placement, step: int, w: WindowStats) -> float | None:
+        """``p``'s figure if it stands for it: recent, over enough windows, and measured on
+        responses of about ``w``'s length."""
         m = self.measured.get(p)
         if m is None or step - m.step > self.memory_steps or m.windows < TRUSTED_WINDOWS:
             return None
-        return m.throughput
+        return None if m.drifted(w) else m.throughput
 
     def decide(self, step: int, current: Placement, w: WindowStats) -> Decision:
         """The placement for the next steps (``current`` when nothing should change)."""
@@ -367,7 +395,7 @@ class ProducerConsumerAllocator:
         this window's: a figure measured before the workload changed (responses that
         grew, then shrank) would hold the run where the rates no longer fit."""
         need = d.needed_gain = self.needed_gain(w)
-        before = self.measured_at(best, step) if throttled else None
+        before = self.measured_at(best, step, w) if throttled else None
         if before is not None:
             d.expected = before
             if before < now * (1 + need):
