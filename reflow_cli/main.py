@@ -28,7 +28,7 @@ from reflow_cli import plan as memory
 from reflow_cli.reward import reward_app
 from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from reflow_cli.tune import tune
-from reflow_cli.view import plan_view, status_view
+from reflow_cli.view import eval_lines, plan_view, status_view
 from runtime.config.layout import LayoutError, initial_layout, parse_ratio
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.data.datasets import DatasetError, check_dataset
@@ -255,6 +255,8 @@ def _print_summary(paths) -> None:
         out.print(
             f"held-out eval reward: {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}"
         )
+    for line in eval_lines(s.get("evals") or {}):
+        out.print(line)
     out.print(
         "samples: "
         + ", ".join(f"{k} {v}" for k, v in samples.items())

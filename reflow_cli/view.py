@@ -66,6 +66,8 @@ def status_view(s: dict[str, Any]) -> Group:
                 f"{d['trainer_rate']:.2f}/rank-s"
             )
         parts.append(Text(line, "dim"))
+    for line in eval_lines(s.get("evals") or {}):
+        parts.append(Text(line))
     ckpt = s.get("checkpoint") or {}
     resumed = s.get("resumed")
     if ckpt.get("last") or resumed or ckpt.get("pending"):
@@ -150,3 +152,19 @@ def plan_view(plan: list[RankPlan]) -> Table:
             " ".join(f"{r.rank}:{r.role.value[0]}{r.group}" for r in ranks),
         )
     return table
+
+
+def eval_lines(evals: dict[str, Any]) -> list[str]:
+    """One line per held-out set: its figures at the start and at the latest eval."""
+    out = []
+    for name, when in sorted(evals.items()):
+        start, last = when.get("start") or {}, when.get("last") or {}
+        figures = [k for k in (last or start) if k not in ("prompts", "unscored")]
+        shown = []
+        for k in figures:
+            before = f"{start[k]:.3f} -> " if k in start and last else ""
+            now = last.get(k, start.get(k))
+            shown.append(f"{k} {before}{now:.3f}")
+        prompts = int((last or start).get("prompts", 0))
+        out.append(f"eval {name} ({prompts} prompts): " + ", ".join(shown))
+    return out

@@ -434,10 +434,16 @@ def check_feasible(cfg: Config) -> None:
     if train.eval_every:
         from runtime.workloads.kinds import workload_kind
 
-        if not workload_kind(cfg.workload.kind).trainer_eval:
+        if not workload_kind(cfg.workload.kind).trainer_eval and not cfg.data.eval:
             raise _FieldError(
                 "train.eval_every",
-                f"workload.kind {cfg.workload.kind!r} has no held-out eval by the trainer",
+                f"nothing to evaluate: name held-out sets in data.eval (workload.kind "
+                f"{cfg.workload.kind!r} has no eval of its own)",
+            )
+    for name in cfg.data.eval:
+        if not name or not all(ch.isalnum() or ch in "_-." for ch in name):
+            raise _FieldError(
+                f"data.eval.{name}", "a set's name is letters, digits, '_', '-' or '.'"
             )
     alg = cfg.algorithm
     for name in ("tis_cap", "mismatch_mask"):

@@ -61,11 +61,11 @@ class DataConfig:
         "training prompts: embedded:NAME, a JSONL/JSON/Parquet file, a folder written by "
         "datasets' save_to_disk (one split), or a folder of Parquet shards (checked at launch)",
     )
-    eval: str | None = opt(
-        None,
-        "held-out prompts (same formats), checked at launch but not evaluated yet: only the "
-        "arith kind has a held-out eval, the trainer's own (named eval sets with pass@k are "
-        "to come)",
+    eval: dict[str, str] = opt(
+        {},
+        "named held-out sets, name -> file (same formats as train), e.g. {gsm8k: test.jsonl}: "
+        "each is played by the workload's agent and reward, greedy and eval.k samples, at the "
+        "start, every train.eval_every steps and at the end (runtime/workloads/eval_sets.py)",
     )
     format: str = opt(
         "auto",
@@ -211,8 +211,8 @@ class TrainConfig:
     keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
     eval_every: int = opt(
         0,
-        "steps between held-out evals by the trainer leader (workloads with a trainer eval, "
-        "e.g. arith: eval_reward in that step's metrics line); 0 = at the start and the end",
+        "steps between held-out evals by the trainer leader (data.eval sets, and the arith "
+        "kind's own eval_reward), in that step's metrics line; 0 = at the start and the end",
         ge=0,
     )
     seed: int = opt(0, "global seed", ge=0)
@@ -447,12 +447,23 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """How the ``data.eval`` sets are played (runtime/workloads/eval_sets.py)."""
+
+    k: int = opt(4, "sampled episodes per prompt, for mean@k and pass@k", ge=1, le=64)
+    temperature: float = opt(1.0, "sampling temperature of those k episodes", gt=0)
+    max_prompts: int = opt(64, "prompts per set: the first ones of its file, in order", ge=1)
+    solved_at: float = opt(1.0, "an episode with at least this reward counts as solved (pass@k)")
+
+
+@dataclass
 class Config:
     """A whole run. Sections map one to one onto the recipe's top-level keys."""
 
     name: str = opt("run", "run name (prefix of the run folder)")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

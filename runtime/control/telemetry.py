@@ -131,6 +131,7 @@ def summary(c: Run) -> dict[str, Any]:
         ),
         "eval_reward_start": c.evals.get("eval_reward_start"),
         "eval_reward_end": c.evals.get("eval_reward_end"),
+        "evals": eval_sets(c.evals),
         "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
         # tokens and seconds of the rollout engines by running requests (heartbeats)
         "rollout_decode_by_concurrency": c.engine_profile.summary(),
@@ -186,6 +187,7 @@ def status(c: Run) -> dict[str, Any]:
             "wasted_tokens": dict(c.data.buffer.evicted_tokens),
             "length_bias": c.data.buffer.length_bias(),
         },
+        "evals": eval_sets(c.evals),
         "allocator": {
             "auto": c.auto_rebalance,
             "decisions": [d.as_dict() for d in allocator.decisions[-5:]],
@@ -200,6 +202,19 @@ def status(c: Run) -> dict[str, Any]:
         "ledger_violations": c.ledger_violations[-5:],
         "updated_at": c.wall(),
     }
+
+
+def eval_sets(evals: dict[str, float]) -> dict[str, dict[str, dict[str, float]]]:
+    """The ``data.eval`` sets' figures by set: ``start`` (before the first step) and
+    ``last`` (the latest eval: the end's once the run completed)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, value in evals.items():
+        head, _, rest = key.partition("/")
+        name, _, figure = rest.partition("/")
+        if head in ("eval", "eval_start") and name and figure:
+            when = "start" if head == "eval_start" else "last"
+            out.setdefault(name, {}).setdefault(when, {})[figure] = value
+    return out
 
 
 def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:

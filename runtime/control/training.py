@@ -76,7 +76,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     c.metrics_log.append(line)
     c.all_metrics.append(line)
     c.last_metrics = dict(msg.metrics)
-    c.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval_")})
+    c.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval")})
     if c.step >= train.steps:
         return c.finish(RunState.COMPLETED, f"reached step {c.step}")
     out: list[Outgoing] = []

@@ -261,9 +261,11 @@ def check_dataset(cfg: Any) -> int | None:
     d = cfg.data
     required = REQUIRED_FIELDS.get(cfg.workload.kind, ())
     count = None
-    for name in ("train", "eval"):
-        source = getattr(d, name)
-        if source is None or source.startswith("embedded:"):
+    sources = [("train", d.train)] + [(f"eval.{k}", v) for k, v in d.eval.items()]
+    for name, source in sources:
+        if source.startswith("embedded:"):
+            if name != "train":
+                raise DatasetError(f"data.{name}: {source}: an eval set is a file or folder")
             continue
         records = load_records(source, d.format, d.fields, required)
         check_template(d.prompt_template, records[0], source)

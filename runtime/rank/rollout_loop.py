@@ -28,7 +28,7 @@ from collections import deque
 from typing import Generic, TypeVar
 
 from runtime.data.sample import PartialRollout, Request, Sample
-from runtime.rank.sides import LinkedSide, PullGate, Send
+from runtime.rank.sides import Keepalive, LinkedSide, PullGate, Send, nothing
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 
@@ -172,8 +172,8 @@ class RolloutSide(LinkedSide, Generic[H]):
 
     # --- RoleSide ----------------------------------------------------------------------
 
-    def attach(self, send: Send, rank: int) -> None:
-        super().attach(send, rank)
+    def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
+        super().attach(send, rank, keepalive)
         self.loop.attach(send, rank)
 
     def deactivate(self) -> None:

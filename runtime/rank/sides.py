@@ -28,12 +28,19 @@ Send = Callable[[Message], object]
 # answer was lost (rank 0 answers at once, with work or with "nothing now").
 REASK_S = 10.0
 
+Keepalive = Callable[[], None]
+
+
+def nothing() -> None:
+    """A keepalive that sends nothing (a side attached without a rank's heartbeat)."""
+
 
 class RoleSide(Protocol):
     name: str
 
-    def attach(self, send: Send, rank: int) -> None:
-        """Called once: how to send to the coordinator, and this side's rank."""
+    def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
+        """Called once: how to send to the coordinator, this side's rank, and the rank's
+        heartbeat (for work that blocks the rank's loop for long: a held-out eval)."""
         ...
 
     def on_message(self, msg: Message) -> None:
@@ -65,7 +72,7 @@ class PlaceholderSide:
         self.name = name
         self.active = False
 
-    def attach(self, send: Send, rank: int) -> None:
+    def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
         self.rank = rank
 
     def on_message(self, msg: Message) -> None:
@@ -146,9 +153,10 @@ class LinkedSide:
         self.rank = rank
         self.active = False
         self._send: Send = lambda m: None
+        self.keepalive: Keepalive = nothing  # the rank's heartbeat (RoleSide.attach)
 
-    def attach(self, send: Send, rank: int) -> None:
-        self._send, self.rank = send, rank
+    def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
+        self._send, self.rank, self.keepalive = send, rank, keepalive
 
     def activate(self) -> None:
         self.active = True

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime.rank.sides import PlaceholderSide, Send
+from runtime.rank.sides import Keepalive, PlaceholderSide, Send, nothing
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import Message
@@ -44,7 +44,7 @@ class TensorParallelMember(PlaceholderSide):
         self.returned = 0  # requests handed back (rank 0 sent work it should not have)
         self._send: Send = lambda m: None
 
-    def attach(self, send: Send, rank: int) -> None:
+    def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
         self._send, self.rank = send, rank
 
     def on_message(self, msg: Message) -> None:

@@ -265,7 +265,7 @@ class HybridWorker:
                         self.collective.regroup(msg.layout_epoch, group_roles(self.cfg, msg.roles))
                     self.sides = self._make_sides(self.collective)
                     for side in self.sides.values():
-                        side.attach(self._send, self.rank)
+                        side.attach(self._send, self.rank, self._beat)
                     if self.resume:
                         self._restore(self.resume)
                         if self.colocated:  # its engine starts from the base model

@@ -64,7 +64,7 @@ BAD = [
     ("train: [1, 2]", "train: expected a mapping of keys, got [1, 2]"),
     (
         "modle: {path: x}",
-        "modle: unknown key (allowed here: algorithm, control, data, engine, "
+        "modle: unknown key (allowed here: algorithm, control, data, engine, eval, "
         "logging, model, name, reflow, resources, sandbox, scheduler, slurm, train, workload)",
     ),
     ("train: {lr: .nan}", "train.lr: expected a finite number, got nan"),
@@ -207,10 +207,13 @@ def test_each_mode_is_what_its_definition_says():
     assert whole.resources.trainer_gpus_per_replica == whole.world_size == 4
 
 
-def test_an_eval_interval_needs_a_workload_with_a_trainer_eval():
+def test_an_eval_interval_needs_something_to_evaluate():
     assert build_config({"train": {"eval_every": 10}}).train.eval_every == 10  # arith
-    with pytest.raises(RecipeError, match=r"train\.eval_every: workload\.kind 'code_agent' has no"):
+    with pytest.raises(RecipeError, match=r"train\.eval_every: nothing to evaluate"):
         build_config({"train": {"eval_every": 10}, "workload": {"kind": "code_agent"}})
+    sets = {"data": {"eval": {"apps": "test.jsonl"}}}  # named held-out sets: any kind
+    cfg = build_config({"train": {"eval_every": 10}, "workload": {"kind": "code_agent"}, **sets})
+    assert cfg.data.eval == {"apps": "test.jsonl"}
 
 
 def test_mode_dependent_defaults():

@@ -87,6 +87,21 @@ def _own_rng() -> Iterator[None]:
         yield
 
 
+def eval_names(figures: dict[str, float], when: str) -> dict[str, float]:
+    """The metric names of held-out figures taken at the run's ``start`` or ``end``:
+    ``eval_reward_start`` / ``_end`` for the arith kind's own, ``eval_start/<set>/...``
+    for a set's at the start (the ones after a step keep ``eval/<set>/...``)."""
+    out = {}
+    for key, value in figures.items():
+        if key == "eval_reward":
+            out[f"eval_reward_{when}"] = value
+        elif when == "start":
+            out["eval_start/" + key.removeprefix("eval/")] = value
+        else:
+            out[key] = value
+    return out
+
+
 def _sources(change: LayoutChange, group_size: int) -> dict[int, int]:
     """Who receives trainer state from whom in ``change`` (``{receiver: source}``): the
     joining ranks from ranks that stay; after a trainer rank was lost (``"gone"`` now),
@@ -113,7 +128,9 @@ class TorchTrainerSide(BatchConsumer):
         self.paths = paths
         self.collective = collective
         self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, collective)
-        self._eval_start: float | None = None
+        # the figures of the held-out eval before the first step (None: not run yet)
+        self._eval_start: dict[str, float] | None = None
+        self._reward_pool = None  # for the eval's rewards and tools, started on first use
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
         # gathers each bucket of its shards; runtime/engines/torch/weight_stream.py); the
         # whole model is gathered once, at the last step, for the final policy and eval.
@@ -157,18 +174,25 @@ class TorchTrainerSide(BatchConsumer):
         self.trainer.step = max(self.trainer.step, step)
         self.trainer.version = max(self.trainer.version, policy_version)
 
-    def before_request(self) -> None:
-        if self._eval_start is None and workload_kind(self.cfg.workload.kind).trainer_eval:
-            self._eval_start = self.evaluate()
-            log.info("eval reward at start: %.3f", self._eval_start)
+    def evaluates(self) -> bool:
+        """Whether this run has a held-out eval: the arith kind's own, or data.eval sets."""
+        return workload_kind(self.cfg.workload.kind).trainer_eval or bool(self.cfg.data.eval)
 
-    def evaluate(self) -> float:
-        """Held-out reward of the current policy (the leader alone). A sharded model
-        cannot generate on one rank: a plain copy is built from the gathered weights, or
-        from the model folder before the first sync."""
+    def before_request(self) -> None:
+        if self._eval_start is None and self.evaluates():
+            self._eval_start = self.evaluate()
+            log.info("held-out eval at start: %s", self._eval_start)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out figures of the current policy (the leader alone): the arith kind's
+        ``eval_reward`` (greedy accuracy on its embedded problems), and per ``data.eval``
+        set ``eval/<set>/greedy``, ``mean@k`` and ``pass@k`` (runtime/workloads/
+        eval_sets.py). A sharded model cannot generate on one rank: a plain copy is built
+        from the gathered weights, or from the model folder before the first sync."""
         from transformers import AutoModelForCausalLM
 
         from runtime.embedded.warm_start import greedy_accuracy
+        from runtime.workloads import eval_sets
 
         model = self.trainer.model
         if self.trainer.sharded:
@@ -177,8 +201,23 @@ class TorchTrainerSide(BatchConsumer):
                 model.load_state_dict(self._gathered, strict=False)
                 model.tie_weights()
         model.eval()
+        out: dict[str, float] = {}
         try:
-            return greedy_accuracy(model, max_new=self.cfg.workload.max_response_tokens)
+            if workload_kind(self.cfg.workload.kind).trainer_eval:
+                max_new = self.cfg.workload.max_response_tokens
+                out["eval_reward"] = greedy_accuracy(model, max_new=max_new)
+            if self.cfg.data.eval:
+                if self._reward_pool is None:
+                    from runtime.workloads.agents.pool import RewardPool
+
+                    timeout_s = self.cfg.workload.reward_timeout_s + 30
+                    self._reward_pool = RewardPool(self.cfg.sandbox.reward_workers, timeout_s)
+                out.update(
+                    eval_sets.evaluate(
+                        self.cfg, model, self.trainer.version, self._reward_pool, self.keepalive
+                    )
+                )
+            return out
         finally:
             self.trainer.model.train()
 
@@ -210,8 +249,7 @@ class TorchTrainerSide(BatchConsumer):
         t = self.trainer
         final = t.step >= self.cfg.train.steps
         every = self.cfg.train.eval_every
-        evaluates = workload_kind(self.cfg.workload.kind).trainer_eval
-        eval_now = evaluates and bool(every) and t.step % every == 0 and not final
+        eval_now = self.evaluates() and bool(every) and t.step % every == 0 and not final
         if t.sharded and (final or eval_now):
             self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
@@ -226,13 +264,13 @@ class TorchTrainerSide(BatchConsumer):
         if last is not None:  # the last sync's seconds, bytes, GB/s, buckets, peak bytes
             metrics.update(last.metrics())
         if t.step == 1 and self._eval_start is not None:
-            metrics["eval_reward_start"] = self._eval_start
+            metrics.update(eval_names(self._eval_start, "start"))
         if eval_now:
-            metrics["eval_reward"] = self.evaluate()
+            metrics.update(self.evaluate())
         if final:
             t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
-            if workload_kind(self.cfg.workload.kind).trainer_eval:
-                metrics["eval_reward_end"] = self.evaluate()
+            if self.evaluates():
+                metrics.update(eval_names(self.evaluate(), "end"))
         self._send(
             p.StepDone(
                 rank=self.rank,
@@ -259,6 +297,8 @@ class TorchTrainerSide(BatchConsumer):
     def close(self) -> None:
         if self.streamer is not None:
             self.streamer.close()  # the NCCL group into the engines, on CUDA
+        if self._reward_pool is not None:
+            self._reward_pool.close()
         super().close()
 
     def _stream_weights(self) -> None:

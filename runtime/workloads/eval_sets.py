@@ -1,0 +1,159 @@
+"""Named held-out eval sets (``data.eval``), played by the workload's own agent loop.
+
+Each set's prompts (the first ``eval.max_prompts`` of its file, in file order) are played
+once greedily and ``eval.k`` times at ``eval.temperature``, each episode by the same agent
+and reward as training (a custom environment, a ``workload.reward_fn``, the code sandbox),
+so a held-out number means what the training reward means. Per set:
+
+- ``greedy``: the mean reward of the greedy episodes;
+- ``mean@k``: the mean reward of the ``k`` sampled episodes per prompt, over prompts;
+- ``pass@k``: the share of prompts with at least one of its ``k`` sampled episodes solved
+  (reward at least ``eval.solved_at``). With ``n = k`` samples this is the unbiased
+  estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n, k)``, at ``n = k``.
+
+The generator is any :class:`runtime.workloads.agents.base.Generator`: the trainer leader
+uses its own model (runtime/engines/torch/generate.py). An episode whose generation or
+environment fails scores 0 (its reason is counted), as in training: nothing is skipped,
+so a set's figures are always over all of its prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config.schema import Config
+from runtime.workloads.agents.base import AgentEnv, Generator
+
+
+@dataclass
+class SetScores:
+    """One set's rewards: the greedy one and the sampled ones, per prompt."""
+
+    k: int
+    solved_at: float
+    greedy: list[float] = field(default_factory=list)
+    sampled: list[list[float]] = field(default_factory=list)
+    failed: int = 0  # episodes that ended without a score (aborted, or no room)
+
+    def add(self, greedy: float, sampled: list[float]) -> None:
+        if len(sampled) != self.k:
+            raise ValueError(f"expected {self.k} sampled rewards, got {len(sampled)}")
+        self.greedy.append(greedy)
+        self.sampled.append(list(sampled))
+
+    def metrics(self) -> dict[str, float]:
+        """``greedy``, ``mean@k``, ``pass@k`` and ``prompts`` (empty with no prompt)."""
+        n = len(self.greedy)
+        if n == 0:
+            return {}
+        k = self.k
+        return {
+            "greedy": sum(self.greedy) / n,
+            f"mean@{k}": sum(sum(s) / k for s in self.sampled) / n,
+            f"pass@{k}": sum(pass_at_k(k, solved(s, self.solved_at), k) for s in self.sampled) / n,
+            "prompts": float(n),
+        }
+
+
+def solved(rewards: list[float], at: float) -> int:
+    return sum(1 for r in rewards if r >= at)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of ``k`` of ``n`` samples, ``c`` of them correct, is
+    correct (Chen et al., 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_prompts(cfg: Config, path: str) -> tuple[list[dict[str, Any]], Callable[[int], Any]]:
+    """The set's prompts as the dispatcher makes them (``index``, ``prompt_ids``), the
+    first ``eval.max_prompts`` that leave room for a response, and its record lookup."""
+    from runtime.data.codec import codec_for
+    from runtime.data.prompts import prompt_set
+    from runtime.embedded.resolve import resolve_model_path
+
+    prompts = prompt_set(cfg, path)
+    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    room = cfg.model.max_seq_len - min(cfg.workload.max_response_tokens, 16)
+    out: list[dict[str, Any]] = []
+    for i in range(len(prompts)):
+        if len(out) >= cfg.eval.max_prompts:
+            break
+        ids = codec.prompt_ids(prompts.text(i))
+        if len(ids) <= room:
+            out.append({"index": i, "prompt_ids": ids})
+    return out, prompts.record
+
+
+async def score_set(
+    cfg: Config,
+    agent: Any,
+    prompts: list[dict[str, Any]],
+    record: Callable[[int], Any],
+    greedy: Generator,
+    sampled: Generator,
+    pool: Any,
+    keepalive: Callable[[], None] = lambda: None,
+) -> SetScores:
+    """Play every prompt once with ``greedy`` and ``eval.k`` times with ``sampled``;
+    ``keepalive`` is called between episodes (the rank's heartbeat: a set can take
+    minutes)."""
+    from runtime.data.codec import codec_for
+    from runtime.embedded.resolve import resolve_model_path
+
+    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    scores = SetScores(cfg.eval.k, cfg.eval.solved_at)
+    envs = [AgentEnv(cfg, codec, g, record, pool) for g in (greedy, sampled)]
+    for n, prompt in enumerate(prompts):
+        rewards = []
+        for j in range(cfg.eval.k + 1):
+            env = envs[min(j, 1)]
+            ep = await agent.run(env, f"eval{n}-{j}", prompt)
+            env.forget(f"eval{n}-{j}")
+            if ep is None:
+                scores.failed += 1
+            rewards.append(0.0 if ep is None else float(ep.reward))
+            keepalive()
+        scores.add(rewards[0], rewards[1:])
+    return scores
+
+
+def evaluate(
+    cfg: Config, model: Any, version: int, pool: Any, keepalive: Callable[[], None]
+) -> dict[str, float]:
+    """Every ``data.eval`` set played with ``model`` (the trainer leader's): figures as
+    ``eval/<set>/<figure>``. The torch RNG is seeded (``train.seed`` and ``version``) and
+    given back after: an eval neither depends on nor moves the training's random stream."""
+    import asyncio
+
+    import torch
+
+    from runtime.data.codec import codec_for
+    from runtime.embedded.resolve import resolve_model_path
+    from runtime.engines.torch.generate import ModelGenerator
+    from runtime.workloads.agents import registry
+
+    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    greedy = ModelGenerator(model, codec, 0.0, version)
+    sampled = ModelGenerator(model, codec, cfg.eval.temperature, version)
+    agent = registry.agent(cfg.workload.kind)
+    out: dict[str, float] = {}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(cfg.train.seed * 1_000_003 + version)
+        for name, path in cfg.data.eval.items():
+            prompts, record = eval_prompts(cfg, path)
+            scores = asyncio.run(
+                score_set(cfg, agent, prompts, record, greedy, sampled, pool, keepalive)
+            )
+            out.update({f"eval/{name}/{k}": v for k, v in scores.metrics().items()})
+            if scores.failed:
+                out[f"eval/{name}/unscored"] = float(scores.failed)
+    return out

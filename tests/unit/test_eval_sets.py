@@ -1,0 +1,94 @@
+"""Named held-out sets (runtime/workloads/eval_sets.py): the figures per set, the stop
+strings of the trainer's own generator, and the names the figures travel under."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from runtime.config.recipe import RecipeError, load_recipe
+from runtime.control.telemetry import eval_sets
+from runtime.engines.torch.generate import ModelGenerator, cut_at_stop
+from runtime.engines.torch.trainer_side import eval_names
+from runtime.workloads.eval_sets import SetScores, pass_at_k
+
+pytestmark = pytest.mark.unit
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    # 10 samples, 3 right, k = 2: 1 - C(7, 2) / C(10, 2)
+    assert math.isclose(pass_at_k(10, 3, 2), 1 - 21 / 45)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 2)
+
+
+def test_a_sets_figures_are_over_its_prompts():
+    s = SetScores(k=2, solved_at=1.0)
+    s.add(1.0, [1.0, 0.0])  # solved once of two
+    s.add(0.0, [0.5, 0.5])  # partial credit: never solved
+    s.add(0.5, [0.0, 0.0])
+    m = s.metrics()
+    assert m == {"greedy": 0.5, "mean@2": (0.5 + 0.5 + 0.0) / 3, "pass@2": 1 / 3, "prompts": 3}
+    assert SetScores(k=2, solved_at=0.5).add(0.0, [0.5, 0.0]) is None
+    with pytest.raises(ValueError):
+        s.add(1.0, [1.0])  # k rewards per prompt, no fewer
+    assert SetScores(k=1, solved_at=1.0).metrics() == {}
+
+
+class _Chars:
+    eos_id = 0
+
+    def decode(self, ids):
+        return "".join(chr(96 + i) for i in ids if i)
+
+
+def test_a_stop_string_ends_the_turn_where_it_first_appears():
+    codec = _Chars()
+    tokens = [1, 2, 3, 4, 3, 4]  # "abcdcd"
+    assert cut_at_stop(tokens, ["cd"], codec) == ([1, 2, 3, 4], "cd")
+    assert cut_at_stop(tokens, ["zz"], codec) == (tokens, None)
+
+
+def test_the_trainer_model_generates_greedy_and_sampled_turns():
+    torch = pytest.importorskip("torch")
+    from runtime.data.codec import CharCodec
+    from runtime.embedded.tiny_qwen3 import build_model
+
+    torch.manual_seed(0)
+    model = build_model()
+    codec = CharCodec()
+    prompt = codec.prompt_ids("S1+2=")
+    greedy = ModelGenerator(model, codec, 0.0, version=3)
+    a = asyncio.run(greedy.generate_turn("g", prompt, 8))
+    b = asyncio.run(greedy.generate_turn("g", prompt, 8))
+    assert a.tokens == b.tokens and 1 <= len(a.tokens) <= 8
+    assert a.spans == [(3, 0, len(a.tokens))] and a.logprobs == [0.0] * len(a.tokens)
+    assert a.finish == ("stop" if a.tokens[-1] == codec.eos_id else "length")
+    hot = ModelGenerator(model, codec, 5.0, version=3)
+    draws = {tuple(asyncio.run(hot.generate_turn("s", prompt, 8)).tokens) for _ in range(6)}
+    assert len(draws) > 1  # sampling at a high temperature varies
+
+
+def test_figures_are_named_by_when_and_grouped_by_set():
+    start = eval_names({"eval_reward": 0.2, "eval/gsm/greedy": 0.5}, "start")
+    assert start == {"eval_reward_start": 0.2, "eval_start/gsm/greedy": 0.5}
+    end = eval_names({"eval_reward": 0.3, "eval/gsm/greedy": 0.7}, "end")
+    assert end == {"eval_reward_end": 0.3, "eval/gsm/greedy": 0.7}
+    grouped = eval_sets({**start, **end, "eval/gsm/pass@4": 0.9})
+    assert grouped == {"gsm": {"start": {"greedy": 0.5}, "last": {"greedy": 0.7, "pass@4": 0.9}}}
+
+
+def test_eval_sets_are_named_files(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("data: {eval: test.jsonl}\n")
+    with pytest.raises(RecipeError, match=r"data\.eval"):
+        load_recipe(bad)
+    bad.write_text('data: {eval: {"a b": x.jsonl}}\n')
+    with pytest.raises(RecipeError, match=r"data\.eval\.a b"):
+        load_recipe(bad)
+    bad.write_text("train: {eval_every: 5}\nworkload: {kind: math}\ndata: {train: x.jsonl}\n")
+    with pytest.raises(RecipeError, match=r"train\.eval_every: nothing to evaluate"):
+        load_recipe(bad)
