@@ -227,7 +227,16 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _check_value(args[0], value, path, meta)
+        # a list takes the list form where the field has one (data.train); else the first
+        lists = [a for a in args if typing.get_origin(a) is list]
+        return _check_value(
+            lists[0] if lists and isinstance(value, list) else args[0], value, path, meta
+        )
+    if origin is list:
+        if not isinstance(value, list) or not value:
+            raise _FieldError(path, f"expected a non-empty list, got {value!r}")
+        (et,) = typing.get_args(tp)
+        return [_check_value(et, v, f"{path}[{i}]", {}) for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, f"{path}.")
     if origin is dict:
@@ -468,12 +477,19 @@ def check_feasible(cfg: Config) -> None:
         )
     from runtime.engines.registry import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
 
-    if cfg.data.train.startswith("embedded:") and cfg.data.train not in PROMPT_SOURCES:
+    if cfg.data.embedded and cfg.data.train not in PROMPT_SOURCES:
         raise _FieldError(
             "data.train",
             f"{cfg.data.train!r} is not one of: {', '.join(sorted(PROMPT_SOURCES))} "
             "(or a file path)",
         )
+    if isinstance(cfg.data.train, list):
+        for i, f in enumerate(cfg.data.train):
+            if not f.path or f.path.startswith("embedded:"):
+                raise _FieldError(
+                    f"data.train[{i}].path",
+                    "a file or dataset folder is required (embedded sources are not mixed)",
+                )
 
     for key, registry in (("rollout", ROLLOUT_ENGINES), ("trainer", TRAINER_ENGINES)):
         name = getattr(cfg.engine, key)

@@ -55,11 +55,20 @@ class ModelConfig:
 
 
 @dataclass
+class TrainFile:
+    """One file of a weighted mix (``data.train`` as a list)."""
+
+    path: str = opt("", "a JSONL/JSON/Parquet file or a dataset folder (required)")
+    weight: float = opt(1.0, "its share of the prompts, relative to the other files'", gt=0)
+
+
+@dataclass
 class DataConfig:
-    train: str = opt(
+    train: str | list[TrainFile] = opt(
         "embedded:synthetic",
         "training prompts: embedded:NAME, a JSONL/JSON/Parquet file, a folder written by "
-        "datasets' save_to_disk (one split), or a folder of Parquet shards (checked at launch)",
+        "datasets' save_to_disk (one split), a folder of Parquet shards, or a list of "
+        "{path, weight}: files mixed by weight (runtime/data/prompts.py; checked at launch)",
     )
     eval: dict[str, str] = opt(
         {},
@@ -80,6 +89,17 @@ class DataConfig:
     prompt_template: str = opt(
         "{prompt}", "the first user message; {field} is any record field or role"
     )
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the training prompts are generated (``embedded:NAME``), not read."""
+        return isinstance(self.train, str) and self.train.startswith("embedded:")
+
+    def files(self) -> list[TrainFile]:
+        """The training files with their weights (none for an embedded source)."""
+        if isinstance(self.train, str):
+            return [] if self.embedded else [TrainFile(self.train, 1.0)]
+        return list(self.train)
 
 
 @dataclass

@@ -261,16 +261,16 @@ def check_dataset(cfg: Any) -> int | None:
     d = cfg.data
     required = REQUIRED_FIELDS.get(cfg.workload.kind, ())
     count = None
-    sources = [("train", d.train)] + [(f"eval.{k}", v) for k, v in d.eval.items()]
+    files = d.files()
+    sources = [("train" if len(files) == 1 else f"train[{i}]", f.path) for i, f in enumerate(files)]
+    sources += [(f"eval.{k}", v) for k, v in d.eval.items()]
     for name, source in sources:
         if source.startswith("embedded:"):
-            if name != "train":
-                raise DatasetError(f"data.{name}: {source}: an eval set is a file or folder")
-            continue
+            raise DatasetError(f"data.{name}: {source}: an eval set is a file or folder")
         records = load_records(source, d.format, d.fields, required)
         check_template(d.prompt_template, records[0], source)
         if "tests" in required:
             check_code_tests(records, source)
-        if name == "train":
-            count = len(records)
+        if name.startswith("train"):
+            count = (count or 0) + len(records)
     return count

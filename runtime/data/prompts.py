@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from runtime.config.schema import Config
@@ -28,14 +29,27 @@ log = logging.getLogger(__name__)
 
 
 class PromptSet:
+    """The records of one file, or of a mix's files one after the other (a record's index
+    is its place in that order; a mix's records without a ``data_source`` get their
+    file's name, as verl's data files carry one)."""
+
     def __init__(self, cfg: Config, source: str | None = None) -> None:
         d = cfg.data
-        self.path = source or d.train
-        self.records = load_records(
-            self.path, d.format, d.fields, REQUIRED_FIELDS.get(cfg.workload.kind, ())
-        )
+        paths = [source] if source is not None else [f.path for f in d.files()]
+        self.path = ", ".join(paths)
+        self.records: list[dict[str, Any]] = []
+        self.offsets: list[int] = []  # each file's first index
+        for path in paths:
+            records = load_records(
+                path, d.format, d.fields, REQUIRED_FIELDS.get(cfg.workload.kind, ())
+            )
+            check_template(d.prompt_template, records[0], path)
+            if len(paths) > 1:
+                stem = Path(path).stem
+                records = [r if "data_source" in r else {**r, "data_source": stem} for r in records]
+            self.offsets.append(len(self.records))
+            self.records += records
         self.template = d.prompt_template
-        check_template(self.template, self.records[0], self.path)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -46,30 +60,57 @@ class PromptSet:
     def text(self, index: int) -> str:
         return prompt_text(self.records[index], self.template)
 
+    def file_range(self, i: int) -> range:
+        """The indices of file ``i``'s records."""
+        end = self.offsets[i + 1] if i + 1 < len(self.offsets) else len(self.records)
+        return range(self.offsets[i], end)
+
 
 _LOADED: dict[tuple[int, str], PromptSet] = {}
 
 
 def prompt_set(cfg: Config, source: str | None = None) -> PromptSet:
-    """One loaded copy per process, config and file."""
-    key = (id(cfg), source or cfg.data.train)
+    """One loaded copy per process, config and file (``None``: the training files)."""
+    key = (id(cfg), source or "")
     if key not in _LOADED:
-        _LOADED[key] = PromptSet(cfg, key[1])
+        _LOADED[key] = PromptSet(cfg, source)
     return _LOADED[key]
 
 
 def file_prompts(cfg: Config) -> Iterator[dict[str, Any]]:
+    """The training prompts: one file's in shuffled epochs, or a mix's files drawn by
+    weight, each file going through its own shuffled epochs (a small file with a large
+    weight repeats sooner; none waits for another's epoch to end)."""
     from runtime.data.codec import codec_for
     from runtime.embedded.resolve import resolve_model_path
 
     prompts = prompt_set(cfg)
     codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    files = cfg.data.files()
+    streams = [
+        _epochs(cfg, prompts, prompts.file_range(i), codec, seed=cfg.train.seed + 7919 * i)
+        for i in range(len(files))
+    ]
+    if len(streams) == 1:
+        yield from streams[0]
+        return
+    pick = random.Random(cfg.train.seed * 1_000_003 + 17)
+    weights = [f.weight for f in files]
+    while True:
+        yield next(streams[pick.choices(range(len(streams)), weights)[0]])
+
+
+def _epochs(
+    cfg: Config, prompts: PromptSet, indices: range, codec: Any, seed: int
+) -> Iterator[dict[str, Any]]:
+    """The prompts of ``indices``, epoch after epoch (shuffled with ``seed + epoch`` when
+    ``data.shuffle``), skipping those that leave no room for a response."""
     room = cfg.model.max_seq_len - min(cfg.workload.max_response_tokens, 16)
     epoch, skipped = 0, 0
     while True:
-        order = list(range(len(prompts)))
+        order = list(indices)
         if cfg.data.shuffle:
-            random.Random(cfg.train.seed * 1_000_003 + epoch).shuffle(order)
+            random.Random(seed * 1_000_003 + epoch).shuffle(order)
         served = 0
         for i in order:
             ids = codec.prompt_ids(prompts.text(i))
@@ -78,10 +119,13 @@ def file_prompts(cfg: Config) -> Iterator[dict[str, Any]]:
                 continue
             served += 1
             yield {"index": i, "prompt_ids": ids}
+        where = (
+            prompts.path
+            if len(indices) == len(prompts)
+            else f"{prompts.path} [{indices.start}:{indices.stop}]"
+        )
         if served == 0:
-            raise DatasetError(
-                f"{prompts.path}: every prompt is longer than model.max_seq_len allows"
-            )
+            raise DatasetError(f"{where}: every prompt is longer than model.max_seq_len allows")
         if epoch == 0 and skipped:
-            log.warning("%s: %d over-long prompts skipped", prompts.path, skipped)
+            log.warning("%s: %d over-long prompts skipped", where, skipped)
         epoch += 1

@@ -77,11 +77,11 @@ PROMPT_SOURCES: dict[str, str] = {
 
 def build_prompts(cfg: Config):
     """The prompt stream of ``data.train``: an embedded source, or a dataset file."""
-    name = cfg.data.train
-    if not name.startswith("embedded:"):
+    if not cfg.data.embedded:
         from runtime.data.prompts import file_prompts
 
         return file_prompts(cfg)
+    name = str(cfg.data.train)
     if name not in PROMPT_SOURCES:
         raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
     return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)

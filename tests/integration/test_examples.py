@@ -50,11 +50,21 @@ def test_a_verl_reward_file_on_a_save_to_disk_folder(runs_dir):
     }
 
 
-def test_a_multi_turn_environment_of_ones_own(runs_dir):
+def test_a_multi_turn_environment_of_ones_own(runs_dir, tmp_path):
     """examples/number_game: kind custom with env.py's NumberGame: every sample has the
-    environment's turns masked out between the model's, its reward summed from the steps."""
-    _, samples, steps = launch("number_game", runs_dir)
+    environment's turns masked out between the model's, its reward summed from the steps.
+    Its games come from two files mixed by weight (data.train as a list)."""
+    other = tmp_path / "short_games.jsonl"
+    other.write_text(
+        "".join(json.dumps({"prompt": "Guess 1-16.", "target": t}) + "\n" for t in (3, 9))
+    )
+    mix = f"data.train=[{{path: examples/number_game/games.jsonl}}, {{path: {other}, weight: 1.0}}]"
+    _, samples, steps = launch("number_game", runs_dir, mix, "logging.samples=true")
     assert len(steps) == 3
+    # prompts of both files were played (the short file's prompt is the shorter one)
+    assert len({len(s["prompt_ids"]) for s in samples}) == 2, [
+        len(s["prompt_ids"]) for s in samples
+    ]
     for s in samples:
         mask, turns = s["loss_mask"], s["info"]["turns"]
         assert 1 <= turns <= 4 and "reward_error" not in s["info"]

@@ -107,7 +107,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         from runtime.data.codec import codec_for
 
         record = None
-        if not cfg.data.train.startswith("embedded:"):
+        if not cfg.data.embedded:
             from runtime.data.prompts import prompt_set
 
             record = prompt_set(cfg).record

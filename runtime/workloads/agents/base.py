@@ -201,9 +201,11 @@ class AgentEnv:
     @property
     def data_source(self) -> str:
         """verl's ``data_source`` for records without one: the train file's name, or the
-        workload kind for generated prompts."""
-        train = str(self.cfg.data.train)
-        return self.cfg.workload.kind if train.startswith("embedded:") else Path(train).stem
+        workload kind for generated prompts (a mix's records carry their own file's:
+        runtime/data/prompts.py)."""
+        if self.cfg.data.embedded:
+            return self.cfg.workload.kind
+        return Path(self.cfg.data.files()[0].path).stem
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``fn(*args)`` in the reward pool: (value, None) or (None, why it failed)."""
