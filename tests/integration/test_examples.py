@@ -81,7 +81,7 @@ def test_the_arith_retry_environment_runs_on_the_embedded_task(runs_dir):
     summary, samples, steps = launch("arith_retry", runs_dir, *sets)
     assert len(steps) == 3
     # the held-out set, played by the environment at the start and the end
-    for line, prefix in ((steps[0], "eval_start/heldout/"), (steps[-1], "eval/heldout/")):
+    for line, prefix in ((steps[0], "eval_start/unseen/"), (steps[-1], "eval/draws/")):
         figures = {k.removeprefix(prefix): v for k, v in line.items() if k.startswith(prefix)}
         assert set(figures) >= {"greedy", "mean@2", "pass@2", "prompts"}, line
         assert figures["prompts"] == 3.0
@@ -89,10 +89,11 @@ def test_the_arith_retry_environment_runs_on_the_embedded_task(runs_dir):
         # per prompt: solved or not (pass@2); 0, 0.5 or 1 (greedy: ArithRetry's rewards)
         for name, unit in (("pass@2", 3), ("greedy", 6)):
             assert abs(figures[name] * unit - round(figures[name] * unit)) < 1e-9, figures
-    held = summary["evals"]["heldout"]
-    assert set(held) == {"start", "last"} and held["last"]["prompts"] == 3.0
+    assert set(summary["evals"]) == {"draws", "unseen"}
+    for held in summary["evals"].values():
+        assert set(held) == {"start", "last"} and held["last"]["prompts"] == 3.0
     shown = reflow("status", str(next(runs_dir.iterdir()))).stdout
-    assert "eval heldout (3 prompts): greedy" in shown and "pass@2" in shown
+    assert "eval unseen (3 prompts): greedy" in shown and "pass@2" in shown
     for s in samples:
         tries, turns = s["info"]["env/tries"], s["info"]["turns"]
         assert tries == turns and 1 <= turns <= 2
