@@ -71,6 +71,7 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python scripts/check_layout.py
 
 format: install
 	$(BIN)/ruff format .

@@ -149,7 +149,7 @@ class Rank:
         t0 = self.now()
         if before[rank] != after[rank]:
             (side.deactivate if before[rank] == "trainer" else side.activate)()
-        t1 = self.now()  # the trainer side has no before_layout: nothing before the regroup
+        t1 = self.now()  # nothing runs between the role change and the regroup
         self.c.regroup(self.epoch, after)
         t2 = self.now()
         side.on_layout(change)
@@ -296,8 +296,8 @@ def dcp_load(r: Rank, folder: Path) -> dict:
 
 
 def state_round(r: Rank, i: int, baselines: list[str]) -> dict:
-    """Join (and the baselines), leave. DCP's first half in layout ONE, as before_layout
-    did: the trainer ranks write their shards before the regroup."""
+    """Join (and the baselines), leave. DCP's first half in layout ONE: the trainer ranks
+    write their shards before the regroup."""
     folder, out = r.dir / "handoff" / f"round-{i}", {}
     r.sync()
     start = r.now()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
 
 from runtime.config.layout import LayoutChange
 from runtime.transport import protocol as p
@@ -35,37 +35,84 @@ def nothing() -> None:
     """A keepalive that sends nothing (a side attached without a rank's heartbeat)."""
 
 
-class RoleSide(Protocol):
-    name: str
+class RoleSide(abc.ABC):
+    """One role of a hybrid worker, as the worker calls it. Every capability the worker
+    uses is declared here with what a side without it does, so the worker calls it
+    without probing; tests/unit/test_side_contract.py checks that each engine's sides
+    override the capabilities they have (an override with a misspelt name would leave
+    the default: no checkpoint, no resume, no colocated weights)."""
 
+    name: str = ""
+    rank: int = 0
+    active: bool = False
+
+    @abc.abstractmethod
     def attach(self, send: Send, rank: int, keepalive: Keepalive = nothing) -> None:
         """Called once: how to send to the coordinator, this side's rank, and the rank's
         heartbeat (for work that blocks the rank's loop for long: a held-out eval)."""
-        ...
 
+    @abc.abstractmethod
     def on_message(self, msg: Message) -> None:
         """A coordinator message for the active side (work, batches, acks)."""
-        ...
 
+    @abc.abstractmethod
     def activate(self) -> None: ...
 
+    @abc.abstractmethod
     def deactivate(self) -> None: ...
 
     def on_layout(self, change: LayoutChange) -> None:
-        """Called on both sides of every rank after a role switch (collectives allowed)."""
-        ...
+        """Called on both sides of every rank after a role switch (collectives allowed);
+        no state to move by default."""
+        return None  # a default, not a stub (the class doc)
 
+    @abc.abstractmethod
     def step(self) -> None: ...
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release engines and their processes (the rank is exiting)."""
-        ...
 
     @property
+    @abc.abstractmethod
     def state(self) -> str: ...
 
+    # --- capabilities, with what a side without them does ----------------------------
 
-class PlaceholderSide:
+    @property
+    def leader(self) -> bool:
+        """Whether this rank reports for its group (a checkpoint's part): yes, alone."""
+        return True
+
+    @property
+    def waiting_on(self) -> str:
+        """What the side waits for between calls, for the heartbeat ("" = nothing)."""
+        return ""
+
+    def save_checkpoint(self, checkpoints: Path, step: int) -> None:
+        """Write this rank's part of checkpoint ``step`` under ``checkpoints``."""
+        raise NotImplementedError("this engine cannot checkpoint")
+
+    def restore(self, folder: Path) -> None:
+        """Load this rank's part of the checkpoint in ``folder``: no state by default."""
+        return None  # a default, not a stub (the class doc)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's load for the heartbeat (KV use, preemptions): none by default."""
+        return {}
+
+    def engine_weights(self) -> tuple[int, object] | None:
+        """Mode colocated_sync: this version's weights for the rank's own engine (None: a
+        side with no weights to give)."""
+        return None
+
+    def load_in_place(self, version: int, weights: object) -> None:
+        """Mode colocated_sync: load ``weights`` of ``version`` into the rank's own engine;
+        none by default (a tensor-parallel member's engine is its driver's)."""
+        return None  # a default, not a stub (the class doc)
+
+
+class PlaceholderSide(RoleSide):
     """A side with no engine: it is active or not, and its work is nothing."""
 
     def __init__(self, name: str) -> None:
@@ -142,7 +189,7 @@ class PullGate:
         self.asked, self.retry_at = False, 0.0
 
 
-class LinkedSide:
+class LinkedSide(RoleSide):
     """Base of the sides that talk to rank 0: the send function, the rank and an on/off
     switch."""
 

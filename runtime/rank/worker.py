@@ -291,28 +291,24 @@ class HybridWorker:
         """Sides with state (trainers) load it from the checkpoint rank 0 resumes from."""
         info = checkpoint.find(self.paths.checkpoints, name)
         for side in self.sides.values():
-            restore = getattr(side, "restore", None)
-            if restore is not None:
-                restore(info.path)
+            side.restore(info.path)
         log.info("rank %d restored %s (step %d)", self.rank, info.name, info.step)
 
     def _checkpoint(self, step: int) -> None:
         """Rank 0 asks every trainer rank (us) for its part of checkpoint ``step``: the
         side writes its shards into the staging folder (the leader makes the folder), and
         the leader reports for the group."""
-        side = self.sides.get("trainer")
-        save = getattr(side, "save_checkpoint", None)
+        side = self.sides["trainer"]
         ok, error = False, ""
-        if save is None:
+        try:
+            side.save_checkpoint(self.paths.checkpoints, step)
+            ok = True
+        except NotImplementedError:
             error = f"engine.trainer {self.cfg.engine.trainer!r} cannot checkpoint"
-        else:
-            try:
-                save(self.paths.checkpoints, step)
-                ok = True
-            except Exception as exc:  # reported; the run goes on without this checkpoint
-                log.exception("checkpoint %d failed", step)
-                error = f"{type(exc).__name__}: {exc}"[:1000]
-        if getattr(side, "leader", True):
+        except Exception as exc:  # reported; the run goes on without this checkpoint
+            log.exception("checkpoint %d failed", step)
+            error = f"{type(exc).__name__}: {exc}"[:1000]
+        if side.leader:
             self._send(p.CheckpointSaved(rank=self.rank, step=step, ok=ok, error=error))
 
     def _enter(self, role: str, phases: dict[str, float] | None = None) -> None:
@@ -338,17 +334,11 @@ class HybridWorker:
         """Take up a new layout; returns the seconds of each phase (protocol.SWITCH_PHASES).
 
         Every rank regroups (collectively), then the sides move state: new trainer replicas
-        get theirs from the current ones, new rollout ranks the leader's weights. A side may
-        prepare before the old groups go (``before_layout``): counted as state transfer."""
+        get theirs from the current ones, new rollout ranks the leader's weights."""
         if self.colocated:
             return self._switch_phase(change.after[self.rank])
         phases: dict[str, float] = {}
         self._enter(change.after[self.rank], phases)
-        t = time.perf_counter()
-        for name in ("trainer", "rollout"):
-            before = getattr(self.sides[name], "before_layout", None)
-            if before is not None:
-                before(change)
         prepared = time.perf_counter()
         if self.collective is not None:
             self.collective.regroup(change.epoch, change.after)
@@ -358,7 +348,7 @@ class HybridWorker:
         self.sides["rollout"].on_layout(change)
         loaded = time.perf_counter()
         phases["regroup"] = regrouped - prepared
-        phases["state_transfer"] = (prepared - t) + (moved - regrouped)
+        phases["state_transfer"] = moved - regrouped
         phases["weight_load"] = loaded - moved
         return phases
 
@@ -486,7 +476,7 @@ def heartbeat(w: HybridWorker) -> p.Heartbeat:
     """The rank's heartbeat now: liveness, rollout times, engine load, and any wait ahead."""
     assert w.role is not None
     side = w.sides.get("rollout")
-    engine = side.engine_stats() if w.role == "rollout" and hasattr(side, "engine_stats") else {}
+    engine = w.sides["rollout"].engine_stats() if w.role == "rollout" else {}
     # seconds paused for weight syncs while busy: a pause with nothing in the engine held
     # nothing (both totals only grow, so does their min)
     paused = side.paused_s if isinstance(side, RolloutSide) else 0.0
@@ -500,7 +490,7 @@ def heartbeat(w: HybridWorker) -> p.Heartbeat:
         engine=engine,
         rollout_paused_s=min(paused, w.rollout_busy_s),
         # a blocking call's label, else what the active side waits for between calls
-        waiting_on=w.waiting_on or getattr(w.sides[w.role], "waiting_on", ""),
+        waiting_on=w.waiting_on or w.sides[w.role].waiting_on,
     )
 
 
@@ -530,14 +520,11 @@ def wait_label(msg: p.Message, rank: int, roles: Sequence[str], rollout_group_si
 def export_engine_weights(sides: dict[str, RoleSide]) -> tuple[int, object] | None:
     """Mode colocated_sync: the trainer side's weights of its version, for this rank's own
     engine (None: a trainer side with no weights to give)."""
-    export = getattr(sides["trainer"], "engine_weights", None)
-    return export() if export is not None else None
+    return sides["trainer"].engine_weights()
 
 
 def load_in_place(sides: dict[str, RoleSide], version: int, weights: object) -> None:
-    load = getattr(sides["rollout"], "load_in_place", None)
-    if load is not None:  # a tensor-parallel member's engine is its driver's
-        load(version, weights)
+    sides["rollout"].load_in_place(version, weights)
 
 
 def node_name() -> str:

@@ -166,9 +166,6 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
         side.trainer.train_step(batch(), c, rank, 2)
     result["weights_before"] = side.trainer.gather_weights() if rank < 2 else {}
     change = LayoutChange(1, before, after)
-    before_layout = getattr(side, "before_layout", None)  # as the worker calls it
-    if before_layout is not None:
-        before_layout(change)
     c.regroup(1, after)
     side.on_layout(change)
     result["step"], result["version"] = side.trainer.step, side.trainer.version

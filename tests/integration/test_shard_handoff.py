@@ -11,7 +11,7 @@ and 3 free their shards without copying them (stale after the next step), send n
 and receive the leader's weights
 as new rollout ranks; ranks 0 and 1 keep their shards and train on. Each switch runs
 the worker's order: the side left is deactivated or the one taken activated,
-``before_layout`` if the side has one, the regroup, ``on_layout``.
+the regroup, ``on_layout``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ def switch(side, c, rank: int, epoch: int, before: tuple, after: tuple) -> dict:
     if before[rank] != after[rank]:
         (side.deactivate if before[rank] == "trainer" else side.activate)()
     entered = side.offload_state
-    prepare = getattr(side, "before_layout", None)
-    if prepare is not None:
-        prepare(change)
     c.regroup(epoch, after)
     side.on_layout(change)
     return {"entered": entered, "state": side.offload_state, **side.last_switch}

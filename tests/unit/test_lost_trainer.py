@@ -12,7 +12,7 @@ import pytest
 from runtime.config.layout import LayoutChange
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
-from runtime.rank.sides import BatchConsumer, StepAborted
+from runtime.rank.sides import BatchConsumer, PlaceholderSide, StepAborted
 from runtime.transport import protocol as p
 from tests.unit.test_coordinator import Clock, ident
 from tests.unit.test_data_plane import traj
@@ -285,11 +285,12 @@ def test_an_epoch_while_a_rank_waits_to_be_taken_back_waits_not_for_it():
     assert c.status()["rejoined_ranks"] == []  # registered again, not taken back
 
 
-class RecordingSide:
+class RecordingSide(PlaceholderSide):
     """A role side that records what the worker asks of it."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.state, self.calls = name, "idle", []
+        super().__init__(name)
+        self.calls: list = []
 
     def activate(self) -> None:
         self.calls.append("activate")
