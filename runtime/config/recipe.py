@@ -227,11 +227,9 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        # a list takes the list form where the field has one (data.train); else the first
-        lists = [a for a in args if typing.get_origin(a) is list]
-        return _check_value(
-            lists[0] if lists and isinstance(value, list) else args[0], value, path, meta
-        )
+        # the form that fits the value's kind (data.train: a file or a list of them;
+        # data.eval: sets or one file), else the first
+        return _check_value(_union_arm(args, value), value, path, meta)
     if origin is list:
         if not isinstance(value, list) or not value:
             raise _FieldError(path, f"expected a non-empty list, got {value!r}")
@@ -272,6 +270,19 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         raise _FieldError(path, f"{value!r} is not one of: {', '.join(map(str, choices))}")
     _check_bounds(value, path, meta)
     return value
+
+
+def _union_arm(args: list[Any], value: Any) -> Any:
+    """The arm of a union a value is checked against: the one of its kind, else the first."""
+    for arm in args:
+        origin = typing.get_origin(arm) or arm
+        if isinstance(value, list) and origin is list:
+            return arm
+        if isinstance(value, dict) and (origin is dict or dataclasses.is_dataclass(arm)):
+            return arm
+        if isinstance(value, str) and arm is str:
+            return arm
+    return args[0]
 
 
 def _check_bounds(value: Any, path: str, meta: typing.Mapping[str, Any]) -> None:
@@ -449,6 +460,13 @@ def check_feasible(cfg: Config) -> None:
                 f"nothing to evaluate: name held-out sets in data.eval (workload.kind "
                 f"{cfg.workload.kind!r} has no eval of its own)",
             )
+    if cfg.data.eval and cfg.workload.kind == "arith":
+        raise _FieldError(
+            "data.eval",
+            "the arith kind scores its own generated prompts and has its own eval "
+            "(eval_reward); a file's sums are played by workload.kind custom "
+            "(examples/arith_retry)",
+        )
     for name in cfg.data.eval:
         if not name or not all(ch.isalnum() or ch in "_-." for ch in name):
             raise _FieldError(

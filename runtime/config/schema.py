@@ -12,6 +12,7 @@ every key, type and range using the metadata declared here, then the cross-field
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime.workloads.kinds import KIND_NAMES
@@ -70,9 +71,10 @@ class DataConfig:
         "datasets' save_to_disk (one split), a folder of Parquet shards, or a list of "
         "{path, weight}: files mixed by weight (runtime/data/prompts.py; checked at launch)",
     )
-    eval: dict[str, str] = opt(
+    eval: dict[str, str] | str | None = opt(
         {},
-        "named held-out sets, name -> file (same formats as train), e.g. {gsm8k: test.jsonl}: "
+        "named held-out sets, name -> file (same formats as train), e.g. {gsm8k: test.jsonl}; "
+        "one file alone is a set named after it: "
         "each is played by the workload's agent and reward, greedy and eval.k samples, at the "
         "start, every train.eval_every steps and at the end (runtime/workloads/eval_sets.py)",
     )
@@ -89,6 +91,13 @@ class DataConfig:
     prompt_template: str = opt(
         "{prompt}", "the first user message; {field} is any record field or role"
     )
+
+    def __post_init__(self) -> None:
+        # one file (and null: how configs saved before named sets wrote no eval) as sets
+        if self.eval is None:
+            self.eval = {}
+        elif isinstance(self.eval, str):
+            self.eval = {Path(self.eval).name.split(".")[0] or "eval": self.eval}
 
     @property
     def embedded(self) -> bool:

@@ -12,20 +12,26 @@ so a held-out number means what the training reward means. Per set:
   estimator of Chen et al. (2021), ``1 - C(n - c, k) / C(n, k)``, at ``n = k``.
 
 The generator is any :class:`runtime.workloads.agents.base.Generator`: the trainer leader
-uses its own model (runtime/engines/torch/generate.py). An episode whose generation or
-environment fails scores 0 (its reason is counted), as in training: nothing is skipped,
-so a set's figures are always over all of its prompts.
+uses its own model (runtime/engines/torch/generate.py). An episode that ends with no score
+(aborted, or an exception anywhere in it: the generation, the agent) scores 0 and is
+counted (``unscored``, logged with its reason); an environment or reward that fails scores
+0 inside the agent, as in training. Nothing is skipped, so a set's figures are always over
+all of its prompts, and an eval never ends the run.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime.config.schema import Config
 from runtime.workloads.agents.base import AgentEnv, Generator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,7 +80,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def eval_prompts(cfg: Config, path: str) -> tuple[list[dict[str, Any]], Callable[[int], Any]]:
     """The set's prompts as the dispatcher makes them (``index``, ``prompt_ids``), the
-    first ``eval.max_prompts`` that leave room for a response, and its record lookup."""
+    first ``eval.max_prompts`` that leave room for a response, and its record lookup (a
+    record without a ``data_source`` gets the set's file name, as verl's files carry)."""
     from runtime.data.codec import codec_for
     from runtime.data.prompts import prompt_set
     from runtime.embedded.resolve import resolve_model_path
@@ -89,7 +96,13 @@ def eval_prompts(cfg: Config, path: str) -> tuple[list[dict[str, Any]], Callable
         ids = codec.prompt_ids(prompts.text(i))
         if len(ids) <= room:
             out.append({"index": i, "prompt_ids": ids})
-    return out, prompts.record
+    source = Path(path).stem
+
+    def record(i: int) -> Any:
+        r = prompts.record(i)
+        return r if "data_source" in r else {**r, "data_source": source}
+
+    return out, record
 
 
 async def score_set(
@@ -114,9 +127,14 @@ async def score_set(
     for n, prompt in enumerate(prompts):
         rewards = []
         for j in range(cfg.eval.k + 1):
-            env = envs[min(j, 1)]
-            ep = await agent.run(env, f"eval{n}-{j}", prompt)
-            env.forget(f"eval{n}-{j}")
+            env, rid = envs[min(j, 1)], f"eval{n}-{j}"
+            try:
+                ep = await agent.run(env, rid, prompt)
+            except Exception as exc:  # scored 0 and counted: an eval never ends a run
+                log.warning("eval episode %s failed: %s", rid, f"{type(exc).__name__}: {exc}"[:300])
+                ep = None
+            finally:
+                env.forget(rid)
             if ep is None:
                 scores.failed += 1
             rewards.append(0.0 if ep is None else float(ep.reward))
@@ -154,6 +172,6 @@ def evaluate(
                 score_set(cfg, agent, prompts, record, greedy, sampled, pool, keepalive)
             )
             out.update({f"eval/{name}/{k}": v for k, v in scores.metrics().items()})
-            if scores.failed:
-                out[f"eval/{name}/unscored"] = float(scores.failed)
+            # always written, so the last eval's count replaces an earlier one
+            out[f"eval/{name}/unscored"] = float(scores.failed)
     return out

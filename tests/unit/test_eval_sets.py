@@ -12,7 +12,8 @@ from runtime.config.recipe import RecipeError, load_recipe
 from runtime.control.telemetry import eval_sets
 from runtime.engines.torch.generate import ModelGenerator, cut_at_stop
 from runtime.engines.torch.trainer_side import eval_names
-from runtime.workloads.eval_sets import SetScores, pass_at_k
+from runtime.workloads.eval_sets import SetScores, pass_at_k, score_set
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -82,13 +83,60 @@ def test_figures_are_named_by_when_and_grouped_by_set():
 
 
 def test_eval_sets_are_named_files(tmp_path):
-    bad = tmp_path / "r.yaml"
-    bad.write_text("data: {eval: test.jsonl}\n")
-    with pytest.raises(RecipeError, match=r"data\.eval"):
-        load_recipe(bad)
-    bad.write_text('data: {eval: {"a b": x.jsonl}}\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('data: {eval: {"a b": x.jsonl}}\nworkload: {kind: custom}\n')
     with pytest.raises(RecipeError, match=r"data\.eval\.a b"):
-        load_recipe(bad)
-    bad.write_text("train: {eval_every: 5}\nworkload: {kind: math}\ndata: {train: x.jsonl}\n")
+        load_recipe(recipe)
+    recipe.write_text("train: {eval_every: 5}\nworkload: {kind: math}\ndata: {train: x.jsonl}\n")
     with pytest.raises(RecipeError, match=r"train\.eval_every: nothing to evaluate"):
-        load_recipe(bad)
+        load_recipe(recipe)
+    # the arith kind's agent scores its generated prompts: a file's sums go to kind custom
+    recipe.write_text("data: {eval: {sums: s.jsonl}}\n")
+    with pytest.raises(RecipeError, match=r"data\.eval: the arith kind"):
+        load_recipe(recipe)
+    # one file is a set named after it; null (configs saved before named sets) is none
+    recipe.write_text("data: {eval: data/gsm8k/test.jsonl}\nworkload: {kind: math}\n")
+    assert load_recipe(recipe).data.eval == {"test": "data/gsm8k/test.jsonl"}
+    recipe.write_text("data: {eval: null}\n")
+    assert load_recipe(recipe).data.eval == {}
+
+
+class _Raising:
+    """An agent whose second episode of every prompt raises (a CUDA out-of-memory, say)."""
+
+    async def run(self, env, request_id, prompt):
+        if request_id.endswith("-1"):
+            raise RuntimeError("CUDA out of memory")
+        ep = env.episode(request_id, prompt)
+        ep.reward = 1.0
+        return ep
+
+
+def test_an_episode_that_raises_scores_0_and_is_counted():
+    cfg = load_recipe(REPO / "examples/arith_retry/recipe.yaml", ["eval.k=2"])
+    prompts = [{"index": 0, "prompt_ids": [1, 2]}, {"index": 1, "prompt_ids": [1, 3]}]
+    scores = asyncio.run(score_set(cfg, _Raising(), prompts, lambda i: {}, None, None, None))
+    assert scores.failed == 2
+    assert scores.metrics() == {"greedy": 1.0, "mean@2": 0.5, "pass@2": 1.0, "prompts": 2.0}
+
+
+def test_the_model_folders_sampling_settings_do_not_apply_and_every_end_id_stops():
+    # vLLM's explicit SamplingParams ignore generation_config.json; so does the eval
+    torch = pytest.importorskip("torch")
+    from runtime.data.codec import CharCodec
+    from runtime.embedded.tiny_qwen3 import build_model
+
+    torch.manual_seed(0)
+    model = build_model()
+    codec = CharCodec()
+    prompt = codec.prompt_ids("S1+2=")
+    plain = asyncio.run(ModelGenerator(model, codec, 0.0, 0).generate_turn("g", prompt, 12))
+    model.generation_config.repetition_penalty = 3.0
+    again = asyncio.run(ModelGenerator(model, codec, 0.0, 0).generate_turn("g", prompt, 12))
+    assert again.tokens == plain.tokens and model.generation_config.repetition_penalty == 3.0
+    # an end id of the generation config ends the turn, as in vLLM
+    model.generation_config.repetition_penalty = 1.0
+    first = plain.tokens[0]
+    model.generation_config.eos_token_id = [codec.eos_id, first]
+    cut = asyncio.run(ModelGenerator(model, codec, 0.0, 0).generate_turn("g", prompt, 12))
+    assert cut.tokens == [first] and cut.finish == "stop"
