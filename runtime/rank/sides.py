@@ -35,6 +35,11 @@ def nothing() -> None:
     """A keepalive that sends nothing (a side attached without a rank's heartbeat)."""
 
 
+class CannotCheckpoint(Exception):
+    """A side with no checkpoint of its own (its own class: a NotImplementedError from
+    deep inside a real save is a failed save, not this)."""
+
+
 class RoleSide(abc.ABC):
     """One role of a hybrid worker, as the worker calls it. Every capability the worker
     uses is declared here with what a side without it does, so the worker calls it
@@ -91,7 +96,7 @@ class RoleSide(abc.ABC):
 
     def save_checkpoint(self, checkpoints: Path, step: int) -> None:
         """Write this rank's part of checkpoint ``step`` under ``checkpoints``."""
-        raise NotImplementedError("this engine cannot checkpoint")
+        raise CannotCheckpoint("this engine cannot checkpoint")
 
     def restore(self, folder: Path) -> None:
         """Load this rank's part of the checkpoint in ``folder``: no state by default."""

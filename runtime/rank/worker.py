@@ -28,7 +28,7 @@ import zmq
 from runtime.config.layout import COLOCATED, LayoutChange, group_roles, rollout_drivers
 from runtime.config.schema import Config
 from runtime.rank.rollout_loop import RolloutSide
-from runtime.rank.sides import RoleSide
+from runtime.rank.sides import CannotCheckpoint, RoleSide
 from runtime.store import checkpoint
 from runtime.store.run_dir import RunPaths, read_json
 from runtime.transport import protocol as p
@@ -303,7 +303,7 @@ class HybridWorker:
         try:
             side.save_checkpoint(self.paths.checkpoints, step)
             ok = True
-        except NotImplementedError:
+        except CannotCheckpoint:
             error = f"engine.trainer {self.cfg.engine.trainer!r} cannot checkpoint"
         except Exception as exc:  # reported; the run goes on without this checkpoint
             log.exception("checkpoint %d failed", step)

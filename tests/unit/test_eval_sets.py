@@ -7,9 +7,12 @@ import asyncio
 import math
 
 import pytest
+import torch
 
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.control.telemetry import eval_sets
+from runtime.data.codec import CharCodec
+from runtime.embedded.tiny_qwen3 import build_model
 from runtime.engines.torch.generate import ModelGenerator, cut_at_stop
 from runtime.engines.torch.trainer_side import eval_names
 from runtime.workloads.eval_sets import SetScores, pass_at_k, score_set
@@ -53,15 +56,16 @@ def test_a_stop_string_ends_the_turn_where_it_first_appears():
     assert cut_at_stop(tokens, ["zz"], codec) == (tokens, None)
 
 
-def test_the_trainer_model_generates_greedy_and_sampled_turns():
-    torch = pytest.importorskip("torch")
-    from runtime.data.codec import CharCodec
-    from runtime.embedded.tiny_qwen3 import build_model
-
+@pytest.fixture
+def tiny():
+    """The embedded arithmetic model (random weights, seed 0), its codec and a prompt."""
     torch.manual_seed(0)
-    model = build_model()
     codec = CharCodec()
-    prompt = codec.prompt_ids("S1+2=")
+    return build_model(), codec, codec.prompt_ids("S1+2=")
+
+
+def test_the_trainer_model_generates_greedy_and_sampled_turns(tiny):
+    model, codec, prompt = tiny
     greedy = ModelGenerator(model, codec, 0.0, version=3)
     a = asyncio.run(greedy.generate_turn("g", prompt, 8))
     b = asyncio.run(greedy.generate_turn("g", prompt, 8))
@@ -120,16 +124,9 @@ def test_an_episode_that_raises_scores_0_and_is_counted():
     assert scores.metrics() == {"greedy": 1.0, "mean@2": 0.5, "pass@2": 1.0, "prompts": 2.0}
 
 
-def test_the_model_folders_sampling_settings_do_not_apply_and_every_end_id_stops():
+def test_the_model_folders_sampling_settings_do_not_apply_and_every_end_id_stops(tiny):
     # vLLM's explicit SamplingParams ignore generation_config.json; so does the eval
-    torch = pytest.importorskip("torch")
-    from runtime.data.codec import CharCodec
-    from runtime.embedded.tiny_qwen3 import build_model
-
-    torch.manual_seed(0)
-    model = build_model()
-    codec = CharCodec()
-    prompt = codec.prompt_ids("S1+2=")
+    model, codec, prompt = tiny
     plain = asyncio.run(ModelGenerator(model, codec, 0.0, 0).generate_turn("g", prompt, 12))
     model.generation_config.repetition_penalty = 3.0
     again = asyncio.run(ModelGenerator(model, codec, 0.0, 0).generate_turn("g", prompt, 12))

@@ -7,10 +7,9 @@ nothing), no partial rollout. Stop strings end a turn where its decoded text fir
 one, the string kept, as vLLM does with ``include_stop_str_in_output``.
 
 Sampled as the rollout engines sample: the model folder's ``generation_config.json`` may
-set a repetition penalty or top-k (Qwen2.5-Instruct sets ``repetition_penalty: 1.05``),
-which vLLM's explicit ``SamplingParams`` ignore; so does this generator (a greedy eval is
-greedy). It stops where vLLM stops: on the codec's end of turn and on every end-of-
-sequence id of the model's generation config.
+set a repetition penalty or top-k, which vLLM's explicit ``SamplingParams`` ignore; so
+does this generator (a greedy eval is greedy). It stops where vLLM stops: on the codec's
+end of turn and on every end-of-sequence id of the model's generation config.
 """
 
 from __future__ import annotations
