@@ -49,15 +49,30 @@ class OffloadRecord:
     seconds: float
     bytes: int
 
+    def _replace_bytes(self, n: int) -> OffloadRecord:
+        return OffloadRecord(self.seconds, n)
+
+    def __add__(self, other: OffloadRecord) -> OffloadRecord:
+        return OffloadRecord(self.seconds + other.seconds, self.bytes + other.bytes)
+
 
 class HostOffload:
     """The device storages of a set of tensors, held in host memory while offloaded.
 
-    ``offload`` then ``restore``, once each: an object per offload."""
+    ``offload`` then ``restore``, once each: an object per offload. ``keep_host``: for
+    state that never changes (a LoRA run's frozen base), the host copy is made at the
+    first offload and kept, so later offloads only free the device memory."""
 
-    def __init__(self, tensors: Iterable[torch.Tensor], device: torch.device, move: bool) -> None:
+    def __init__(
+        self,
+        tensors: Iterable[torch.Tensor],
+        device: torch.device,
+        move: bool,
+        keep_host: bool = False,
+    ) -> None:
         self.device = device
         self.move = move
+        self.keep_host = keep_host
         # One entry per storage (tied weights and views share one), those on ``device``
         # only: AdamW's step counters live on the CPU whatever the parameters' device.
         seen: dict[int, torch.UntypedStorage] = {}
@@ -88,6 +103,8 @@ class HostOffload:
         start = time.perf_counter()
         if not self.move:
             return OffloadRecord(time.perf_counter() - start, 0)
+        if self.host is not None and self.keep_host:  # copied before, unchanged since
+            return self.free()._replace_bytes(0)
         cuda = self.device.type == "cuda"
         # one allocation: pinning is a driver call per buffer, and costs more than the copy
         host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=cuda)
@@ -130,7 +147,8 @@ class HostOffload:
             offset += size
         if cuda:
             torch.cuda.synchronize(self.device)  # the host buffer is read before it goes
-        self.host = None
+        if not self.keep_host:
+            self.host = None
         return OffloadRecord(time.perf_counter() - start, self.nbytes)
 
     def discard(self) -> None:
@@ -145,14 +163,29 @@ class HostOffload:
 
 
 def training_state(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device, move: bool
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    device: torch.device,
+    move: bool,
+    trainable_only: bool = False,
 ) -> HostOffload:
     """A trainer's device state by storage, gradients dropped first (the next step makes
-    new ones): parameters (local shards), buffers and AdamW's state."""
+    new ones): parameters (local shards), buffers and AdamW's state; ``trainable_only``:
+    the frozen parameters and the buffers left to :func:`frozen_state`."""
     opt.zero_grad(set_to_none=True)
     for param in model.parameters():
         param.grad = None  # FSDP2 and the stand-in head included: nothing left behind
-    tensors = [*model.parameters(), *model.buffers()]
+    if trainable_only:
+        tensors = [p for p in model.parameters() if p.requires_grad]
+    else:
+        tensors = [*model.parameters(), *model.buffers()]
     for state in opt.state.values():
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
     return HostOffload(tensors, device, move)
+
+
+def frozen_state(model: torch.nn.Module, device: torch.device, move: bool) -> HostOffload:
+    """A LoRA run's frozen base and the buffers: never updated, so copied to host memory
+    at the first offload only (``keep_host``)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    return HostOffload([*frozen, *model.buffers()], device, move, keep_host=True)

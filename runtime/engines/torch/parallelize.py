@@ -60,9 +60,19 @@ def apply_fsdp(model: torch.nn.Module, mesh: Any, param_dtype: torch.dtype) -> t
     blocks = decoder_blocks(model)
     for i, block in enumerate(blocks):
         # the last block's parameters would be gathered again at once for the backward
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+        reshard = i < len(blocks) - 1
+        adapters = lora_layers(block)
+        if adapters:  # float32 adapters cannot share a group with a bfloat16 frozen base
+            fully_shard(adapters, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def lora_layers(block: torch.nn.Module) -> list[torch.nn.Module]:
+    """A block's LoRA adapter layers (runtime/engines/torch/lora.py names them ``lora_A``
+    and ``lora_B``), sharded as one group of their own."""
+    return [m for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B")]
 
 
 def forget_sharding_decisions() -> None:

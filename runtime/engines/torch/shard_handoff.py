@@ -194,14 +194,15 @@ def _adam_state(opt: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, to
 @torch.no_grad()
 def training_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     """This rank's local tensors of model and optimizer, in a fixed order: per parameter
-    (``model.parameters()``, tied ones once) the parameter, ``exp_avg``, ``exp_avg_sq``
-    and ``step``. Under FSDP2 the local shards (views of the live storage: writing into
+    (``model.parameters()``, tied ones once) the parameter, then for a trainable one
+    ``exp_avg``, ``exp_avg_sq`` and ``step``. Under FSDP2 the local shards (views of the live storage: writing into
     them sets the state), else the tensors themselves."""
     out: list[torch.Tensor] = []
     for param in model.parameters():
-        state = _adam_state(opt, param)
         out.append(local_tensor(param))
-        out += [local_tensor(state[k]) for k in ADAM_KEYS]
+        if param.requires_grad:  # a LoRA run's frozen base has no AdamW state
+            state = _adam_state(opt, param)
+            out += [local_tensor(state[k]) for k in ADAM_KEYS]
     return out
 
 

@@ -36,9 +36,11 @@ import torch
 from runtime.config.schema import Config
 from runtime.data import micro_batches
 from runtime.data.sample import Sample
+from runtime.engines import lora_format
 from runtime.engines.torch import logprobs
+from runtime.engines.torch.lora import apply_lora, trainable
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
-from runtime.engines.torch.offload import HostOffload, OffloadRecord, training_state
+from runtime.engines.torch.offload import HostOffload, OffloadRecord, frozen_state, training_state
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
     compute_precision,
@@ -77,6 +79,8 @@ class TorchTrainer:
         self.collective = collective
         self.sharded = cfg.train.strategy == "fsdp2" and collective is not None
         self._offload: HostOffload | None = None  # set while the state is in host memory
+        # a LoRA run's frozen base: its host copy made at the first offload, then kept
+        self._frozen: HostOffload | None = None
         if self.sharded and rank not in collective.trainer_ranks:
             # not a trainer rank now: a sharded model is built when it becomes one
             self.model: Any = None
@@ -88,6 +92,8 @@ class TorchTrainer:
         # master weights in float32 whatever the checkpoint's dtype: AdamW on bf16 weights
         # loses updates smaller than their precision
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.model.lora.enabled:  # the base frozen in the compute dtype, adapters float32
+            apply_lora(model, cfg.model.lora, self.param_dtype)
         self.head = logprobs.install(model, cfg.train.logprob_chunk_tokens)
         if cfg.train.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -98,7 +104,7 @@ class TorchTrainer:
             model.to(self.device)
         self.model = model
         self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(trainable(self.model), lr=cfg.train.lr, weight_decay=0.0)
 
     def train_step(
         self,
@@ -274,14 +280,15 @@ class TorchTrainer:
             (loss * scale).backward()
             parts.append(st)
         # 4. Gradients summed over the replicas (FSDP2 did it in the backward), clipped.
+        params = trainable(self.model)  # a LoRA run's frozen base has no gradients
         if not self.sharded:
-            for param in self.model.parameters():
+            for param in params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
             if collective is not None:
-                collective.all_reduce_grads(self.model.parameters())
+                collective.all_reduce_grads(params)
         metrics = self._reduce_stats(LossStats.combine(parts), collective)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         self.opt.step()
         metrics["grad_norm"] = full_norm(grad_norm)
         return metrics
@@ -314,17 +321,29 @@ class TorchTrainer:
         return self.checkpoint_format(full)
 
     def checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """In the dtype rollout runs (``model.dtype``); a tied ``lm_head`` left out as HF
-        does."""
+        """In the dtype rollout runs (``model.dtype``; LoRA adapters stay float32, as peft
+        saves them); a tied ``lm_head`` left out as HF does."""
         dtype = getattr(torch, self.cfg.model.dtype)
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         return {
             # a copy: the state dict (and a gathered one, where a rank holds a whole
             # tensor) shares storage with the live parameters the next step updates
-            k: v.detach().to("cpu", dtype, copy=True).contiguous()
+            k: v.detach().to("cpu", torch.float32 if lora_format.is_adapter_name(k) else dtype, copy=True).contiguous()
             for k, v in state.items()
             if not (tied and k == "lm_head.weight")
         }
+
+    def for_rollout(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What a weight sync sends of checkpoint-format ``weights``: all of them, or for a
+        LoRA run the adapter alone (peft's names) or the base with it merged in
+        (``model.lora.sync``)."""
+        lora = self.cfg.model.lora
+        if not lora.enabled:
+            return weights
+        if lora.sync == "adapter":
+            return lora_format.to_peft(weights)
+        dtype = getattr(torch, self.cfg.model.dtype)
+        return {k: v.to(dtype) for k, v in lora_format.merge(weights, lora.scale).items()}
 
     def abandon_step(self) -> None:
         """A step's collective failed (a trainer rank lost mid-step): its gradients are
@@ -366,8 +385,14 @@ class TorchTrainer:
             raise RuntimeError(f"offload with the trainer state {self.offload_state}")
         if move is None:
             move = self.device.type != "cpu"
-        self._offload = training_state(self.model, self.opt, self.device, move)
-        return self._offload.offload()
+        lora = self.cfg.model.lora.enabled
+        self._offload = training_state(self.model, self.opt, self.device, move, lora)
+        record = self._offload.offload()
+        if lora:  # the base: copied the first time, only freed after that
+            if self._frozen is None or self._frozen.move != move:
+                self._frozen = frozen_state(self.model, self.device, move)
+            record += self._frozen.offload()
+        return record
 
     def drop(self) -> OffloadRecord:
         """Free the state on the device, no copy kept, then :meth:`release`: a sharded
@@ -385,6 +410,8 @@ class TorchTrainer:
         if self._offload is None:
             raise RuntimeError(f"reload with the trainer state {self.offload_state}")
         record = self._offload.restore()
+        if self._frozen is not None:
+            record += self._frozen.restore()
         self._offload = None
         return record
 
@@ -392,10 +419,11 @@ class TorchTrainer:
         """Drop model and optimizer (a sharded trainer's rank that left the trainer: its
         shards go stale with the next step, and it receives current ones when it joins
         again). Step and version stay."""
-        if self._offload is not None:
-            self._offload.discard()
+        for held in (self._offload, self._frozen):
+            if held is not None:
+                held.discard()
         self.model = self.opt = None
-        self._offload = None
+        self._offload = self._frozen = None
 
     # --- weights and state -------------------------------------------------------------
 
@@ -409,7 +437,8 @@ class TorchTrainer:
         self, weights_dir: Path, weights: dict[str, torch.Tensor] | None = None, keep: int = 2
     ) -> Path:
         """Write this version as ``<weights_dir>/v<N>/model.safetensors`` (atomic): the
-        given full weights (a sharded trainer's, gathered), else this replica's."""
+        given full weights (a sharded trainer's, gathered), else this replica's. A LoRA
+        run's is its adapter, as a peft folder (``reflow export --merged`` merges it)."""
         from safetensors.torch import save_file
 
         if weights is None:
@@ -420,7 +449,11 @@ class TorchTrainer:
         tmp = weights_dir / f".v{self.version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(weights, str(tmp / "model.safetensors"))
+        if self.cfg.model.lora.enabled:
+            adapter = lora_format.to_peft(weights)
+            lora_format.write_adapter(tmp, adapter, self.cfg.model.lora, self.model_path)
+        else:
+            save_file(weights, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_json_atomic(weights_dir / "latest.json", {"version": self.version, "dir": final.name})

@@ -331,7 +331,7 @@ class TorchTrainerSide(BatchConsumer):
         time (collective over the trainer group: every rank calls this together)."""
         t = self.trainer
         if not t.sharded:
-            return t.version, t.export_weights()
+            return t.version, t.for_rollout(t.export_weights())
         from torch.distributed.tensor import DTensor
 
         out: dict[str, torch.Tensor] = {}
@@ -339,7 +339,7 @@ class TorchTrainerSide(BatchConsumer):
             full = value.full_tensor() if isinstance(value, DTensor) else value
             out.update(t.checkpoint_format({name: full}))  # on the host, one at a time
             del full
-        return t.version, out
+        return t.version, t.for_rollout(out)
 
     # --- role switches ------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import Config
+from runtime.config.schema import Config, LoraConfig
+from runtime.engines import lora_format
 from runtime.rank.collective import (
     LEADER,
     BucketTransport,
@@ -100,20 +101,63 @@ class _Alive:
         self.now -= n
 
 
+class MergedWeight:
+    """A base weight with its LoRA adapter merged in, computed when its bucket is
+    gathered (``model.lora.sync: merged``): ``W + scale * B @ A``."""
+
+    def __init__(
+        self, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float
+    ) -> None:
+        self.weight, self.a, self.b, self.scale = weight, a, b, scale
+        self.shape = weight.shape
+
+    def numel(self) -> int:
+        return self.weight.numel()
+
+    def element_size(self) -> int:
+        return self.weight.element_size()
+
+    def full(self, alive: _Alive) -> torch.Tensor:
+        parts = [_full(t, alive) for t in (self.weight, self.a, self.b)]
+        return alive.track(lora_format.merged_weight(*parts, self.scale))
+
+
+Entry = torch.Tensor | MergedWeight
+
+
 def checkpoint_tensors(
-    model: torch.nn.Module, tied_lm_head: bool
-) -> list[tuple[str, torch.Tensor]]:
+    model: torch.nn.Module, tied_lm_head: bool, lora: LoraConfig | None = None
+) -> list[tuple[str, Entry]]:
     """The model's tensors under checkpoint names, in state-dict order (the same on every
-    rank): sharded ``DTensor``s under FSDP2, plain tensors otherwise."""
+    rank): sharded ``DTensor``s under FSDP2, plain tensors otherwise. A LoRA run sends its
+    adapter alone under peft's names, or each adapted weight merged (``lora.sync``)."""
     state = model.state_dict(keep_vars=True)
-    return [(k, v) for k, v in state.items() if not (tied_lm_head and k == "lm_head.weight")]
+    entries = [(k, v) for k, v in state.items() if not (tied_lm_head and k == "lm_head.weight")]
+    if lora is None or not lora.enabled:
+        return entries
+    if lora.sync == "adapter":
+        return [(lora_format.PEFT_PREFIX + k, v) for k, v in entries if lora_format.is_adapter_name(k)]
+    out: list[tuple[str, Entry]] = []
+    for k, v in entries:
+        if lora_format.is_adapter_name(k):
+            continue
+        a_name = k.removesuffix(".weight") + ".lora_A.weight"
+        if a_name in state:
+            b_name = k.removesuffix(".weight") + ".lora_B.weight"
+            out.append((k, MergedWeight(v, state[a_name], state[b_name], lora.scale)))
+        else:
+            out.append((k, v))
+    return out
 
 
-def _full(t: torch.Tensor, alive: _Alive) -> torch.Tensor:
+def _full(t: Entry, alive: _Alive) -> torch.Tensor:
     """The whole tensor: a DTensor's all-gather (collective over its shard dimension,
-    counted in ``alive``), a plain tensor itself (the model's own, nothing allocated)."""
+    counted in ``alive``), a plain tensor itself (the model's own, nothing allocated), a
+    merged weight computed from its gathered parts."""
     from torch.distributed.tensor import DTensor
 
+    if isinstance(t, MergedWeight):
+        return t.full(alive)
     return alive.track(t.full_tensor()) if isinstance(t, DTensor) else t.detach()
 
 
@@ -163,12 +207,13 @@ def stream_weights(
     bucket_bytes: int,
     tied_lm_head: bool,
     transport: BucketTransport | None = None,
+    lora: LoraConfig | None = None,
 ) -> SyncRecord:
     """Stream ``model``'s weights as policy ``version`` to the sync group (see the module
     docstring; every rank of :func:`streaming_ranks` calls it together). ``transport``
     None: buckets on the CPU over the gloo sync group; else on its ``device``."""
     start = time.perf_counter()
-    entries = checkpoint_tensors(model, tied_lm_head)
+    entries = checkpoint_tensors(model, tied_lm_head, lora)
     spec = [TensorSpec(name, dtype, tuple(t.shape)) for name, t in entries]
     header = WeightsHeader(version, tuple(spec), tuple(plan_buckets(spec, bucket_bytes)))
     device = transport.device if transport is not None else torch.device("cpu")
@@ -216,7 +261,12 @@ class WeightStreamer:
         self.collective = collective
         self.dtype: torch.dtype = getattr(torch, cfg.model.dtype)
         self.bucket_bytes = int(cfg.engine.weight_bucket_mb * 2**20)
-        self.cuda = cfg.resources.device == "cuda"
+        self.lora = cfg.model.lora
+        # An adapter (~1% of the bytes) goes over the gloo group and is loaded from a file
+        # by vLLM's LoRA path; NCCL streams straight into load_weights, base weights only.
+        self.cuda = cfg.resources.device == "cuda" and not (
+            self.lora.enabled and self.lora.sync == "adapter"
+        )
         self._transport: BucketTransport | None = None
         self.records: collections.deque[SyncRecord] = collections.deque(maxlen=history)
 
@@ -241,6 +291,7 @@ class WeightStreamer:
             bucket_bytes=self.bucket_bytes,
             tied_lm_head=tied_lm_head,
             transport=self._leader_transport(),
+            lora=self.lora,
         )
         if record.leader:
             self.records.append(record)

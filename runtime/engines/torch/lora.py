@@ -1,0 +1,81 @@
+"""LoRA in the trainer: low-rank adapters on a frozen base (``model.lora``).
+
+Our own small wrapper rather than peft's: the adapted layer stays an ``nn.Linear`` under
+its Hugging Face name with two child layers ``lora_A``/``lora_B``, so the state dict keeps
+the checkpoint's names (FSDP2's per-block sharding, the weight stream, checkpoints and the
+shard handoff walk it unchanged) and the adapter tensors already carry peft's names minus
+its prefix (runtime/engines/lora_format.py). peft's wrapper would add ``base_model.model``
+and ``base_layer`` to every name and pull in a dependency for a 30-line layer.
+
+``y = x W^T + b + (alpha / r) * dropout(x) A^T B^T``: ``A`` starts as peft starts it
+(Kaiming-uniform), ``B`` at zero, so step 0 is the base model exactly. The base is frozen
+(``requires_grad`` off: no gradients are allocated, AdamW gets only the adapters) and kept
+in the compute dtype (``train.param_dtype``: bfloat16 on CUDA), since it is never updated
+and needs no float32 master copy; the adapters and their AdamW state are float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from runtime.config.schema import LoraConfig
+from runtime.engines.torch.parallelize import decoder_blocks
+
+
+class LoraLinear(nn.Linear):
+    """An ``nn.Linear`` with a low-rank adapter (made by :func:`apply_lora` from a plain
+    one, whose ``weight`` and ``bias`` it keeps)."""
+
+    lora_A: nn.Linear
+    lora_B: nn.Linear
+    lora_dropout: nn.Module
+    scale: float
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scale
+
+
+def _adapt(layer: nn.Linear, cfg: LoraConfig) -> None:
+    """Turn ``layer`` into a :class:`LoraLinear` in place (its parameters stay the same
+    objects, so nothing that holds them goes stale)."""
+    device = layer.weight.device
+    layer.__class__ = LoraLinear
+    layer.lora_A = nn.Linear(layer.in_features, cfg.rank, bias=False, device=device)
+    layer.lora_B = nn.Linear(cfg.rank, layer.out_features, bias=False, device=device)
+    nn.init.kaiming_uniform_(layer.lora_A.weight, a=math.sqrt(5))  # peft's init
+    nn.init.zeros_(layer.lora_B.weight)
+    layer.lora_dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
+    layer.scale = cfg.scale
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig, base_dtype: torch.dtype) -> list[str]:
+    """Adapters on every ``cfg.target_modules`` linear layer of every decoder block, the
+    rest frozen in ``base_dtype``; returns the adapted layers' names. Adapters are created
+    from torch's RNG: seeded alike on every trainer rank, they start equal."""
+    targets = set(cfg.target_modules)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    model.to(base_dtype)
+    adapted: list[str] = []
+    for block in decoder_blocks(model):
+        for name, module in block.named_modules():
+            if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear:
+                _adapt(module, cfg)
+                adapted.append(name)
+    if not adapted:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"model.lora.target_modules: none of {sorted(targets)} is a linear layer of a "
+            f"decoder block (this model's: {', '.join(names)})"
+        )
+    return adapted
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that train (all of them without LoRA)."""
+    return [p for p in model.parameters() if p.requires_grad]

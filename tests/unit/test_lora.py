@@ -1,0 +1,142 @@
+"""LoRA in the trainer (model.lora): a frozen base, adapters that train and publish in
+peft's format, a merged sync equal to the adapted model, state kept bit-exact."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from runtime.config.recipe import RecipeError, build_config
+from runtime.config.schema import LoraConfig
+from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines import lora_format
+from runtime.engines.torch.lora import LoraLinear
+from runtime.engines.torch.trainer import TorchTrainer
+from tests.unit.test_trainer import batch
+
+LORA = {"rank": 4, "alpha": 8.0}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    return save_pretrained(build_model(seed=3), build_tokenizer(), path)
+
+
+def cfg(lora=LORA, **train):
+    return build_config({"train": {"lr": 1e-2, **train}, "model": {"path": "x", "lora": lora}})
+
+
+def state(t: TorchTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in t.model.state_dict().items()}
+
+
+def logits(t: TorchTrainer, ids: list[int]) -> torch.Tensor:
+    t.model.eval()
+    with torch.no_grad():
+        out = t.model(input_ids=torch.tensor([ids])).logits
+    t.model.train()
+    return out
+
+
+def test_only_the_adapters_train_and_step_zero_is_the_base(model_dir):
+    full = TorchTrainer(cfg(lora={"rank": 0}), str(model_dir))
+    t = TorchTrainer(cfg(), str(model_dir))
+    adapted = [m for m in t.model.modules() if isinstance(m, LoraLinear)]
+    assert len(adapted) == 2 * 7  # two blocks, every linear layer of each
+    names = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert names and all(lora_format.is_adapter_name(n + "") for n in names)
+    opt_params = [p for g in t.opt.param_groups for p in g["params"]]
+    assert len(opt_params) == len(names)  # AdamW holds no state for the frozen base
+    ids = batch(0)[0].prompt_token_ids
+    assert torch.allclose(logits(t, ids), logits(full, ids), atol=1e-6)  # B = 0
+    before = state(t)
+    t.train_step(batch(0))
+    after = state(t)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(lora_format.is_adapter_name(k) for k in changed)
+    assert any(k.endswith("lora_B.weight") for k in changed)
+    assert all(p.grad is None for n, p in t.model.named_parameters() if not p.requires_grad)
+
+
+def test_a_merged_sync_is_the_adapted_model(model_dir):
+    t = TorchTrainer(cfg(lora={**LORA, "sync": "merged"}), str(model_dir))
+    t.train_step(batch(1))
+    merged = t.for_rollout(t.export_weights())
+    assert not any(lora_format.is_adapter_name(k) for k in merged)
+    plain = TorchTrainer(cfg(lora={"rank": 0}), str(model_dir))
+    missing, unexpected = plain.model.load_state_dict(merged, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
+    ids = batch(1)[0].prompt_token_ids
+    assert torch.allclose(logits(plain, ids), logits(t, ids), atol=1e-5)
+
+
+def test_an_adapter_sync_and_the_published_folder_are_peft_format(model_dir, tmp_path):
+    t = TorchTrainer(cfg(), str(model_dir))
+    t.train_step(batch(2))
+    sent = t.for_rollout(t.export_weights())
+    assert sent and all(k.startswith("base_model.model.model.layers.") for k in sent)
+    assert all(v.dtype == torch.float32 for v in sent.values())
+    folder = t.publish(tmp_path / "weights")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"
+    assert config["target_modules"] == sorted(LoraConfig().target_modules)
+    on_disk = load_file(str(folder / "adapter_model.safetensors"))
+    assert on_disk.keys() == sent.keys()
+    assert all(torch.equal(on_disk[k], sent[k]) for k in sent)
+    assert not (folder / "model.safetensors").exists()
+    _, read = lora_format.read_adapter(folder)
+    assert read.keys() == sent.keys()
+
+
+def test_adapters_and_their_optimizer_state_survive_save_and_load(model_dir, tmp_path):
+    a = TorchTrainer(cfg(), str(model_dir))
+    a.train_step(batch(1))
+    a.save_state(tmp_path / "state")
+    a.train_step(batch(2))
+    b = TorchTrainer(cfg(), str(model_dir))
+    b.load_state(tmp_path / "state")
+    b.train_step(batch(2))
+    after_a, after_b = state(a), state(b)
+    assert all(torch.equal(after_a[k], after_b[k]) for k in after_a)
+
+
+def test_offload_copies_the_base_once_and_keeps_everything_bit_exact(model_dir):
+    t = TorchTrainer(cfg(), str(model_dir))
+    with torch.no_grad():  # an allocation of its own per parameter, as on CUDA
+        for p in t.model.parameters():
+            p.data = p.data.clone()
+    t.train_step(batch(1))
+    nbytes = {
+        train: sum(p.numel() * p.element_size() for p in t.model.parameters() if p.requires_grad is train)
+        for train in (True, False)
+    }
+    first = t.offload(move=True)
+    assert all(p.untyped_storage().nbytes() == 0 for p in t.model.parameters())
+    assert first.bytes >= 3 * nbytes[True] + nbytes[False]  # adapters, moments, base
+    t.reload()
+    t.train_step(batch(2))
+    before = state(t)
+    moments = {id(p): {k: v.clone() for k, v in s.items()} for p, s in t.opt.state.items()}
+    second = t.offload(move=True)
+    assert second.bytes < first.bytes - nbytes[False] // 2  # the base was not copied again
+    assert second.bytes >= 3 * nbytes[True]
+    t.reload()
+    assert all(torch.equal(before[k], v) for k, v in state(t).items())
+    for p, s in t.opt.state.items():
+        assert all(torch.equal(moments[id(p)][k], v) for k, v in s.items())
+    t.train_step(batch(3))  # and it trains on
+
+
+def test_a_target_that_is_no_linear_layer_is_one_line_naming_the_field(model_dir):
+    with pytest.raises(ValueError, match="model.lora.target_modules"):
+        TorchTrainer(cfg(lora={"rank": 4, "target_modules": ["qproj"]}), str(model_dir))
+
+
+def test_the_recipe_checks_lora_fields():
+    with pytest.raises(RecipeError, match="model.lora.sync"):
+        cfg(lora={"rank": 4, "sync": "nccl"})
+    with pytest.raises(RecipeError, match="model.lora.rank"):
+        cfg(lora={"rank": -1})
+    assert not cfg(lora={"rank": 0}).model.lora.enabled
