@@ -402,6 +402,12 @@ def check_feasible(cfg: Config) -> None:
             not_in_mode=f"replay is off in mode={rf.mode}",
         )
     _check_mode(cfg)
+    if cfg.model.lora.enabled and cfg.engine.trainer != "torch":
+        raise _FieldError(
+            "model.lora.rank",
+            f"LoRA trains with engine.trainer: torch (this recipe: {cfg.engine.trainer}); "
+            "set rank: 0 or that trainer",
+        )
     group = cfg.algorithm.group_size
     if train.batch_prompts is not None:
         b = train.batch_prompts * group

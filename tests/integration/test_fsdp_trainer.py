@@ -30,9 +30,10 @@ pytestmark = pytest.mark.integration
 
 
 def cfg_for(model_dir: str, world: int, group: int, **train):
+    lora = train.pop("lora", {})  # model.lora, carried with the train fields
     return build_config(
         {
-            "model": {"path": model_dir},
+            "model": {"path": model_dir, "lora": lora},
             "train": {"lr": 1e-3, "steps": 10, **train},
             "reflow": {"tau": 0.5},
             "resources": {
@@ -73,7 +74,7 @@ def join(rank: int, world: int, out: str, group: int, timeout_s: float = 120) ->
 def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, train: dict):
     c = join(rank, world, out, group)
     c.regroup(0, ("trainer",) * world)
-    cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **train)
+    cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **dict(train))
     trainer = TorchTrainer(cfg, model_dir, rank, c)
     assert trainer.sharded
     # Through the wire as rank 0 sends it: this rank's samples only, the layout of the rest.
@@ -89,10 +90,19 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     metrics = trainer.train_step(samples, c, rank, world, lengths=got_lengths)
     weights = trainer.gather_weights()
     # the last update's (clipped) gradient, still on the parameters
-    grads = {n: p.grad.full_tensor() for n, p in trainer.model.named_parameters()}
+    grads = {
+        n: p.grad.full_tensor() for n, p in trainer.model.named_parameters() if p.grad is not None
+    }
+    dtypes = {n: p.dtype for n, p in trainer.model.named_parameters()}
     spread = c.replica_spread(trainer.checksum())
     if rank == 0:
-        result = {"metrics": metrics, "weights": weights, "grads": grads, "spread": spread}
+        result = {
+            "metrics": metrics,
+            "weights": weights,
+            "grads": grads,
+            "spread": spread,
+            "dtypes": dtypes,
+        }
         torch.save(result, f"{out}/rank0.pt")
     c.close()
 
@@ -119,16 +129,18 @@ def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
     [
         (3, 3, {"micro_batch_tokens": 64, "mini_batches": 2}),
         (4, 2, {"micro_batch_tokens": 64}),  # HSDP: 2 replica groups of 2
+        # LoRA: the frozen base sharded, the adapters and their AdamW state sharded alike
+        (2, 2, {"micro_batch_tokens": 64, "lora": {"rank": 4, "alpha": 8.0}}),
     ],
     # 2 ranks: the shard groups of HSDP, and the handoff's first layout
-    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro"],
+    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro", "lora-2-ranks"],
 )
 def test_a_sharded_step_equals_one_process_on_the_whole_batch(
     world, group, train, model_dir, tmp_path
 ):
     got = run(world, group, model_dir, tmp_path, train)
     single = TorchTrainer(
-        cfg_for(model_dir, world, group, strategy="replicate", **train), model_dir
+        cfg_for(model_dir, world, group, strategy="replicate", **dict(train)), model_dir
     )
     assert not single.sharded
     ref = single.train_step(batch())
@@ -138,7 +150,11 @@ def test_a_sharded_step_equals_one_process_on_the_whole_batch(
     # (~lr * sign(g)) can magnify for gradients near eps, so the bound is 2% of lr; a
     # second update, from weights that differ by that, gets 10%, and its gradient too.
     one = train.get("mini_batches", 1) == 1
+    trained = {n for n, p in single.model.named_parameters() if p.grad is not None}
+    assert got["grads"].keys() == trained  # LoRA: the adapters' only
     for name, param in single.model.named_parameters():
+        if name not in trained:
+            continue
         atol = 1e-8 if one else 1e-6
         torch.testing.assert_close(got["grads"][name], param.grad, rtol=1e-4, atol=atol)
     for k, v in expected.items():
@@ -242,3 +258,17 @@ def test_the_mid_size_model_shards_micro_batches_and_checkpoints(tmp_path):
     assert r["metrics"]["micro_steps"] > 1 and torch.isfinite(torch.tensor(r["metrics"]["loss"]))
     for k, v in r["trained"].items():
         assert torch.equal(v, r["loaded"][k]), k
+
+
+def test_a_sharded_lora_step_keeps_a_bf16_base_and_float32_adapters(model_dir, tmp_path):
+    """bfloat16 compute: the frozen base is stored in bfloat16 and the adapters in float32,
+    in FSDP2 groups of their own (one group cannot hold two dtypes); the step runs and
+    moves the adapters only."""
+    train = {"param_dtype": "bfloat16", "lora": {"rank": 4, "alpha": 8.0}}
+    got = run(2, 2, model_dir, tmp_path, train)
+    adapters = {n for n in got["dtypes"] if ".lora_" in n}
+    assert adapters and all(got["dtypes"][n] == torch.float32 for n in adapters)
+    assert all(d == torch.bfloat16 for n, d in got["dtypes"].items() if n not in adapters)
+    assert got["grads"].keys() == adapters
+    assert all(torch.isfinite(g).all() for g in got["grads"].values())
+    assert any(g.abs().sum() > 0 for g in got["grads"].values())

@@ -140,3 +140,5 @@ def test_the_recipe_checks_lora_fields():
     with pytest.raises(RecipeError, match="model.lora.rank"):
         cfg(lora={"rank": -1})
     assert not cfg(lora={"rank": 0}).model.lora.enabled
+    with pytest.raises(RecipeError, match="model.lora.rank.*engine.trainer: torch"):
+        build_config({"model": {"lora": {"rank": 4}}, "engine": {"trainer": "synthetic"}})
