@@ -382,12 +382,21 @@ def export(
             help="export a sharded checkpoint instead (e.g. step-00000010), tensor by tensor"
         ),
     ] = None,
+    merged: Annotated[
+        bool,
+        typer.Option(
+            "--merged",
+            help="LoRA run: the base with the adapter merged in (a plain model folder), "
+            "not the peft adapter",
+        ),
+    ] = False,
 ) -> None:
-    """Write a run's policy as a Hugging Face folder (config, safetensors, tokenizer)."""
+    """Write a run's policy as a Hugging Face folder (config, safetensors, tokenizer); a
+    LoRA run's as a peft adapter folder, or merged into the base with --merged."""
     from jobs.export import export as export_run
 
     # ``out`` is the folder here, not the console
-    folder = export_run(find_run(run), out, step, checkpoint=checkpoint)
+    folder = export_run(find_run(run), out, step, checkpoint=checkpoint, merged=merged)
     typer.echo(f"exported to {folder}")
 
 
