@@ -228,12 +228,12 @@ def _checkpoint_adapter(folder: Path, rank: int, config: Path) -> dict[str, Any]
     try:
         metadata = ss.read_metadata(where)
         planner = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
-        reader = ss._SafeReader(where, metadata)
+        reader = ss.SafeReader(where, metadata)
         out = {}
         for fqn, meta in metadata.state_dict_metadata.items():
             name = ss.hf_name(fqn, planner.get(fqn))
             if name and is_adapter_name(name) and isinstance(meta, TensorStorageMetadata):
-                out[name] = ss._load_tensor(reader, fqn, meta)
+                out[name] = ss.load_tensor(reader, fqn, meta)
     except CheckpointError as exc:
         raise UserError(f"export: {exc}") from None
     if not out:
@@ -295,9 +295,9 @@ def _write_merged(
     import torch
 
     from runtime.engines.lora_format import base_name, merged_weight
-    from runtime.engines.torch.sharded_state import _SAFETENSORS_DTYPES
+    from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES
 
-    by_name = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    by_name = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     tied = _tied(base)
     with _base_tensors(base) as tensors:
         pairs: dict[str, tuple[Any, Any]] = {}
@@ -350,7 +350,7 @@ def _stream_safetensors(
 ) -> None:
     """A safetensors file laid out from ``entries`` (name, dtype, shape), each tensor then
     produced by ``load`` and written before the next (as export_hf writes a checkpoint)."""
-    from runtime.engines.torch.sharded_state import _SAFETENSORS_DTYPES, _write_tensor
+    from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES, write_tensor
 
     if sys.byteorder != "little":  # safetensors is little-endian; bytes are written as held
         raise RuntimeError("export writes native bytes and needs a little-endian machine")
@@ -362,7 +362,7 @@ def _stream_safetensors(
         for d in shape:
             size *= int(d)
         header[name] = {
-            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "dtype": SAFETENSORS_DTYPES[dtype],
             "shape": list(shape),
             "data_offsets": [offset, offset + size],
         }
@@ -381,7 +381,7 @@ def _stream_safetensors(
                         f"{name}: {tensor.dtype} {tuple(tensor.shape)}, "
                         f"laid out as {dtype} {tuple(shape)}"
                     )
-                _write_tensor(fh, tensor, header[name])
+                write_tensor(fh, tensor, header[name])
                 del tensor
             fh.flush()
             os.fsync(fh.fileno())

@@ -140,13 +140,13 @@ def test_a_checkpoint_exports_the_same_tensors_reading_only_the_adapters(
     paths, trainer = run
     name = ck.folder_name(trainer.step)
     read: list[str] = []
-    load = sharded_state._load_tensor
+    load = sharded_state.load_tensor
 
     def tracked(reader, fqn, meta):
         read.append(fqn)
         return load(reader, fqn, meta)
 
-    monkeypatch.setattr(sharded_state, "_load_tensor", tracked)
+    monkeypatch.setattr(sharded_state, "load_tensor", tracked)
     for merged, file in ((False, "adapter_model.safetensors"), (True, "model.safetensors")):
         published = export(paths, tmp_path / f"v-{merged}", merged=merged)
         saved = export(paths, tmp_path / f"ck-{merged}", checkpoint=name, merged=merged)

@@ -373,9 +373,9 @@ def test_export_writes_hf_safetensors_that_transformers_loads(saved, tmp_path):
 
 
 def test_export_holds_one_full_tensor_at_a_time(saved, tmp_path, monkeypatch):
-    """Every tensor is loaded by ss._load_tensor, once, and the one before it is gone
+    """Every tensor is loaded by ss.load_tensor, once, and the one before it is gone
     (freed, not only unreferenced by the caller) when the next is loaded."""
-    real = ss._load_tensor
+    real = ss.load_tensor
     live: list[weakref.ref] = []
     alive_at_load: list[int] = []
 
@@ -385,7 +385,7 @@ def test_export_holds_one_full_tensor_at_a_time(saved, tmp_path, monkeypatch):
         live.append(weakref.ref(tensor))
         return tensor
 
-    monkeypatch.setattr(ss, "_load_tensor", tracked)
+    monkeypatch.setattr(ss, "load_tensor", tracked)
     names = ss.export_hf(saved / "trainer", tmp_path / "model.safetensors", tied_lm_head=True)
     assert len(alive_at_load) == len(names) == 24
     assert max(alive_at_load) == 0

@@ -109,7 +109,9 @@ def test_offload_copies_the_base_once_and_keeps_everything_bit_exact(model_dir):
             p.data = p.data.clone()
     t.train_step(batch(1))
     nbytes = {
-        train: sum(p.numel() * p.element_size() for p in t.model.parameters() if p.requires_grad is train)
+        train: sum(
+            p.numel() * p.element_size() for p in t.model.parameters() if p.requires_grad == train
+        )
         for train in (True, False)
     }
     first = t.offload(move=True)
@@ -130,15 +132,15 @@ def test_offload_copies_the_base_once_and_keeps_everything_bit_exact(model_dir):
 
 
 def test_a_target_that_is_no_linear_layer_is_one_line_naming_the_field(model_dir):
-    with pytest.raises(ValueError, match="model.lora.target_modules"):
+    with pytest.raises(ValueError, match=r"model.lora.target_modules"):
         TorchTrainer(cfg(lora={"rank": 4, "target_modules": ["qproj"]}), str(model_dir))
 
 
 def test_the_recipe_checks_lora_fields():
-    with pytest.raises(RecipeError, match="model.lora.sync"):
+    with pytest.raises(RecipeError, match=r"model.lora.sync"):
         cfg(lora={"rank": 4, "sync": "nccl"})
-    with pytest.raises(RecipeError, match="model.lora.rank"):
+    with pytest.raises(RecipeError, match=r"model.lora.rank"):
         cfg(lora={"rank": -1})
     assert not cfg(lora={"rank": 0}).model.lora.enabled
-    with pytest.raises(RecipeError, match="model.lora.rank.*engine.trainer: torch"):
+    with pytest.raises(RecipeError, match=r"model.lora.rank.*engine.trainer: torch"):
         build_config({"model": {"lora": {"rank": 4}}, "engine": {"trainer": "synthetic"}})

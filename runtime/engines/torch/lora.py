@@ -68,7 +68,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, base_dtype: torch.dtype) -> li
                 _adapt(module, cfg)
                 adapted.append(name)
     if not adapted:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        linear = (n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
         raise ValueError(
             f"model.lora.target_modules: none of {sorted(targets)} is a linear layer of a "
             f"decoder block (this model's: {', '.join(names)})"

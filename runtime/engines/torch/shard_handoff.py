@@ -195,8 +195,8 @@ def _adam_state(opt: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, to
 def training_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     """This rank's local tensors of model and optimizer, in a fixed order: per parameter
     (``model.parameters()``, tied ones once) the parameter, then for a trainable one
-    ``exp_avg``, ``exp_avg_sq`` and ``step``. Under FSDP2 the local shards (views of the live storage: writing into
-    them sets the state), else the tensors themselves."""
+    ``exp_avg``, ``exp_avg_sq`` and ``step``. Under FSDP2 the local shards (views of the
+    live storage: writing into them sets the state), else the tensors themselves."""
     out: list[torch.Tensor] = []
     for param in model.parameters():
         out.append(local_tensor(param))

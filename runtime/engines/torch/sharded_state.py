@@ -69,7 +69,7 @@ OPTIM_KEY = "optim"
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
 # safetensors' dtype names (https://github.com/huggingface/safetensors, format spec).
-_SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
     torch.float32: "F32",
     torch.float16: "F16",
@@ -216,7 +216,7 @@ def load_sharded(
         with _quiet_single_process():
             dcp.load(
                 state,
-                storage_reader=_SafeReader(folder, metadata),
+                storage_reader=SafeReader(folder, metadata),
                 planner=_SafeLoadPlanner(),
                 process_group=process_group,
                 no_dist=not _distributed(),
@@ -311,7 +311,7 @@ def read_metadata(folder: Path) -> Metadata:
     return metadata
 
 
-class _SafeReader(FileSystemReader):
+class SafeReader(FileSystemReader):
     """DCP's file reader with the metadata read once, through :func:`read_metadata`."""
 
     def __init__(self, folder: Path, metadata: Metadata) -> None:
@@ -361,7 +361,7 @@ def hf_name(fqn: str, planner_path: tuple[Any, ...] | None = None) -> str | None
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
-def _load_tensor(reader: FileSystemReader, fqn: str, meta: TensorStorageMetadata) -> torch.Tensor:
+def load_tensor(reader: FileSystemReader, fqn: str, meta: TensorStorageMetadata) -> torch.Tensor:
     """One full tensor of the checkpoint, gathered from its chunks (the only place export
     materialises a tensor: the test counts the calls and the live results)."""
     out = torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -390,7 +390,7 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
             continue  # optimizer state, or a non-tensor entry of the model
         if tied_lm_head and name == "lm_head.weight":
             continue
-        if meta.properties.dtype not in _SAFETENSORS_DTYPES:
+        if meta.properties.dtype not in SAFETENSORS_DTYPES:
             raise CheckpointError(
                 f"{_where(folder)}: {name}: no safetensors dtype for {meta.properties.dtype}"
             )
@@ -409,7 +409,7 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
         meta = entries[name][1]
         size = meta.properties.dtype.itemsize * _numel(meta.size)
         header[name] = {
-            "dtype": _SAFETENSORS_DTYPES[meta.properties.dtype],
+            "dtype": SAFETENSORS_DTYPES[meta.properties.dtype],
             "shape": list(meta.size),
             "data_offsets": [offset, offset + size],
         }
@@ -417,7 +417,7 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as safetensors pads
 
-    reader = _SafeReader(folder, metadata)
+    reader = SafeReader(folder, metadata)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".{out_file.name}.tmp")
     try:
@@ -426,7 +426,7 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
             fh.write(blob)
             for name in names:
                 fqn, meta = entries[name]
-                _write_tensor(fh, _load_tensor(reader, fqn, meta), header[name])
+                write_tensor(fh, load_tensor(reader, fqn, meta), header[name])
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, out_file)
@@ -436,7 +436,7 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
     return names
 
 
-def _write_tensor(fh: io.BufferedWriter, tensor: torch.Tensor, entry: dict[str, Any]) -> None:
+def write_tensor(fh: io.BufferedWriter, tensor: torch.Tensor, entry: dict[str, Any]) -> None:
     """Its bytes, without a copy (a uint8 view of the contiguous tensor); checked against
     the header's byte range, which was computed from the metadata."""
     data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -325,10 +325,11 @@ class TorchTrainer:
         saves them); a tied ``lm_head`` left out as HF does."""
         dtype = getattr(torch, self.cfg.model.dtype)
         tied = getattr(self.model.config, "tie_word_embeddings", False)
+        adapter = lora_format.is_adapter_name
         return {
             # a copy: the state dict (and a gathered one, where a rank holds a whole
             # tensor) shares storage with the live parameters the next step updates
-            k: v.detach().to("cpu", torch.float32 if lora_format.is_adapter_name(k) else dtype, copy=True).contiguous()
+            k: v.detach().to("cpu", torch.float32 if adapter(k) else dtype, copy=True).contiguous()
             for k, v in state.items()
             if not (tied and k == "lm_head.weight")
         }

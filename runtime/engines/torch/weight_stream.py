@@ -136,7 +136,8 @@ def checkpoint_tensors(
     if lora is None or not lora.enabled:
         return entries
     if lora.sync == "adapter":
-        return [(lora_format.PEFT_PREFIX + k, v) for k, v in entries if lora_format.is_adapter_name(k)]
+        prefix = lora_format.PEFT_PREFIX
+        return [(prefix + k, v) for k, v in entries if lora_format.is_adapter_name(k)]
     out: list[tuple[str, Entry]] = []
     for k, v in entries:
         if lora_format.is_adapter_name(k):
