@@ -138,3 +138,26 @@ def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]
         if (v.shape[0] if k.endswith(_PARTS[0]) else v.shape[1]) != rank:
             raise ValueError(f"{tensor_file}: {k} has shape {tuple(v.shape)}, rank {rank}")
     return config, tensors
+
+
+def zero_adapter(model_path: str, cfg: LoraConfig) -> dict[str, torch.Tensor]:
+    """An adapter of all zeros for the model at ``model_path`` (peft names): the base model
+    exactly, for an engine to serve before the first sync. The shapes come from the model
+    built on the meta device (no weights read), the targets as the trainer picks them:
+    ``cfg.target_modules`` linear layers of the decoder blocks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    out: dict[str, torch.Tensor] = {}
+    targets = set(cfg.target_modules)
+    for i, block in enumerate(model.model.layers):
+        for name, module in block.named_modules():
+            if name.rsplit(".", 1)[-1] in targets and type(module) is torch.nn.Linear:
+                stem = f"{PEFT_PREFIX}model.layers.{i}.{name}"
+                out[f"{stem}.lora_A.weight"] = torch.zeros(cfg.rank, module.in_features)
+                out[f"{stem}.lora_B.weight"] = torch.zeros(module.out_features, cfg.rank)
+    if not out:
+        raise ValueError(f"model.lora.target_modules: no linear layer of {model_path} matches")
+    return out

@@ -287,12 +287,8 @@ class VLLMRolloutSide(RolloutSide[Future]):
             if not self._needs(header.version):
                 self._record(header, nbytes, received_s, 0.0, loaded=False)
                 return
-            from safetensors.torch import save_file
-
             written = time.perf_counter()
-            folder = self.weights_root / f"v{header.version}"
-            folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
-            save_file(weights, str(folder / "model.safetensors"))
+            folder = self._write_policy(header.version, weights)
             del weights
             write_s = time.perf_counter() - written
             log.debug("weights v%d received in %.3f s", header.version, received_s)
@@ -304,15 +300,11 @@ class VLLMRolloutSide(RolloutSide[Future]):
     def load_in_place(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Mode colocated_sync: this rank's trainer's weights (host memory) into its own
         engine, as a file in memory then a reload; no process group, nothing in flight."""
-        from safetensors.torch import save_file
-
         self._settle()
         if not self._needs(version):
             return
         start = time.perf_counter()
-        folder = self.weights_root / f"v{version}"
-        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
-        save_file(weights, str(folder / "model.safetensors"))
+        folder = self._write_policy(version, weights)
         write_s = time.perf_counter() - start
         took = self._await(
             self.engine.update_weights(str(folder), version),
@@ -334,6 +326,23 @@ class VLLMRolloutSide(RolloutSide[Future]):
         for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
             if old.name != folder.name:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _write_policy(self, version: int, weights: dict[str, torch.Tensor]) -> Path:
+        """``weights`` as the folder the engine loads version ``version`` from: a Hugging
+        Face ``model.safetensors``, or a LoRA run's adapter as a peft folder."""
+        from safetensors.torch import save_file
+
+        from runtime.engines import lora_format
+
+        folder = self.weights_root / f"v{version}"
+        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
+        if self.engine.serves_adapter:
+            if not all(map(lora_format.is_adapter_name, weights)):
+                raise ValueError(f"weights v{version}: a LoRA engine was sent non-adapter tensors")
+            lora_format.write_adapter(folder, weights, self.cfg.model.lora, self.engine.model_path)
+        else:
+            save_file(weights, str(folder / "model.safetensors"))
+        return folder
 
     def _needs(self, version: int) -> bool:
         """Whether the engine should load ``version`` (not if it has it, unless a level-2
