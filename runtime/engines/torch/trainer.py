@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from runtime.config.schema import Config
 from runtime.data import micro_batches
 from runtime.data.sample import Sample
 from runtime.engines import lora_format
-from runtime.engines.torch import logprobs
+from runtime.engines.torch import logprobs, policy_files
 from runtime.engines.torch.lora import apply_lora, trainable
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
 from runtime.engines.torch.offload import HostOffload, OffloadRecord, frozen_state, training_state
@@ -49,7 +48,6 @@ from runtime.engines.torch.parallelize import (
     trainer_device,
 )
 from runtime.rank.collective import Collective
-from runtime.store.run_dir import write_json_atomic
 
 log = logging.getLogger(__name__)
 PAD = 0
@@ -287,23 +285,11 @@ class TorchTrainer:
                     param.grad = torch.zeros_like(param)
             if collective is not None:
                 collective.all_reduce_grads(params)
-        metrics = self._reduce_stats(LossStats.combine(parts), collective)
+        metrics = reduce_stats(LossStats.combine(parts), collective)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         self.opt.step()
         metrics["grad_norm"] = full_norm(grad_norm)
         return metrics
-
-    @staticmethod
-    def _reduce_stats(st: LossStats, c: Collective | None) -> dict[str, float]:
-        """The update's statistics over the trainer ranks (LossStats' rule: sums, and the
-        extremes by min/max)."""
-        additive = [f.name for f in dataclasses.fields(st) if f.name not in LossStats.EXTREMES]
-        if c is not None:
-            sums = c.all_reduce_sum([getattr(st, k) for k in additive])
-            hi, neg_lo = c.all_reduce_max([st.is_ratio_max, -st.is_ratio_min])
-            st = LossStats(**dict(zip(additive, sums, strict=True)))
-            st.is_ratio_min, st.is_ratio_max = -neg_lo, hi
-        return st.as_metrics()
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
         """The full weights, checkpoint-format, on the leader (collective under FSDP2:
@@ -335,16 +321,8 @@ class TorchTrainer:
         }
 
     def for_rollout(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What a weight sync sends of checkpoint-format ``weights``: all of them, or for a
-        LoRA run the adapter alone (peft's names) or the base with it merged in
-        (``model.lora.sync``)."""
-        lora = self.cfg.model.lora
-        if not lora.enabled:
-            return weights
-        if lora.sync == "adapter":
-            return lora_format.to_peft(weights)
-        dtype = getattr(torch, self.cfg.model.dtype)
-        return {k: v.to(dtype) for k, v in lora_format.merge(weights, lora.scale).items()}
+        """What a weight sync sends of ``weights`` (runtime/engines/torch/policy_files.py)."""
+        return policy_files.for_rollout(weights, self.cfg)
 
     def abandon_step(self) -> None:
         """A step's collective failed (a trainer rank lost mid-step): its gradients are
@@ -437,33 +415,14 @@ class TorchTrainer:
     def publish(
         self, weights_dir: Path, weights: dict[str, torch.Tensor] | None = None, keep: int = 2
     ) -> Path:
-        """Write this version as ``<weights_dir>/v<N>/model.safetensors`` (atomic): the
-        given full weights (a sharded trainer's, gathered), else this replica's. A LoRA
-        run's is its adapter, as a peft folder (``reflow export --merged`` merges it)."""
-        from safetensors.torch import save_file
-
+        """Write this version as ``<weights_dir>/v<N>/`` (atomic): the given full weights (a
+        sharded trainer's, gathered), else this replica's; a LoRA run's adapter as a peft
+        folder (runtime/engines/torch/policy_files.py)."""
         if weights is None:
             weights = self.export_weights()
-
-        weights_dir.mkdir(exist_ok=True)
-        final = weights_dir / f"v{self.version}"
-        tmp = weights_dir / f".v{self.version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        if self.cfg.model.lora.enabled:
-            adapter = lora_format.to_peft(weights)
-            lora_format.write_adapter(tmp, adapter, self.cfg.model.lora, self.model_path)
-        else:
-            save_file(weights, str(tmp / "model.safetensors"))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        write_json_atomic(weights_dir / "latest.json", {"version": self.version, "dir": final.name})
-        versions = sorted(
-            (int(d.name[1:]) for d in weights_dir.glob("v*") if d.name[1:].isdigit()),
+        return policy_files.publish(
+            weights_dir, self.version, weights, self.cfg, self.model_path, keep
         )
-        for v in versions[:-keep] if len(versions) > keep else []:
-            shutil.rmtree(weights_dir / f"v{v}", ignore_errors=True)
-        return final
 
     def save_state(self, folder: Path, group: object | None = None) -> None:
         """Model and AdamW with torch.distributed.checkpoint (collective over the trainer
@@ -487,3 +446,15 @@ class TorchTrainer:
         self.step, self.version = int(extra["step"]), int(extra["version"])
         torch.set_rng_state(extra["torch_rng"])
         random.setstate(extra["python_rng"])
+
+
+def reduce_stats(st: LossStats, c: Collective | None) -> dict[str, float]:
+    """An update's statistics over the trainer ranks (LossStats' rule: sums, and the
+    extremes by min/max)."""
+    additive = [f.name for f in dataclasses.fields(st) if f.name not in LossStats.EXTREMES]
+    if c is not None:
+        sums = c.all_reduce_sum([getattr(st, k) for k in additive])
+        hi, neg_lo = c.all_reduce_max([st.is_ratio_max, -st.is_ratio_min])
+        st = LossStats(**dict(zip(additive, sums, strict=True)))
+        st.is_ratio_min, st.is_ratio_max = -neg_lo, hi
+    return st.as_metrics()

@@ -1,0 +1,58 @@
+"""What the trainer's policy becomes outside it: the tensors a weight sync sends, and the
+version folders of ``<run>/weights/`` (``reflow export`` reads them)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from runtime.config.schema import Config
+from runtime.engines import lora_format
+from runtime.store.run_dir import write_json_atomic
+
+
+def for_rollout(weights: dict[str, torch.Tensor], cfg: Config) -> dict[str, torch.Tensor]:
+    """What a weight sync sends of checkpoint-format ``weights``: all of them, or for a LoRA
+    run the adapter alone (peft's names) or the base with it merged in (``model.lora.sync``),
+    in ``model.dtype``."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return weights
+    dtype = getattr(torch, cfg.model.dtype)
+    if lora.sync == "adapter":  # in the rollout dtype, as the weight stream sends them
+        return {k: v.to(dtype) for k, v in lora_format.to_peft(weights).items()}
+    return {k: v.to(dtype) for k, v in lora_format.merge(weights, lora.scale).items()}
+
+
+def publish(
+    weights_dir: Path,
+    version: int,
+    weights: dict[str, torch.Tensor],
+    cfg: Config,
+    base_model: str,
+    keep: int = 2,
+) -> Path:
+    """``weights`` (checkpoint format) as ``<weights_dir>/v<version>/model.safetensors``, or
+    for a LoRA run its adapter as a peft folder there; atomic (written beside, renamed), then
+    ``latest.json``; only the newest ``keep`` versions stay."""
+    from safetensors.torch import save_file
+
+    weights_dir.mkdir(exist_ok=True)
+    final = weights_dir / f"v{version}"
+    tmp = weights_dir / f".v{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if cfg.model.lora.enabled:
+        adapter = lora_format.to_peft(weights)
+        lora_format.write_adapter(tmp, adapter, cfg.model.lora, base_model)
+    else:
+        save_file(weights, str(tmp / "model.safetensors"))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    write_json_atomic(weights_dir / "latest.json", {"version": version, "dir": final.name})
+    versions = sorted(int(d.name[1:]) for d in weights_dir.glob("v*") if d.name[1:].isdigit())
+    for v in versions[:-keep] if len(versions) > keep else []:
+        shutil.rmtree(weights_dir / f"v{v}", ignore_errors=True)
+    return final
