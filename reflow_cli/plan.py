@@ -93,7 +93,6 @@ def _row(label: str, value: str, note: str = "") -> str:
 def _trainer_lines(t: TrainerPlan, plan: MemoryPlan) -> list[str]:
     shape = plan.model
     how = f"fsdp2 over {t.shard_ranks} ranks" if t.strategy == "fsdp2" else "replicate"
-    share = f"1/{t.shard_ranks} each" if t.shard_ranks > 1 else "whole"
     if t.strategy == "fsdp2":
         working_note = (
             f"root unit gathered, parameters and gradients in {t.param_dtype}; 2 blocks "
@@ -112,9 +111,8 @@ def _trainer_lines(t: TrainerPlan, plan: MemoryPlan) -> list[str]:
     unused = t.activations_full if t.checkpointing else t.activations_checkpointed
     lines = [
         f"trainer role ({how}, param_dtype {t.param_dtype}):",
-        _row("parameters (float32 master)", _size(t.params_bytes), share),
-        _row("gradients (float32)", _size(t.grads_bytes), share),
-        _row("AdamW state (2 x float32)", _size(t.optimizer_bytes), share),
+        *([f"  {t.lora.line()}"] if t.lora is not None else []),
+        *(_row(label, _size(n), note) for label, n, note in t.state_rows()),
         _row("working copy", _size(t.working_bytes), working_note),
         _row(
             f"activations {used} checkpointing",

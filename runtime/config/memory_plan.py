@@ -6,7 +6,9 @@ For each role a rank can hold, :func:`plan_memory` adds up what that role keeps 
   divided over the FSDP2 shard group (``resources.trainer_gpus_per_replica``; whole under
   ``replicate``), FSDP2's unsharded working copy, the activations of one forward/backward
   pass (``train.micro_batch_tokens``, with and without ``train.activation_checkpointing``),
-  the chunked log-prob head and a fixed reserve;
+  the chunked log-prob head and a fixed reserve. With ``model.lora`` (rank > 0) the base
+  is frozen in the compute dtype (no master copy, gradients or AdamW state) and only the
+  adapters carry float32 weights, gradients and moments (:class:`LoraPlan`);
 - **rollout**: vLLM's weights in ``model.dtype`` over the tensor-parallel size, its KV cache
   (``gpu_memory_utilization`` x GPU memory - weights - a fixed reserve, or
   ``engine.kv_cache_memory_bytes``), the KV tokens that gives and the longest response
@@ -22,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.config.architectures import ModelShape, model_shape
+from runtime.config.architectures import ArchitectureError, ModelShape, model_shape
 from runtime.config.layout import initial_layout
-from runtime.config.schema import Config
+from runtime.config.schema import Config, LoraConfig
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -47,6 +49,38 @@ KV_BLOCK_TOKENS = 16  # vLLM allocates the KV cache in blocks of this many token
 # copy, the temperature-scaled copy and logsumexp's float32 workspace (or, in the
 # backward, the logits' gradient): runtime/engines/torch/logprobs.py.
 _LOGIT_BYTES_BESIDES_OUTPUT = 12
+# A LoRA run's weight sync sends the adapters in the rollout dtype (``model.dtype``), as
+# every weight (runtime/engines/torch/weight_stream.py; vLLM casts them to its LoRA dtype
+# anyway); ``model.lora.sync: merged`` sends the model.
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    """``model.lora`` in numbers: the adapters and what one weight sync sends."""
+
+    rank: int
+    modules: tuple[str, ...]  # the target modules this model has (adapted in every block)
+    adapter_params: int  # A [r, in] + B [out, r] of every adapted layer, all blocks
+    base_params: int
+    base_dtype: str  # the frozen base's dtype: train.param_dtype
+    sync: str  # model.lora.sync
+    sync_bytes: int  # one weight sync: the adapters or the merged model, in model.dtype
+    full_sync_bytes: int  # a full-parameter run's sync: the model in model.dtype
+
+    def line(self) -> str:
+        """The plan's LoRA line."""
+        share, sent = self.adapter_params / self.base_params, self.sync_bytes / GIB
+        sent_as = (
+            f"the adapter, {sent:.2f} GiB ({self.sync_bytes / self.full_sync_bytes:.2%}"
+            f" of the model's {self.full_sync_bytes / GIB:.2f} GiB)"
+            if self.sync == "adapter"
+            else f"the merged model, {sent:.2f} GiB"
+        )
+        return (
+            f"LoRA rank {self.rank} on {', '.join(self.modules)}: {self.adapter_params:,} "
+            f"adapter parameters ({share:.2%} of {self.base_params:,}), base frozen in "
+            f"{self.base_dtype}; a weight sync sends {sent_as}"
+        )
 
 
 @dataclass(frozen=True)
@@ -68,6 +102,9 @@ class TrainerPlan:
     reserve_bytes: int
     largest_pass_tokens: int | None  # the most tokens per pass that fit (None: CPU run)
     largest_pass_tokens_checkpointed: int | None
+    lora: LoraPlan | None = None  # model.lora: params_bytes = base_bytes + adapter_bytes
+    base_bytes: int = 0  # LoRA: the frozen base's shard in base_dtype (no grads, no AdamW)
+    adapter_bytes: int = 0  # LoRA: the float32 adapters' shard
 
     @property
     def activations_bytes(self) -> int:
@@ -80,8 +117,35 @@ class TrainerPlan:
     @property
     def optimizer_step_bytes(self) -> int:
         """AdamW's step (foreach, the CUDA default) holds a float32 temporary per local
-        parameter (the sqrt of exp_avg_sq) next to the state; activations are gone then."""
-        return self.state_bytes + self.params_bytes + self.reserve_bytes
+        parameter (the sqrt of exp_avg_sq) next to the state; activations are gone then.
+        A LoRA run's AdamW steps the adapters only."""
+        trained = self.adapter_bytes if self.lora is not None else self.params_bytes
+        return self.state_bytes + trained + self.reserve_bytes
+
+    def state_rows(self) -> list[tuple[str, int, str]]:
+        """(label, bytes, note) of the state on this GPU, as the plan prints it."""
+        share = f"1/{self.shard_ranks} each" if self.shard_ranks > 1 else "whole"
+        lora = self.lora
+        if lora is None:
+            return [
+                ("parameters (float32 master)", self.params_bytes, share),
+                ("gradients (float32)", self.grads_bytes, share),
+                ("AdamW state (2 x float32)", self.optimizer_bytes, share),
+            ]
+        return [
+            (
+                f"frozen base ({lora.base_dtype})",
+                self.base_bytes,
+                f"{share}; no gradients, no AdamW state",
+            ),
+            (
+                f"LoRA adapters r={lora.rank} (float32)",
+                self.adapter_bytes,
+                f"{share} of {lora.adapter_params:,} parameters",
+            ),
+            ("adapter gradients (float32)", self.grads_bytes, share),
+            ("adapter AdamW state (2 x float32)", self.optimizer_bytes, share),
+        ]
 
     @property
     def pass_bytes(self) -> int:
@@ -244,6 +308,65 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
+def lora_module_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer of a decoder block, by its Hugging Face name."""
+    h, q, kv, i = shape.hidden, shape.q_width, shape.kv_width, shape.intermediate
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    io = ((h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h))
+    return dict(zip(names, io, strict=True))
+
+
+def lora_modules(shape: ModelShape, lora: LoraConfig) -> tuple[str, ...]:
+    """The target modules that are linear layers of this model's blocks: the ones the
+    trainer adapts (runtime/engines/torch/lora.py ``apply_lora`` skips the others, and
+    refuses a list with none)."""
+    known = lora_module_shapes(shape)
+    modules = tuple(m for m in known if m in set(lora.target_modules))
+    if not modules:
+        raise ArchitectureError(
+            f"model.lora.target_modules: none of {sorted(lora.target_modules)} is a linear "
+            f"layer of a decoder block ({', '.join(known)})"
+        )
+    return modules
+
+
+def lora_adapter_params(shape: ModelShape, lora: LoraConfig) -> int:
+    """Adapter parameters of the whole model: A [r, in] and B [out, r] for each adapted
+    linear layer of every decoder block."""
+    known = lora_module_shapes(shape)
+    per_block = sum(lora.rank * sum(known[m]) for m in lora_modules(shape, lora))
+    return shape.layers * per_block
+
+
+def lora_plan(cfg: Config, shape: ModelShape, base_dtype: str) -> LoraPlan | None:
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return None
+    adapters = lora_adapter_params(shape, lora)
+    full = shape.total_params * DTYPE_BYTES[cfg.model.dtype]
+    return LoraPlan(
+        rank=lora.rank,
+        modules=lora_modules(shape, lora),
+        adapter_params=adapters,
+        base_params=shape.total_params,
+        base_dtype=base_dtype,
+        sync=lora.sync,
+        sync_bytes=adapters * DTYPE_BYTES[cfg.model.dtype] if lora.sync == "adapter" else full,
+        full_sync_bytes=full,
+    )
+
+
+def lora_activation_bytes_per_token(shape: ModelShape, lora: LoraConfig, p: int) -> int:
+    """What a block's adapters save for the backward besides the base's activations, per
+    token: A's output (r values) for B's weight gradient, and with dropout the dropped
+    input and its mask; the input itself is the base layer's, saved already."""
+    if not lora.enabled:
+        return 0
+    known = lora_module_shapes(shape)
+    dropped = [known[m][0] * (p + 1) if lora.dropout else 0 for m in lora_modules(shape, lora)]
+    return sum(lora.rank * p + d for d in dropped)
+
+
 def layer_activation_bytes_per_token(shape: ModelShape, p: int, r: int) -> int:
     """Bytes one decoder block saves for its backward, per token, in Hugging Face's
     implementation with the SDPA kernel given a padding mask (so GQA's k and v are
@@ -263,12 +386,19 @@ def layer_activation_bytes_per_token(shape: ModelShape, p: int, r: int) -> int:
 
 
 def activation_bytes(
-    shape: ModelShape, tokens: int, max_seq_len: int, p: int, r: int, checkpointed: bool
+    shape: ModelShape,
+    tokens: int,
+    max_seq_len: int,
+    p: int,
+    r: int,
+    checkpointed: bool,
+    extra_per_layer: int = 0,
 ) -> int:
     """One forward/backward pass of ``tokens`` padded tokens (rows of at most
-    ``max_seq_len``), the log-prob head excluded."""
+    ``max_seq_len``), the log-prob head excluded; ``extra_per_layer``: bytes per token a
+    block saves besides the base's (LoRA adapters)."""
     h = shape.hidden
-    per_layer = layer_activation_bytes_per_token(shape, p, r)
+    per_layer = layer_activation_bytes_per_token(shape, p, r) + extra_per_layer
     if checkpointed:  # each block keeps its input; one block is recomputed at a time
         blocks = tokens * (shape.layers * r * h + per_layer)
     else:
@@ -312,32 +442,60 @@ def plan_trainer(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Train
     sharded = train.strategy == "fsdp2"
     shards = cfg.resources.trainer_gpus_per_replica if sharded else 1
     local = math.ceil(n / shards)
+    lora = lora_plan(cfg, shape, param_dtype)
+    if lora is None:
+        trained, base, adapter_bytes = local, 0, 0
+        params_bytes = 4 * local  # float32 master weights
+    else:
+        # the base frozen in param_dtype (runtime/engines/torch/lora.py), sharded as the
+        # model is; only the float32 adapters have gradients and AdamW moments
+        trained = math.ceil(lora.adapter_params / shards)
+        base, adapter_bytes = p * local, 4 * trained
+        params_bytes = base + adapter_bytes
+    state = params_bytes + 12 * trained  # + float32 gradients and 2 AdamW moments
+    block_adapters = lora.adapter_params // shape.layers if lora else 0
     if sharded:
         # The root unit (embedding, final norm, head) stays gathered from the forward to
         # the end of the backward (FSDP2 does not reshard the root after forward), its
         # gradients too from the head's backward on. Blocks are gathered one at a time,
         # the next one prefetched: parameters and gradients in param_dtype, and the
         # reduce-scatter's float32 input. The root's own reduction comes last, once the
-        # activations are freed.
-        working = shape.root_params * 2 * p + 2 * shape.block_params * (2 * p + 4)
-        reduce = shape.root_params * (2 * p + 4)
+        # activations are freed. LoRA: the frozen root and blocks are gathered without
+        # gradients; the adapters (a unit of their own per block) as trained parameters.
+        if lora is None:
+            working = shape.root_params * 2 * p + 2 * shape.block_params * (2 * p + 4)
+            reduce = shape.root_params * (2 * p + 4)
+        else:
+            adapters_unit = block_adapters * (2 * p + 4)
+            working = shape.root_params * p + 2 * (shape.block_params * p + adapters_unit)
+            reduce = shape.root_params * p + adapters_unit  # the first block's, last
         residual = p
     else:
-        working = n * p if p < 4 else 0  # autocast caches a cast copy of each weight
+        # autocast caches a cast copy of each float32 weight that trains (a LoRA run's
+        # base is already in param_dtype)
+        working = (lora.adapter_params if lora else n) * p if p < 4 else 0
         # the all-reduce copies gradients into float32 buckets; a tensor larger than a
         # bucket (the embedding) gets one of its own (runtime/rank/collective.py)
         bucket = int(cfg.engine.weight_bucket_mb * 2**20)
-        reduce = max(bucket, 4 * shape.embedding_params)
-        residual = 4  # autocast leaves the embedding and the residual adds in float32
+        if lora is None:
+            reduce = max(bucket, 4 * shape.embedding_params)
+        else:
+            widest = max(sum(io) for io in lora_module_shapes(shape).values())
+            reduce = max(min(bucket, 4 * lora.adapter_params), 4 * lora.rank * widest)
+        # autocast leaves the float32 embedding and the residual adds in float32; a LoRA
+        # run's base is in param_dtype, so is its residual stream
+        residual = 4 if lora is None else p
     tokens, note = _pass_tokens(cfg)
     chunk = train.logprob_chunk_tokens
     longest = cfg.model.max_seq_len
+    extra = lora_activation_bytes_per_token(shape, cfg.model.lora, p)
+
+    def acts(t: int, checkpointed: bool) -> int:
+        return activation_bytes(shape, t, longest, p, residual, checkpointed, extra)
 
     def pass_total(t: int, checkpointed: bool) -> int:
-        acts = activation_bytes(shape, t, longest, p, residual, checkpointed)
-        return (
-            16 * local + working + acts + logprob_head_bytes(shape, t, chunk, p)
-        ) + TRAINER_RESERVE_BYTES
+        head = logprob_head_bytes(shape, t, chunk, p)
+        return state + working + acts(t, checkpointed) + head + TRAINER_RESERVE_BYTES
 
     def largest(checkpointed: bool) -> int | None:
         if gpu_bytes is None:
@@ -356,20 +514,23 @@ def plan_trainer(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Train
         strategy=train.strategy or "fsdp2",
         shard_ranks=shards,
         param_dtype=param_dtype,
-        params_bytes=4 * local,
-        grads_bytes=4 * local,
-        optimizer_bytes=8 * local,
+        params_bytes=params_bytes,
+        grads_bytes=4 * trained,
+        optimizer_bytes=8 * trained,
         working_bytes=working,
         reduce_bytes=reduce,
         tokens_per_pass=tokens,
         tokens_note=note,
         checkpointing=train.activation_checkpointing,
-        activations_checkpointed=activation_bytes(shape, tokens, longest, p, residual, True),
-        activations_full=activation_bytes(shape, tokens, longest, p, residual, False),
+        activations_checkpointed=acts(tokens, True),
+        activations_full=acts(tokens, False),
         logprob_head_bytes=logprob_head_bytes(shape, tokens, chunk, p),
         reserve_bytes=TRAINER_RESERVE_BYTES if gpu_bytes is not None else 0,
         largest_pass_tokens=largest(train.activation_checkpointing),
         largest_pass_tokens_checkpointed=largest(True),
+        lora=lora,
+        base_bytes=base,
+        adapter_bytes=adapter_bytes,
     )
 
 
@@ -386,10 +547,16 @@ def plan_rollout(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Rollo
     dtype = cfg.model.dtype
     weights = math.ceil(shape.total_params * DTYPE_BYTES[dtype] / tp)
     resident = 0
+    lora = cfg.model.lora
     if cfg.train.strategy == "replicate" and gpu_bytes is not None:
         # every rank builds the replicated trainer on its GPU; a rank that has trained
-        # keeps its AdamW state when it turns to rollout (runtime/engines/torch/trainer.py)
+        # keeps its AdamW state when it turns to rollout (runtime/engines/torch/trainer.py):
+        # float32 weights + AdamW, or a LoRA run's frozen base + float32 adapters + AdamW
         resident = 12 * shape.total_params
+        if lora.enabled:
+            base_dtype = cfg.train.param_dtype or "bfloat16"
+            adapters = lora_adapter_params(shape, lora)
+            resident = DTYPE_BYTES[base_dtype] * shape.total_params + 12 * adapters
     reserve = ROLLOUT_RESERVE_BYTES if gpu_bytes is not None else 0
     set_kv = cfg.engine.kv_cache_memory_bytes
     # engine.gpu_memory_utilization is read once the schema has it; until then the

@@ -75,6 +75,9 @@ class SimResult:
     rollout_gpu_busy_s: float
     trainer_gpu_busy_s: float
     placements: list[tuple[float, int, str]] = field(default_factory=list)  # (time, step, R:T)
+    weight_syncs: int = 0  # the weight syncs the trainer leader paid
+    weight_sync_s: float = 0.0  # the seconds of one (the model's, a LoRA run's adapter sync)
+    weight_sync_bytes: float | None = None  # one sync's bytes, where the model's size is known
 
 
 class SimCluster:
@@ -145,6 +148,7 @@ class SimCluster:
         self.stall_s = stall_s
         self.trainer_busy_s = 0.0
         self.trained_blocks = 0
+        self.weight_syncs = 0
         self.finished = False
         self.placements: list[tuple[float, int, str]] = []
         self._handlers: dict[type, Callable[[int, Any], None]] = {
@@ -246,6 +250,7 @@ class SimCluster:
 
     def _on_weight_sync(self, rank: int, msg: p.WeightSync) -> None:
         if rank == 0:  # the leader broadcasts: its next step starts after the sync
+            self.weight_syncs += 1
             self.trainer_busy_until = max(self.trainer_busy_until, self.now) + (
                 self.model.weight_sync_s
             )
@@ -388,4 +393,6 @@ class SimCluster:
             rollout_gpu_busy_s=sum(self.pool.rollout_busy),
             trainer_gpu_busy_s=self.trainer_busy_s,
             placements=self.placements,
+            weight_syncs=self.weight_syncs,
+            weight_sync_s=self.model.weight_sync_s,
         )

@@ -33,6 +33,10 @@ class ModelProfile:
     kv_tokens: int
     train_tok_s: float
     weight_sync_s: float
+    # The part of weight_sync_s that does not grow with the bytes sent (setup, the
+    # engine's load call): what a LoRA run's adapter sync keeps (runtime/sim/lora.py);
+    # None: all of it scales with the bytes.
+    weight_sync_fixed_s: float | None = None
     # One role switch of a rank, whatever its direction; None: the switch is the sum of
     # its phases (switch_phases, below), which then need the parts further down.
     switch_s: float | None = None

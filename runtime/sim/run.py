@@ -10,6 +10,7 @@ from typing import Any
 from runtime.config.recipe import RecipeError, rebuild
 from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
+from runtime.sim.lora import lora_profile, sync_bytes
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
 from runtime.workloads.kinds import KINDS
 
@@ -163,17 +164,21 @@ def simulate(
     engines: Engines | None = None,
 ) -> SimResult:
     """One simulated run of ``sim_plan``, the engines from ``engines`` when given, else
-    from the profile file ``profiles_path``."""
+    from the profile file ``profiles_path``. A recipe with ``model.lora`` runs with the
+    profile's LoRA costs (:func:`runtime.sim.lora.lora_profile`)."""
     engines = engines or Engines.from_file(profiles_path)
-    return SimCluster(
+    model = engines.profiles.model(sim_plan.model)
+    result = SimCluster(
         sim_plan.cfg,
-        engines.profiles.model(sim_plan.model),
+        lora_profile(model, sim_plan.cfg),
         engines.profiles.workload(sim_plan.workload),
         seed=seed,
         block=engines.block,
         heartbeat_s=engines.heartbeat_s,
         max_seqs=engines.max_seqs,
     ).run()
+    result.weight_sync_bytes = sync_bytes(model, sim_plan.cfg)
+    return result
 
 
 def protocol_steps(
@@ -370,6 +375,12 @@ def figures(
             4,
         ),
         "placements": [p[2] for p in result.placements],
+        # the weight syncs the trainer leader paid, and what one takes and sends
+        "weight_sync": {
+            "syncs": result.weight_syncs,
+            "s_each": round(result.weight_sync_s, 4),
+            "bytes_each": result.weight_sync_bytes,
+        },
         "lost": s["samples"]["lost"],
         "evicted": s["samples"]["evicted"],
         # in tokens (the simulator's samples count blocks of ``block`` tokens)
