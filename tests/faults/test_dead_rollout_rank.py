@@ -31,8 +31,10 @@ def test_a_killed_rollout_rank_costs_nothing_but_time(tmp_path, runs_dir):
     # come before rank 3's first group.
     s = wait_for(
         run,
-        lambda s: (s["step"] >= 10 and s["buffer"]["delivered_by_rank"].get("3", 0) > 0)
-        or s["state"] != "RUNNING",
+        lambda s: (
+            (s["step"] >= 10 and s["buffer"]["delivered_by_rank"].get("3", 0) > 0)
+            or s["state"] != "RUNNING"
+        ),
         300,
     )
     assert s["state"] == "RUNNING", s.get("reason")
