@@ -43,7 +43,8 @@ limit that leaves no room for the prompt.
 
 Shipped recipes: `recipes/apps_coding.yaml`, `recipes/dapo_math.yaml`, `recipes/retool.yaml`
 (cluster scale, Qwen3-8B paths, the paper's B_max = b, sigma = tau = 0.5, delta = 1), their
-CPU variants `recipes/*_cpu.yaml`, `recipes/demo.yaml` and `recipes/demo_drift.yaml`.
+CPU variants `recipes/*_cpu.yaml`, `recipes/demo.yaml`, `recipes/demo_lora.yaml` (the demo
+with LoRA) and `recipes/demo_drift.yaml`.
 Fields whose doc says "validated, not used yet" are accepted and checked so that recipes
 stay stable, but nothing reads them in this version.
 
@@ -107,6 +108,19 @@ def _row(name: str, f: dataclasses.Field) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
+def _rows(prefix: str, cls: type) -> list[str]:
+    """A section's rows; a nested section (``model.lora``) as its own fields, each named in
+    full."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for g in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[g.name]):
+            out += _rows(f"{prefix}.{g.name}", hints[g.name])
+        else:
+            out.append(_row(f"{prefix}.{g.name}", g))
+    return out
+
+
 TABLE_HEAD = ["| field | type | default | allowed | doc |", "|---|---|---|---|---|"]
 
 
@@ -135,7 +149,7 @@ def render() -> str:
             "",
             *TABLE_HEAD,
         ]
-        lines += [_row(f"{s.name}.{g.name}", g) for g in dataclasses.fields(cls)]
+        lines += _rows(s.name, cls)
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 
