@@ -144,3 +144,18 @@ def test_the_recipe_checks_lora_fields():
     assert not cfg(lora={"rank": 0}).model.lora.enabled
     with pytest.raises(RecipeError, match=r"model.lora.rank.*engine.trainer: torch"):
         build_config({"model": {"lora": {"rank": 4}}, "engine": {"trainer": "synthetic"}})
+
+
+def test_a_lora_engine_keeps_its_base_when_it_sleeps():
+    """Level 2 drops the engine's weights, to be replaced by the next sync; a LoRA run's
+    syncs send the adapter only, so its engine sleeps at level 1 (the base kept)."""
+    from types import SimpleNamespace
+
+    from runtime.engines.vllm.rollout import VLLMRolloutSide
+
+    def level(serves_adapter: bool) -> int:
+        engine = SimpleNamespace(serves_adapter=serves_adapter)
+        return VLLMRolloutSide.sleep_level(SimpleNamespace(collective=object(), engine=engine))
+
+    assert level(serves_adapter=False) == 2
+    assert level(serves_adapter=True) == 1

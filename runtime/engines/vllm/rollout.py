@@ -238,8 +238,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
     def sleep_level(self) -> int:
         """2 when the weights will be replaced before this engine generates again (a rank
         joining the rollout pool receives the current ones in :meth:`on_layout`, which
-        needs the process group), else 1 (kept in host memory)."""
-        return 2 if self.collective is not None else 1
+        needs the process group), else 1 (kept in host memory). A LoRA engine receives
+        the adapter only, never the base again: 1."""
+        return 2 if self.collective is not None and not self.engine.serves_adapter else 1
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats.snapshot()
