@@ -46,5 +46,5 @@ def test_the_report_gives_each_arm_its_share_of_full_gain(tmp_path, capsys):
 
 def test_a_run_that_did_not_complete_is_named(tmp_path):
     run_folder(tmp_path, "full", 0.2, 0.4, 1000, state="FAILED")
-    with pytest.raises(SystemExit, match="lora-full-.*FAILED"):
+    with pytest.raises(SystemExit, match=r"lora-full-.*FAILED"):
         bench.main(["--report-only", str(tmp_path)])
