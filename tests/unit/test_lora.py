@@ -159,3 +159,22 @@ def test_a_lora_engine_keeps_its_base_when_it_sleeps():
 
     assert level(serves_adapter=False) == 2
     assert level(serves_adapter=True) == 1
+
+
+def test_activation_checkpointing_and_micro_batches_train_the_same_adapters(model_dir):
+    """Every block recomputed in the backward (the frozen base's inputs carry no gradient:
+    the non-reentrant checkpoint still reaches the adapters) and the batch in micro-batches:
+    the adapters end where one plain pass leaves them."""
+    plain = TorchTrainer(cfg(), str(model_dir))
+    other = TorchTrainer(
+        cfg(activation_checkpointing=True, micro_batch_tokens=64, mini_batches=1), str(model_dir)
+    )
+    assert other.cfg.train.activation_checkpointing
+    start = state(plain)
+    plain.train_step(batch(4))
+    m = other.train_step(batch(4))
+    assert m["micro_steps"] > 1
+    a, b = state(plain), state(other)
+    assert any(not torch.equal(a[k], start[k]) for k in a if k.endswith("lora_B.weight"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
