@@ -337,7 +337,7 @@ def _write_merged(
         def load(name: str) -> torch.Tensor:
             t = tensors[name][0].get_tensor(name)
             if name in pairs:
-                t = merged_weight(t, *pairs[name], scale)
+                t = merged_weight(t, *pairs[name], scale, dtype=torch.float32)
             return t.to(dtype) if t.is_floating_point() else t
 
         _stream_safetensors(out_file, entries, load)

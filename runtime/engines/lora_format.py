@@ -58,21 +58,28 @@ def from_peft(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def merge(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
-    """The base weights with every adapter merged in (``W + scale * B @ A``, in float32,
-    then the base's dtype), adapter tensors left out: a plain Hugging Face state dict."""
+    """The base weights with every adapter merged in (``W + scale * B @ A``, float32),
+    adapter tensors left out: a plain Hugging Face state dict."""
     out = {k: v for k, v in state.items() if not is_adapter_name(k)}
     for name in state:
         if name.endswith(_PARTS[0]):
             a, b = state[name], state[name[: -len(_PARTS[0])] + _PARTS[1]]
             w = out[base_name(name)]
-            out[base_name(name)] = merged_weight(w, a, b, scale)
+            out[base_name(name)] = merged_weight(w, a, b, scale, dtype=torch.float32)
     return out
 
 
-def merged_weight(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``W + scale * B @ A`` in float32, returned in W's dtype."""
+def merged_weight(
+    w: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: float,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``W + scale * B @ A`` in float32, returned in ``dtype`` (default W's): a small delta
+    rounded through a narrower base dtype first would be lost."""
     delta = (b.float() @ a.float()) * scale
-    return (w.float() + delta.to(w.device)).to(w.dtype)
+    return (w.float() + delta.to(w.device)).to(dtype or w.dtype)
 
 
 def adapter_config(cfg: LoraConfig, base_model: str, targets: list[str]) -> dict[str, Any]:

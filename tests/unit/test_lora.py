@@ -178,3 +178,67 @@ def test_activation_checkpointing_and_micro_batches_train_the_same_adapters(mode
     assert any(not torch.equal(a[k], start[k]) for k in a if k.endswith("lora_B.weight"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_sharded_leaders_eval_copy_carries_the_adapters(model_dir):
+    """The plain model a sharded trainer's leader generates with (evals) is the trained
+    policy, its adapters merged in, not the base with them dropped."""
+    from runtime.engines.torch.policy_files import plain_model
+
+    t = TorchTrainer(cfg(), str(model_dir))
+    t.train_step(batch(5))
+    t.train_step(batch(6))
+    copy = plain_model(str(model_dir), t.export_weights(), t.cfg)
+    ids = batch(5)[0].prompt_token_ids
+    base = logits(TorchTrainer(cfg(lora={"rank": 0}), str(model_dir)), ids)
+    assert not torch.allclose(logits(t, ids), base, atol=1e-4)  # the adapters matter
+    copy.eval()
+    with torch.no_grad():
+        got = copy(input_ids=torch.tensor([ids])).logits
+    torch.testing.assert_close(got, logits(t, ids), rtol=0, atol=1e-5)
+
+
+def test_a_bfloat16_base_keeps_float32_buffers_and_generates_outside_autocast(model_dir):
+    """train.param_dtype bfloat16 (CUDA's default): the frozen base's parameters in
+    bfloat16, its buffers (rotary inv_freq) still float32 as the rollout engine's, and the
+    model generates with no autocast (an eval) though its adapters are float32."""
+    t = TorchTrainer(cfg(param_dtype="bfloat16"), str(model_dir))
+    base = [p for p in t.model.parameters() if not p.requires_grad]
+    assert base and all(p.dtype == torch.bfloat16 for p in base)
+    assert all(p.dtype == torch.float32 for p in t.model.parameters() if p.requires_grad)
+    assert all(b.dtype == torch.float32 for n, b in t.model.named_buffers() if "inv_freq" in n)
+    t.train_step(batch(1))
+    t.model.eval()
+    ids = torch.tensor([batch(1)[0].prompt_token_ids])
+    with torch.no_grad():
+        out = t.model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_dropout_leaves_the_old_policys_logprobs_deterministic(model_dir):
+    """With adapter dropout the update trains through it, but the old policy's log-probs
+    (the PPO ratio's denominator) are the whole policy's: the same at the same weights."""
+    t = TorchTrainer(cfg(lora={**LORA, "dropout": 0.5}), str(model_dir))
+    t.train_step(batch(1))  # B != 0, so dropout on the adapters' input changes outputs
+    rows = batch(2)
+    plan = [list(range(len(rows)))]
+    first, second = t._old_logprobs(rows, plan), t._old_logprobs(rows, plan)
+    assert all(torch.equal(first[i], second[i]) for i in first)
+    t.model.train()
+    with torch.no_grad():
+        a, b = t._forward(rows), t._forward(rows)
+    assert not torch.equal(a, b)  # the training forward does drop out
+
+
+def test_a_merge_keeps_a_delta_a_bfloat16_base_cannot_hold():
+    w = torch.ones(4, 4, dtype=torch.bfloat16)
+    a, b = torch.ones(1, 4), torch.full((4, 1), 1e-4)
+    merged = lora_format.merged_weight(w, a, b, 1.0, dtype=torch.float32)
+    assert merged.dtype == torch.float32
+    torch.testing.assert_close(merged, torch.full((4, 4), 1.0001), rtol=0, atol=1e-6)
+    assert torch.equal(lora_format.merged_weight(w, a, b, 1.0), w)  # lost in bf16
+
+
+def test_every_target_must_name_a_layer(model_dir):
+    with pytest.raises(ValueError, match=r"model\.lora\.target_modules: o_prj is not"):
+        TorchTrainer(cfg(lora={"rank": 4, "target_modules": ["q_proj", "o_prj"]}), str(model_dir))

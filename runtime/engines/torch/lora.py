@@ -16,7 +16,9 @@ and needs no float32 master copy; the adapters and their AdamW state are float32
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -37,7 +39,10 @@ class LoraLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
-        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scale
+        # Outside autocast and FSDP2's casts (generation for an eval) a bfloat16 base meets
+        # float32 adapters: the adapter runs in its own dtype and adds in the base's.
+        h = self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))
+        return out + (self.lora_B(h) * self.scale).to(out.dtype)
 
 
 def _adapt(layer: nn.Linear, cfg: LoraConfig) -> None:
@@ -58,21 +63,26 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, base_dtype: torch.dtype) -> li
     rest frozen in ``base_dtype``; returns the adapted layers' names. Adapters are created
     from torch's RNG: seeded alike on every trainer rank, they start equal."""
     targets = set(cfg.target_modules)
-    for param in model.parameters():
-        param.requires_grad_(False)
-    model.to(base_dtype)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.requires_grad_(False)
+            # parameters only: buffers keep their dtype (a bfloat16 rotary ``inv_freq``
+            # would shift every position's angle against the rollout engine's float32)
+            param.data = param.data.to(base_dtype)
     adapted: list[str] = []
     for block in decoder_blocks(model):
         for name, module in block.named_modules():
             if name.rsplit(".", 1)[-1] in targets and type(module) is nn.Linear:
                 _adapt(module, cfg)
                 adapted.append(name)
-    if not adapted:
-        linear = (n for n, m in model.named_modules() if isinstance(m, nn.Linear))
-        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+    matched = {name.rsplit(".", 1)[-1] for name in adapted}
+    if matched != targets:
+        block = decoder_blocks(model)[0].named_modules()
+        linear = {n.rsplit(".", 1)[-1] for n, m in block if isinstance(m, nn.Linear)}
+        names = sorted(linear - {"lora_A", "lora_B"})
         raise ValueError(
-            f"model.lora.target_modules: none of {sorted(targets)} is a linear layer of a "
-            f"decoder block (this model's: {', '.join(names)})"
+            f"model.lora.target_modules: {', '.join(sorted(targets - matched))} is not a "
+            f"linear layer of a decoder block (this model's: {', '.join(names)})"
         )
     return adapted
 
@@ -80,3 +90,20 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, base_dtype: torch.dtype) -> li
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     """The parameters that train (all of them without LoRA)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+@contextlib.contextmanager
+def adapter_dropout_off(model: nn.Module) -> Iterator[None]:
+    """The adapters' dropout off for a pass that measures the policy (the old policy's
+    log-probs): the update's ratio compares the dropped-out policy with the whole one, as
+    with peft. Without dropout nothing changes."""
+    dropouts = [m for m in model.modules() if isinstance(m, LoraLinear)]
+    dropouts = [m.lora_dropout for m in dropouts if isinstance(m.lora_dropout, nn.Dropout)]
+    was = [d.training for d in dropouts]
+    for d in dropouts:
+        d.eval()
+    try:
+        yield
+    finally:
+        for d, training in zip(dropouts, was, strict=True):
+            d.train(training)

@@ -56,3 +56,23 @@ def publish(
     for v in versions[:-keep] if len(versions) > keep else []:
         shutil.rmtree(weights_dir / f"v{v}", ignore_errors=True)
     return final
+
+
+def plain_model(
+    model_path: str, weights: dict[str, torch.Tensor] | None, cfg: Config
+) -> torch.nn.Module:
+    """A plain Hugging Face model of ``weights`` (checkpoint format; None: the model folder's
+    own), for a sharded trainer's leader to generate with: a LoRA run's adapters merged in,
+    since a plain model has no place for them."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    if weights is None:
+        return model
+    if cfg.model.lora.enabled:
+        weights = lora_format.merge(weights, cfg.model.lora.scale)
+    _, unexpected = model.load_state_dict(weights, strict=False)  # a tied head is left out
+    if unexpected:
+        raise RuntimeError(f"weights the model does not have: {', '.join(unexpected[:3])}")
+    model.tie_weights()
+    return model

@@ -37,7 +37,7 @@ from runtime.data import micro_batches
 from runtime.data.sample import Sample
 from runtime.engines import lora_format
 from runtime.engines.torch import logprobs, policy_files
-from runtime.engines.torch.lora import apply_lora, trainable
+from runtime.engines.torch.lora import adapter_dropout_off, apply_lora, trainable
 from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
 from runtime.engines.torch.offload import HostOffload, OffloadRecord, frozen_state, training_state
 from runtime.engines.torch.parallelize import (
@@ -201,7 +201,8 @@ class TorchTrainer:
         """The trainer's own log-probs of this rank's rows before the update, by index."""
         out: dict[int, torch.Tensor] = {}
         for batch in mine:
-            logp = self._forward([samples[i] for i in batch])
+            with adapter_dropout_off(self.model):
+                logp = self._forward([samples[i] for i in batch])
             for row, i in enumerate(batch):
                 out[i] = logp[row, : len(samples[i].token_ids)].float().cpu()
         return out

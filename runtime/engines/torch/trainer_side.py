@@ -189,17 +189,13 @@ class TorchTrainerSide(BatchConsumer):
         set ``eval/<set>/greedy``, ``mean@k`` and ``pass@k`` (runtime/workloads/
         eval_sets.py). A sharded model cannot generate on one rank: a plain copy is built
         from the gathered weights, or from the model folder before the first sync."""
-        from transformers import AutoModelForCausalLM
-
         from runtime.embedded.warm_start import greedy_accuracy
+        from runtime.engines.torch.policy_files import plain_model
         from runtime.workloads import eval_sets
 
         model = self.trainer.model
         if self.trainer.sharded:
-            model = AutoModelForCausalLM.from_pretrained(self.trainer.model_path)
-            if self._gathered is not None:
-                model.load_state_dict(self._gathered, strict=False)
-                model.tie_weights()
+            model = plain_model(self.trainer.model_path, self._gathered, self.cfg)
         model.eval()
         out: dict[str, float] = {}
         try:
@@ -329,13 +325,19 @@ class TorchTrainerSide(BatchConsumer):
         """This version's full weights in host memory, for the engine of this same rank
         (mode colocated_sync). A sharded trainer's ranks all gather them, one tensor at a
         time (collective over the trainer group: every rank calls this together)."""
-        t = self.trainer
-        if not t.sharded:
-            return t.version, t.for_rollout(t.export_weights())
         from torch.distributed.tensor import DTensor
 
+        from runtime.engines import lora_format
+
+        t = self.trainer
+        lora = self.cfg.model.lora
+        # a LoRA run's adapter sync: the adapters only, not a copy of the whole model
+        wanted = lora_format.is_adapter_name if lora.enabled and lora.sync == "adapter" else None
+        state = {k: v for k, v in t.model.state_dict().items() if wanted is None or wanted(k)}
+        if not t.sharded:
+            return t.version, t.for_rollout(t.checkpoint_format(state))
         out: dict[str, torch.Tensor] = {}
-        for name, value in t.model.state_dict().items():
+        for name, value in state.items():
             full = value.full_tensor() if isinstance(value, DTensor) else value
             out.update(t.checkpoint_format({name: full}))  # on the host, one at a time
             del full

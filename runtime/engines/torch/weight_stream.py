@@ -119,7 +119,8 @@ class MergedWeight:
 
     def full(self, alive: _Alive) -> torch.Tensor:
         parts = [_full(t, alive) for t in (self.weight, self.a, self.b)]
-        return alive.track(lora_format.merged_weight(*parts, self.scale))
+        # float32: the bucket casts it to the rollout dtype, not through the base's
+        return alive.track(lora_format.merged_weight(*parts, self.scale, dtype=torch.float32))
 
 
 Entry = torch.Tensor | MergedWeight
