@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from runtime.config.architectures import ArchitectureError, ModelShape, model_shape
 from runtime.config.layout import initial_layout
-from runtime.config.schema import Config, LoraConfig
+from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config, LoraConfig
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -318,8 +318,8 @@ def lora_module_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
 
 def lora_modules(shape: ModelShape, lora: LoraConfig) -> tuple[str, ...]:
     """The target modules that are linear layers of this model's blocks: the ones the
-    trainer adapts (runtime/engines/torch/lora.py ``apply_lora`` skips the others, and
-    refuses a list with none)."""
+    trainer adapts (runtime/engines/torch/lora.py ``apply_lora`` refuses a name that is
+    not one of its block's linear layers)."""
     known = lora_module_shapes(shape)
     modules = tuple(m for m in known if m in set(lora.target_modules))
     if not modules:
@@ -557,6 +557,10 @@ def plan_rollout(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Rollo
             base_dtype = cfg.train.param_dtype or "bfloat16"
             adapters = lora_adapter_params(shape, lora)
             resident = DTYPE_BYTES[base_dtype] * shape.total_params + 12 * adapters
+    if lora.enabled and lora.sync == "adapter":  # vLLM's adapter slots, every LoRA module
+        rank = min(r for r in VLLM_LORA_RANKS if r >= lora.rank)
+        per_rank = sum(map(sum, lora_module_shapes(shape).values())) * shape.layers
+        weights += math.ceil(VLLM_LORA_SLOTS * rank * per_rank * DTYPE_BYTES[dtype] / tp)
     reserve = ROLLOUT_RESERVE_BYTES if gpu_bytes is not None else 0
     set_kv = cfg.engine.kv_cache_memory_bytes
     # engine.gpu_memory_utilization is read once the schema has it; until then the

@@ -50,6 +50,10 @@ BASELINE_FIXED = {
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # What a weight publication of a LoRA run sends the rollout engines.
 LORA_SYNCS = ("adapter", "merged")
+# The ranks vLLM accepts as ``max_lora_rank`` (vllm/config/lora.py); an adapter of a smaller
+# rank is served under the next one up; its two adapter slots (runtime/engines/vllm).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_LORA_SLOTS = 2
 
 
 @dataclass

@@ -69,13 +69,19 @@ def test_the_adapter_count_is_what_the_trainer_adapts():
         head_dim=shape.head_dim,
         tie_word_embeddings=shape.tied,
     )
-    for targets in (ALL_7, ["q_proj", "down_proj", "lm_head"]):  # lm_head: not in a block
+    for targets in (ALL_7, ["q_proj", "down_proj"]):
         cfg = build_config(lora_recipe(16, model={"lora": {"target_modules": targets}}))
         with torch.device("meta"):
             model = Qwen3ForCausalLM(config)
         apply_lora(model, cfg.model.lora, torch.bfloat16)
         built = sum(p.numel() for p in trainable(model))
         assert built == lora_adapter_params(shape, cfg.model.lora), targets
+    # lm_head is not in a block: the trainer refuses it, naming it
+    cfg = build_config(lora_recipe(16, model={"lora": {"target_modules": ["q_proj", "lm_head"]}}))
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    with pytest.raises(ValueError, match="lm_head is not a linear layer"):
+        apply_lora(model, cfg.model.lora, torch.bfloat16)
 
 
 def test_a_target_list_with_no_linear_layer_is_one_line():
@@ -213,3 +219,20 @@ def test_a_simulated_lora_run_syncs_1_percent_of_the_bytes_and_trains_cheaper():
     # trainer GPU-seconds per trained token: cheaper (no base weight gradients), not free
     per_token = [r.trainer_gpu_busy_s / r.trained_tokens for r in (full, lora)]
     assert 0.7 < per_token[1] / per_token[0] < 0.8
+
+
+def test_the_rollout_plan_holds_vllms_adapter_slots():
+    """vLLM's two adapter slots at max_lora_rank, for every LoRA module of every layer
+    whatever the adapter targets, in model.dtype: Qwen3-8B at rank 32 (bf16), by hand
+    36 x 32 x 2 x 2 B x ((4096+4096) + 2 (4096+1024) + (4096+4096) + 2 (4096+12288)
+    + (12288+4096)) = 349,175,808 bytes out of the KV cache; a merged sync has none."""
+    full = plan_memory(build_config(gpu_recipe()), 80 * GIB).rollout
+    lora = plan_memory(
+        build_config(lora_recipe(32, model={"lora": {"target_modules": ["q_proj"]}})), 80 * GIB
+    ).rollout
+    assert lora.weights_bytes - full.weights_bytes == 349_175_808
+    assert full.kv_bytes - lora.kv_bytes == 349_175_808
+    merged = lora_recipe(32, model={"lora": {"sync": "merged"}})
+    assert plan_memory(build_config(merged), 80 * GIB).rollout.weights_bytes == full.weights_bytes
+    odd = plan_memory(build_config(lora_recipe(20)), 80 * GIB).rollout  # served at rank 32
+    assert odd.weights_bytes == lora.weights_bytes

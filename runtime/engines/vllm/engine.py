@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.config.schema import Config
+from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config
 from runtime.engines import lora_format
 from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.devices import replica_devices, visible_devices
@@ -41,9 +41,6 @@ def _prepare_env() -> None:
 
 # The one adapter slot a LoRA run's engine serves, replaced in place at each sync.
 ADAPTER_NAME, ADAPTER_ID = "policy", 1
-# The ranks vLLM accepts as ``max_lora_rank`` (vllm/config/lora.py); an adapter of a smaller
-# rank loads under the next one up.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def lora_engine_args(rank: int) -> dict[str, Any]:
@@ -57,8 +54,8 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
         # Two slots for one adapter: the CPU build's LoRA ops index the stacked weights by
         # slot and read a request without an adapter (-1) as the last slot; an empty
         # second slot keeps such a request on the base (measured: 4.18 nats off with one).
-        "max_loras": 2,
-        "max_cpu_loras": 2,
+        "max_loras": VLLM_LORA_SLOTS,
+        "max_cpu_loras": VLLM_LORA_SLOTS,
     }
 
 
