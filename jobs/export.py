@@ -21,11 +21,9 @@ safetensors and written straight into the output file."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -295,7 +293,7 @@ def _write_merged(
     import torch
 
     from runtime.engines.lora_format import base_name, merged_weight
-    from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES
+    from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES, stream_safetensors
 
     by_name = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     tied = _tied(base)
@@ -340,52 +338,4 @@ def _write_merged(
                 t = merged_weight(t, *pairs[name], scale, dtype=torch.float32)
             return t.to(dtype) if t.is_floating_point() else t
 
-        _stream_safetensors(out_file, entries, load)
-
-
-def _stream_safetensors(
-    out_file: Path,
-    entries: list[tuple[str, Any, list[int]]],
-    load: Callable[[str], Any],
-) -> None:
-    """A safetensors file laid out from ``entries`` (name, dtype, shape), each tensor then
-    produced by ``load`` and written before the next (as export_hf writes a checkpoint)."""
-    from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES, write_tensor
-
-    if sys.byteorder != "little":  # safetensors is little-endian; bytes are written as held
-        raise RuntimeError("export writes native bytes and needs a little-endian machine")
-    order = sorted(entries, key=lambda e: (-e[1].itemsize, e[0]))  # safetensors' own order
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, dtype, shape in order:
-        size = dtype.itemsize
-        for d in shape:
-            size *= int(d)
-        header[name] = {
-            "dtype": SAFETENSORS_DTYPES[dtype],
-            "shape": list(shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = out_file.with_name(f".{out_file.name}.tmp")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(len(blob).to_bytes(8, "little"))
-            fh.write(blob)
-            for name, dtype, shape in order:
-                tensor = load(name)
-                if tensor.dtype != dtype or list(tensor.shape) != list(shape):
-                    raise RuntimeError(
-                        f"{name}: {tensor.dtype} {tuple(tensor.shape)}, "
-                        f"laid out as {dtype} {tuple(shape)}"
-                    )
-                write_tensor(fh, tensor, header[name])
-                del tensor
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out_file)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        stream_safetensors(out_file, entries, load)

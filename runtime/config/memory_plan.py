@@ -557,7 +557,7 @@ def plan_rollout(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Rollo
             base_dtype = cfg.train.param_dtype or "bfloat16"
             adapters = lora_adapter_params(shape, lora)
             resident = DTYPE_BYTES[base_dtype] * shape.total_params + 12 * adapters
-    if lora.enabled and lora.sync == "adapter":  # vLLM's adapter slots, every LoRA module
+    if lora.syncs_adapter:  # vLLM's adapter slots, every LoRA module
         rank = min(r for r in VLLM_LORA_RANKS if r >= lora.rank)
         per_rank = sum(map(sum, lora_module_shapes(shape).values())) * shape.layers
         weights += math.ceil(VLLM_LORA_SLOTS * rank * per_rank * DTYPE_BYTES[dtype] / tp)

@@ -82,6 +82,11 @@ class LoraConfig:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    @property
+    def syncs_adapter(self) -> bool:
+        """A LoRA run whose weight syncs send the adapter alone (the engine serves it)."""
+        return self.enabled and self.sync == "adapter"
+
 
 @dataclass
 class ModelConfig:

@@ -54,21 +54,13 @@ def test_qwen3_8b_rank_32_adapter_count_is_the_hand_computed_one():
 
 def test_the_adapter_count_is_what_the_trainer_adapts():
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
+    from benchmarks.gpu_check import qwen3_config
     from runtime.engines.torch.lora import apply_lora, trainable
 
     shape = model_shape("Qwen/Qwen3-0.6B")
-    config = Qwen3Config(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        tie_word_embeddings=shape.tied,
-    )
+    config = qwen3_config(shape, max_positions=4096)
     for targets in (ALL_7, ["q_proj", "down_proj"]):
         cfg = build_config(lora_recipe(16, model={"lora": {"target_modules": targets}}))
         with torch.device("meta"):

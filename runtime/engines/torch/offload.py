@@ -49,9 +49,6 @@ class OffloadRecord:
     seconds: float
     bytes: int
 
-    def _replace_bytes(self, n: int) -> OffloadRecord:
-        return OffloadRecord(self.seconds, n)
-
     def __add__(self, other: OffloadRecord) -> OffloadRecord:
         return OffloadRecord(self.seconds + other.seconds, self.bytes + other.bytes)
 
@@ -104,7 +101,7 @@ class HostOffload:
         if not self.move:
             return OffloadRecord(time.perf_counter() - start, 0)
         if self.host is not None and self.keep_host:  # copied before, unchanged since
-            return self.free()._replace_bytes(0)
+            return OffloadRecord(self.free().seconds, 0)
         cuda = self.device.type == "cuda"
         # one allocation: pinning is a driver call per buffer, and costs more than the copy
         host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=cuda)

@@ -32,7 +32,7 @@ import os
 import pickle
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -379,8 +379,6 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
     into it) is in memory. Names are Hugging Face's; ``lm_head.weight`` is left out when
     ``tied_lm_head``, as transformers saves tied embeddings. Returns the names written.
     """
-    if sys.byteorder != "little":  # safetensors is little-endian; bytes are written as held
-        raise RuntimeError("export_hf writes native bytes and needs a little-endian machine")
     metadata = read_metadata(folder)
     planner_data = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
     entries: dict[str, tuple[str, TensorStorageMetadata]] = {}
@@ -400,40 +398,60 @@ def export_hf(folder: Path, out_file: Path, *, tied_lm_head: bool) -> list[str]:
     if not entries:
         raise CheckpointError(f"{_where(folder)}: no model tensors (not a trainer checkpoint?)")
 
+    reader = SafeReader(folder, metadata)
+    layout = [(name, meta.properties.dtype, list(meta.size)) for name, (_, meta) in entries.items()]
+    return stream_safetensors(out_file, layout, lambda name: load_tensor(reader, *entries[name]))
+
+
+def stream_safetensors(
+    out_file: Path,
+    layout: list[tuple[str, torch.dtype, list[int]]],
+    load: Callable[[str], torch.Tensor],
+) -> list[str]:
+    """One safetensors file laid out from ``layout`` (name, dtype, shape): the header
+    first, then each tensor made by ``load``, checked against its entry, written and
+    dropped before the next; atomic (written beside, renamed). Returns the names in file
+    order."""
+    if sys.byteorder != "little":  # safetensors is little-endian; bytes are written as held
+        raise RuntimeError("safetensors are written as native bytes: a little-endian machine")
     # safetensors' own order: larger elements first (keeps every tensor aligned to its
     # element size), then by name.
-    names = sorted(entries, key=lambda n: (-entries[n][1].properties.dtype.itemsize, n))
+    order = sorted(layout, key=lambda e: (-e[1].itemsize, e[0]))
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name in names:
-        meta = entries[name][1]
-        size = meta.properties.dtype.itemsize * _numel(meta.size)
+    for name, dtype, shape in order:
+        size = dtype.itemsize * _numel(shape)
         header[name] = {
-            "dtype": SAFETENSORS_DTYPES[meta.properties.dtype],
-            "shape": list(meta.size),
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
             "data_offsets": [offset, offset + size],
         }
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as safetensors pads
 
-    reader = SafeReader(folder, metadata)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".{out_file.name}.tmp")
     try:
         with tmp.open("wb") as fh:
             fh.write(len(blob).to_bytes(8, "little"))
             fh.write(blob)
-            for name in names:
-                fqn, meta = entries[name]
-                write_tensor(fh, load_tensor(reader, fqn, meta), header[name])
+            for name, dtype, shape in order:
+                tensor = load(name)
+                if tensor.dtype != dtype or list(tensor.shape) != list(shape):
+                    raise RuntimeError(
+                        f"{name}: {tensor.dtype} {tuple(tensor.shape)}, "
+                        f"laid out as {dtype} {tuple(shape)}"
+                    )
+                write_tensor(fh, tensor, header[name])
+                del tensor
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, out_file)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return names
+    return [name for name, _, _ in order]
 
 
 def write_tensor(fh: io.BufferedWriter, tensor: torch.Tensor, entry: dict[str, Any]) -> None:

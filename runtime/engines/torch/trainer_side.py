@@ -330,10 +330,13 @@ class TorchTrainerSide(BatchConsumer):
         from runtime.engines import lora_format
 
         t = self.trainer
-        lora = self.cfg.model.lora
         # a LoRA run's adapter sync: the adapters only, not a copy of the whole model
-        wanted = lora_format.is_adapter_name if lora.enabled and lora.sync == "adapter" else None
-        state = {k: v for k, v in t.model.state_dict().items() if wanted is None or wanted(k)}
+        adapter_only = self.cfg.model.lora.syncs_adapter
+        state = {
+            k: v
+            for k, v in t.model.state_dict().items()
+            if not adapter_only or lora_format.is_adapter_name(k)
+        }
         if not t.sharded:
             return t.version, t.for_rollout(t.checkpoint_format(state))
         out: dict[str, torch.Tensor] = {}

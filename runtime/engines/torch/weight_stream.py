@@ -266,9 +266,7 @@ class WeightStreamer:
         self.lora = cfg.model.lora
         # An adapter (~1% of the bytes) goes over the gloo group and is loaded from a file
         # by vLLM's LoRA path; NCCL streams straight into load_weights, base weights only.
-        self.cuda = cfg.resources.device == "cuda" and not (
-            self.lora.enabled and self.lora.sync == "adapter"
-        )
+        self.cuda = cfg.resources.device == "cuda" and not self.lora.syncs_adapter
         self._transport: BucketTransport | None = None
         self.records: collections.deque[SyncRecord] = collections.deque(maxlen=history)
 

@@ -71,7 +71,7 @@ class VLLMEngine:
         lora = cfg.model.lora
         # A LoRA run whose syncs send the adapter: the engine serves the frozen base with
         # the newest adapter loaded in place (``model.lora.sync: merged`` sends weights).
-        self.serves_adapter = lora.enabled and lora.sync == "adapter"
+        self.serves_adapter = lora.syncs_adapter
         self._lora = lora
         self._zero_adapter_dir: Path | None = None
         self.temperature = cfg.algorithm.temperature
