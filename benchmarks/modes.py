@@ -4,7 +4,7 @@ Each mode runs the demo recipe (4 local ranks, real vLLM CPU rollout + torch tra
 the same number of steps, one after the other, and the script prints trainer tokens/s over
 the training window (first to last step), trainer idle %, rollout idle %, wall time and
 reward, with throughput as a ratio to the strongest baseline measured in this run (the
-non-reflow mode with the most trainer tokens/s; runtime/config/schema.py BASELINES):
+mode with the most trainer tokens/s among the baselines, runtime/config/modes.py):
 
     .venv/bin/python benchmarks/modes.py [--steps 60] [--modes colocated_sync,...,reflow]
 
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from jobs.launch import wait_until
-from runtime.config.schema import BASELINES, MODES
+from runtime.config.modes import MODES, policy
 from runtime.sim.cluster import SimStalled
 from runtime.sim.fit import fit_run, simulate_fit, window_throughput
 from runtime.store.run_dir import RunPaths
@@ -60,10 +60,12 @@ def launch_args(name: str, sets: list[str], *, wait: bool) -> list[str]:
 
 
 def mode_overrides(mode: str) -> list[str]:
-    """The demo recipe as ``mode``: its replay share (sigma 0.5) is reflow's, 0 elsewhere,
-    and its 2:2 split does not apply to colocated_sync (every rank plays both roles)."""
-    sets = [f"reflow.mode={mode}", *([] if mode == "reflow" else ["reflow.sigma=0"])]
-    return sets + (["resources.initial_ratio=null"] if mode == "colocated_sync" else [])
+    """The demo recipe as ``mode``: its replay share (sigma 0.5) is kept where the mode
+    replays, 0 elsewhere, and its 2:2 split does not apply to a colocated mode (every rank
+    plays both roles)."""
+    p = policy(mode)
+    sets = [f"reflow.mode={mode}", *([] if p.replay else ["reflow.sigma=0"])]
+    return sets + (["resources.initial_ratio=null"] if p.colocated else [])
 
 
 def run_mode(mode: str, steps: int, runs: Path) -> Path:
@@ -240,7 +242,7 @@ def fitted(results: list[dict]) -> dict[str, dict]:
 
 def render(results, switches, fits, args, *, target: float | None) -> str:
     out: list[str] = []
-    baselines = [r for r in results if r["mode"] in BASELINES]
+    baselines = [r for r in results if policy(r["mode"]).baseline]
     base = max(baselines or results, key=lambda r: r["tokens_per_s"]) if results else None
     if results:
         if target is None:  # the level every mode reached: the lowest final smoothed reward
@@ -338,7 +340,8 @@ def plots(results: list[dict], switches: list[dict], out: Path) -> None:
     fig.savefig(out / "reward_vs_time.png", dpi=120)
     plt.close(fig)
 
-    series = [(r["mode"], r["t"], r["layout"]) for r in results if r["mode"] == "reflow"]
+    # the placement over time of the runs whose allocator may move it (no baseline's does)
+    series = [(r["mode"], r["t"], r["layout"]) for r in results if not policy(r["mode"]).baseline]
     if switches and switches[0].get("series"):
         series.append(("reflow, rebalanced by hand", *switches[0]["series"]))
     if series:

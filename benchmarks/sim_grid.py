@@ -34,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.config.modes import policy
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.cluster import SimStalled
@@ -78,8 +79,8 @@ def train_steps(syncs: int, sync_every: int, warmup: int, measure: int) -> int:
     return max(syncs * sync_every, steps_needed(warmup, measure, sync_every))
 
 
-# The split baselines: the ones a placement search applies to (colocated_sync has none).
-SPLIT_BASELINES = tuple(m for m in BASELINES if m != "colocated_sync")
+# The split baselines: the ones a placement search applies to (a colocated mode has none).
+SPLIT_BASELINES = tuple(m for m in BASELINES if not policy(m).colocated)
 BEST = ", best placement"  # the label suffix of a baseline's row at its best placement
 
 
@@ -435,7 +436,8 @@ def best_placement_table(cells: dict[tuple, dict[str, dict]]) -> list[str]:
     rows = []
     for cell, by in cells.items():
         best = {m: by[f"{m}{BEST}"] for m in SPLIT_BASELINES if f"{m}{BEST}" in by}
-        plain = {m: by[m] for m in ("colocated_sync", "reflow") if m in by}
+        # the modes with no placement to search (colocated, or the allocator's own): as run
+        plain = {m: by[m] for m in MODES if m not in SPLIT_BASELINES and m in by}
         tokens = {m: r["trainer_tokens_per_s"] for m, r in {**plain, **best}.items()}
         if best:
             rows.append((cell, best, speedups(tokens)))

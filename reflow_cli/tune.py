@@ -21,6 +21,7 @@ from rich.table import Table
 
 from jobs.errors import UserError
 from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
+from runtime.config.modes import REFLOW
 from runtime.config.recipe import RecipeError, config_to_dict, load_recipe
 from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.parameters import DEFAULT_PROFILES, Profiles, load_profiles
@@ -114,9 +115,9 @@ def mode_row(result: SearchResult, recipe: Config) -> dict[str, Any]:
 def faster_baselines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per baseline predicted faster than reflow, each at its best placement."""
     by = {r["mode"]: r for r in rows}
-    if "reflow" not in by:
+    if REFLOW not in by:
         return []
-    x = by["reflow"]["trainer_tokens_per_s"]
+    x = by[REFLOW]["trainer_tokens_per_s"]
     return [
         f"{m} at {by[m]['placement']} is predicted faster than reflow "
         f"({by[m]['trainer_tokens_per_s']:.0f} vs {x:.0f} tokens/s, "

@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from runtime.config.schema import Config
 
 
-COLOCATED = "colocated_sync"  # reflow.mode of the colocated baseline
-
-
 class Role(str, Enum):
     ROLLOUT = "rollout"
     TRAINER = "trainer"
@@ -230,7 +227,7 @@ def initial_layout(cfg: Config) -> Layout:
     mode ``colocated_sync``, every rank generating (the first phase)."""
     res = cfg.resources
     assert res.initial_ratio is not None
-    if cfg.reflow.mode == COLOCATED:  # no split: every rank generates first
+    if cfg.reflow.policy.colocated:  # no split: every rank generates first
         return Layout(
             cfg.world_size,
             res.gpus_per_node,
@@ -254,6 +251,6 @@ def group_roles(cfg: Config, roles: Sequence[str]) -> list[str]:
     """The roles the process groups are built from. Colocated ranks all belong to the one
     trainer group for the whole run (each keeps its shards across the rollout phase) and
     load their own engines in place, so their groups never change with the phase."""
-    if cfg.reflow.mode == COLOCATED:
+    if cfg.reflow.policy.colocated:
         return [Role.TRAINER.value] * len(roles)
     return list(roles)

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from runtime.config.layout import LayoutError, check_split, default_split, parse_ratio
-from runtime.config.schema import BASELINE_FIXED, BASELINES, BUILTIN_SAMPLERS, Config
+from runtime.config.modes import DEFAULT_MODE
+from runtime.config.schema import BASELINE_FIXED, BUILTIN_SAMPLERS, Config
 
 
 class _Loader(yaml.SafeLoader):
@@ -112,7 +113,7 @@ def build_config(
         key, _value = _apply_override(raw, item)
         overridden[key] = item
     mode_set = _given_by(overridden, "reflow.mode")
-    switched = mode_set is not None and _lookup(raw, "reflow.mode") != (file_mode or "reflow")
+    switched = mode_set is not None and _lookup(raw, "reflow.mode") != (file_mode or DEFAULT_MODE)
     left_out: list[tuple[str, Any, str]] = []
     while True:
         try:
@@ -326,14 +327,14 @@ def _check_mode(cfg: Config) -> None:
     """What a mode's definition rules out (runtime.config.schema.BASELINE_FIXED), and what
     colocation needs: every rank in a trainer replica and in a rollout replica."""
     rf, res = cfg.reflow, cfg.resources
-    if rf.mode in BASELINES:
+    if rf.policy.baseline:
         for dotted, why in BASELINE_FIXED.items():
             section, name = dotted.split(".")
             if getattr(getattr(cfg, section), name):
                 raise _FieldError(
                     dotted, f"true is not part of mode={rf.mode} ({why})", not_in_mode=why
                 )
-    if rf.mode != "colocated_sync":
+    if not rf.policy.colocated:
         return
     for name in ("trainer_gpus_per_replica", "rollout_gpus_per_replica"):
         size = getattr(res, name)
@@ -359,7 +360,7 @@ def check_feasible(cfg: Config) -> None:
             "resources.trainer_gpus_per_replica",
             f"{res.trainer_gpus_per_replica} exceeds the {world} ranks of the allocation",
         )
-    if rf.mode == "colocated_sync":
+    if rf.policy.colocated:
         # every rank generates, then every rank trains: no split (the run starts generating)
         # (the resolved config of a run says f"{world}:0": every rank generating first)
         if res.initial_ratio not in (None, f"{world}:0"):
@@ -383,7 +384,7 @@ def check_feasible(cfg: Config) -> None:
         res.initial_ratio = f"{rollout}:{trainer}"
     try:
         rollout, trainer = parse_ratio(res.initial_ratio)
-        if rf.mode != "colocated_sync":  # colocated has no split to check
+        if not rf.policy.colocated:  # colocated has no split to check
             check_split(
                 rollout,
                 trainer,
@@ -394,8 +395,8 @@ def check_feasible(cfg: Config) -> None:
     except LayoutError as exc:
         raise _FieldError("resources.initial_ratio", str(exc)) from None
     if rf.sigma is None:
-        rf.sigma = 0.5 if rf.mode == "reflow" else 0.0
-    elif rf.mode != "reflow" and rf.sigma > 0:
+        rf.sigma = rf.policy.default_sigma
+    elif not rf.policy.replay and rf.sigma > 0:
         raise _FieldError(
             "reflow.sigma",
             f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})",

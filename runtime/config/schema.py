@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.config import modes
+from runtime.config.modes import BASELINES as BASELINES
+from runtime.config.modes import DEFAULT_MODE, MODES, ModePolicy
 from runtime.workloads.kinds import KIND_NAMES
 
 
@@ -26,15 +29,10 @@ def opt(default: Any, doc: str, **checks: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-# The execution modes. The four before ``reflow`` are the baselines users run elsewhere:
-# ``colocated_sync`` is verl's default hybrid engine (every rank generates the batch, then
-# every rank trains on it), ``disaggregated_sync`` a barrier on a rollout:trainer split,
-# ``one_step_off`` that split one batch ahead, ``async`` verl's fully-async policy
-# (streaming, partial rollout, staleness threshold ``delta``). Each baseline keeps its
-# placement and fixed caps (``BASELINE_FIXED``); ``reflow`` adds replay, the allocator and
-# adaptive caps (docs/architecture.md, "Execution modes").
-MODES = ("colocated_sync", "disaggregated_sync", "one_step_off", "async", "reflow")
-BASELINES = MODES[:-1]
+# The execution modes: their names and what each does are declared in
+# runtime/config/modes.py (one ModePolicy per mode; ``ReflowConfig.policy`` is the run's).
+# Each baseline keeps its placement and fixed caps (``BASELINE_FIXED``); ``reflow`` adds
+# replay, the allocator and adaptive caps (docs/architecture.md, "Execution modes").
 # Modes renamed since a recipe may have been written: the one-line error says to what.
 RENAMED_MODES = {"sync": "disaggregated_sync (the colocated baseline is colocated_sync)"}
 # What a baseline mode leaves out, as part of its definition: a recipe asking for one of
@@ -310,7 +308,7 @@ BUILTIN_SAMPLERS = ("random", "medium_reward")
 @dataclass
 class ReflowConfig:
     mode: str = opt(
-        "reflow",
+        DEFAULT_MODE,
         "execution mode: the baselines colocated_sync, disaggregated_sync, one_step_off, async "
         "(docs/architecture.md) or reflow",
         choices=MODES,
@@ -343,6 +341,11 @@ class ReflowConfig:
         "newest_span (older spans' tokens then rely on the loss's importance ratios)",
         choices=("oldest_span", "newest_span"),
     )
+
+    @property
+    def policy(self) -> ModePolicy:
+        """What the run's mode does (runtime/config/modes.py): ask it, not the mode's name."""
+        return modes.policy(self.mode)
 
 
 @dataclass

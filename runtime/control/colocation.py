@@ -21,14 +21,14 @@ cost shows in the step's ``transitions`` and in status. Pure logic, like the res
 
 from __future__ import annotations
 
-from runtime.config.layout import COLOCATED, Role
+from runtime.config.layout import Role
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.transport.states import RunState
 
 
 def is_colocated(c: Run) -> bool:
-    return c.cfg.reflow.mode == COLOCATED
+    return c.cfg.reflow.policy.colocated
 
 
 def phase(c: Run) -> Role:

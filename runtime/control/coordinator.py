@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.config.layout import LayoutError, Role
-from runtime.config.schema import BASELINES, DATA_PARALLEL_TRAINERS, needs_collective
+from runtime.config.schema import DATA_PARALLEL_TRAINERS, needs_collective
 from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
 from runtime.control.checkpoints import SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
@@ -104,7 +104,7 @@ class Coordinator(Run):
 
     def _on_allocator(self, identity: bytes, msg: p.AllocatorRequest) -> list[Outgoing]:
         self.accepted += 1
-        if msg.auto and self.cfg.reflow.mode in BASELINES:
+        if msg.auto and self.cfg.reflow.policy.baseline:
             text = f"mode={self.cfg.reflow.mode} keeps its placement: no allocator"
             return [(identity, p.Reply(ok=False, text=text))]
         self.rebalance.auto = msg.auto

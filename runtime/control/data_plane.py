@@ -16,9 +16,6 @@ from runtime.control.replay_buffer import Batch, ReplayBuffer
 from runtime.control.samplers import make_replay_filter, make_sampler
 from runtime.data.sample import Request, Sample
 
-# The modes that generate batch by batch behind a barrier (the others stream).
-BARRIER_MODES = ("colocated_sync", "disaggregated_sync", "one_step_off")
-
 
 class DataPlane:
     def __init__(
@@ -30,9 +27,9 @@ class DataPlane:
         rf, train = cfg.reflow, cfg.train
         assert rf.sigma is not None and rf.B_max is not None, "config not validated"
         self.clock = clock
-        self.mode = rf.mode
+        self.mode_policy = rf.policy  # barrier or streaming, replay (runtime/config/modes.py)
         self.batch_size = train.batch_size
-        self.replay_enabled = rf.mode == "reflow" and rf.sigma > 0
+        self.replay_enabled = self.mode_policy.replay and rf.sigma > 0
         self.buffer = ReplayBuffer(
             batch_size=train.batch_size,
             sigma=rf.sigma if self.replay_enabled else 0.0,
@@ -74,7 +71,8 @@ class DataPlane:
         says why (a dispatcher limit or a batch barrier)."""
         out = self._request_work(worker, slots, admit)
         if len(out) < slots:
-            self.last_refusal = self.dispatcher.last_block or f"{self.mode}_barrier"
+            # (a streaming mode's take always says why it stopped short: no barrier cause)
+            self.last_refusal = self.dispatcher.last_block or self.mode_policy.barrier_cause
         else:
             self.last_refusal = None
         return out
@@ -84,7 +82,7 @@ class DataPlane:
     ) -> list[Request]:
         self.dispatcher.last_block = None
         buffered = len(self.buffer.unused) + self.buffer.n_waiting_for_group
-        if self.mode in BARRIER_MODES:
+        if self.mode_policy.barrier:
             # Batch-at-a-time baselines, a step being one weight publication (sync_every
             # trainer steps), as verl counts them: `disaggregated_sync` generates the
             # interval's batches, then waits while the trainer trains them (rollout idles;
@@ -98,13 +96,16 @@ class DataPlane:
             ahead = (
                 buffered + len(self.dispatcher.outstanding) + self.batch_size * len(self.batches)
             )
-            allowed = max(0, self.batch_size * self._batches_ahead() - ahead)
-            if self.mode == "colocated_sync" and self.batches:
+            t, cause = self.train, self.mode_policy.barrier_cause
+            assert cause is not None  # a barrier mode books its refusals under its cause
+            limit = self.mode_policy.batches_ahead(self.step, t.sync_every, t.steps)
+            allowed = max(0, self.batch_size * limit - ahead)
+            if self.mode_policy.rollout_stops_while_training and self.batches:
                 allowed = 0  # every rank is training
             # Groups already started are always finished, or the barrier could deadlock.
             slots = min(slots, max(allowed, self.dispatcher.open_group_remainder()))
             if slots == 0:
-                self.dispatcher.blocked[f"{self.mode}_barrier"] += 1
+                self.dispatcher.blocked[cause] += 1
                 return []
         horizon = self.train.last_step_for(self.policy_version, self.delta) - self.step
         return self.dispatcher.take(
@@ -115,20 +116,6 @@ class DataPlane:
             horizon=horizon,
             admit=admit,
         )
-
-    def _batches_ahead(self) -> int:
-        """Batches a barrier mode may have generated or in generation ahead of the trainer:
-        the rest of the current sync interval, and for ``one_step_off`` the next interval
-        too. (verl's one-step-off starts interval k+2 once interval k+1 is generated and k
-        trained; here k+2 may start while k+1's last samples are still generating, which
-        favours the baseline, never reflow.) Before 2026-12-04 the disaggregated baselines
-        counted one trainer step as their step: at the DAPO sizing (16 steps per sync) a
-        128-GPU rollout side then generated 512 samples at a time and idled 78%."""
-        every = self.train.sync_every
-        ahead = every - self.step % every
-        if self.mode == "one_step_off":
-            ahead += every
-        return min(ahead, self.train.steps - self.step)
 
     def deliver(self, t: Sample) -> bool:
         """A finished sample from a rollout worker; False (counted) if unexpected."""

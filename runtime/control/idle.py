@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config.layout import is_rollout_driver
+from runtime.config.modes import BARRIER_CAUSES
 
 TRAINER_CAUSES = (
     "fresh_short",
@@ -61,9 +62,7 @@ ROLLOUT_CAUSES = (
     "B_max",
     "staleness",
     "no_prompts",
-    "colocated_sync_barrier",
-    "disaggregated_sync_barrier",
-    "one_step_off_barrier",
+    *BARRIER_CAUSES,  # each barrier mode's refusal (runtime/config/modes.py barrier_cause)
     "concurrency_cap",
     "token_budget",
     "weight_sync",
@@ -79,9 +78,7 @@ THROTTLES = frozenset(
         "B_max",
         "staleness",
         "no_prompts",
-        "colocated_sync_barrier",
-        "disaggregated_sync_barrier",
-        "one_step_off_barrier",
+        *BARRIER_CAUSES,
     }
 )
 # The trainer's causes that mean it waited for data.

@@ -8,7 +8,7 @@ finished role switch and leaves (Bye). The books are
 
 from __future__ import annotations
 
-from runtime.config.layout import COLOCATED, Role
+from runtime.config.layout import Role
 from runtime.config.schema import needs_collective
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
@@ -68,7 +68,7 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     if c.state == RunState.STARTING and c.members.all_ready():
         c.state = RunState.RUNNING
         c.rebalance.role_time.restart(c.clock())
-        if c.policy_version > 0 and c.cfg.reflow.mode != COLOCATED:
+        if c.policy_version > 0 and not c.cfg.reflow.policy.colocated:
             # Resumed: the rollout engines start from the base model; the leader
             # restored the checkpoint's weights and broadcasts them before any work.
             # (Colocated ranks load their own restored weights before they are ready.)

@@ -175,11 +175,11 @@ class SyntheticTrainer(BatchConsumer):
         # Built now, while the rank is still registering: importing torch takes seconds
         # here, and inside the first step it would silence the rank's heartbeats.
         self._build()
-        from runtime.config.layout import COLOCATED, parse_ratio
+        from runtime.config.layout import parse_ratio
 
         assert cfg.resources.initial_ratio is not None, "config not validated"
         self.trainer_ranks = parse_ratio(cfg.resources.initial_ratio)[1]
-        if cfg.reflow.mode == COLOCATED:  # every rank trains (and no layout change says so)
+        if cfg.reflow.policy.colocated:  # every rank trains (and no layout change says so)
             self.trainer_ranks = cfg.world_size
 
     def on_layout(self, change) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from runtime.config.layout import COLOCATED, LayoutChange, group_roles, rollout_drivers
+from runtime.config.layout import LayoutChange, group_roles, rollout_drivers
 from runtime.config.schema import Config
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.rank.sides import CannotCheckpoint, RoleSide
@@ -84,7 +84,7 @@ class HybridWorker:
         attempt: str = "",
     ) -> None:
         self.attempt = attempt
-        self.colocated = cfg.reflow.mode == COLOCATED
+        self.colocated = cfg.reflow.policy.colocated
         self.resume: str | None = None  # checkpoint folder rank 0 resumes from
         self.rank = rank
         self.world_size = world_size

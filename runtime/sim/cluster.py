@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.config.layout import COLOCATED, Role
+from runtime.config.layout import Role
 from runtime.config.schema import Config
 from runtime.control.coordinator import Coordinator
 from runtime.sim.events import EventQueue
@@ -95,7 +95,7 @@ class SimCluster:
     ) -> None:
         self.cfg = sim_config(cfg)
         self.model, self.workload = model, workload
-        self.colocated = self.cfg.reflow.mode == COLOCATED
+        self.colocated = self.cfg.reflow.policy.colocated
         if self.colocated and (model.colocated_sync_s is None or model.wake_s is None):
             raise ProfileError(
                 f"model {model.name}: mode colocated_sync needs colocated_sync_s and wake_s"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.config.modes import POLICIES
 from runtime.config.recipe import RecipeError, rebuild
 from runtime.config.schema import Config
 from runtime.sim.cluster import SimCluster, SimResult
@@ -56,19 +57,17 @@ def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> 
     if mode is None:  # the recipe as written (its own checks hold a baseline to its definition)
         return {}
     target = mode
-    if target == "reflow":
-        changes: dict[str, Any] = {
-            "scheduler.auto_rebalance": True,
-            "scheduler.adaptive_caps": True,
-        }
-        if target != cfg.reflow.mode:
-            changes["reflow.sigma"] = None  # reflow's default replay share
-    else:
-        changes = {
-            "scheduler.auto_rebalance": False,
-            "scheduler.adaptive_caps": False,
-            "reflow.sigma": 0.0,  # sigma must be 0 outside reflow
-        }
+    # (a name that is no mode gets a baseline's changes: rebuild refuses it in one line)
+    p = POLICIES.get(target)
+    adaptive = p is not None and not p.baseline  # the allocator and adaptive caps
+    changes: dict[str, Any] = {
+        "scheduler.auto_rebalance": adaptive,
+        "scheduler.adaptive_caps": adaptive,
+    }
+    if p is None or not p.replay:
+        changes["reflow.sigma"] = 0.0  # sigma must be 0 where replay is off
+    elif target != cfg.reflow.mode:
+        changes["reflow.sigma"] = None  # the mode's default replay share
     given = given_fields(sets)
     changes = {k: v for k, v in changes.items() if k not in given and _get(cfg, k) != v}
     if target != cfg.reflow.mode:  # --mode wins over a --set reflow.mode

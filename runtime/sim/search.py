@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.config.layout import COLOCATED, LayoutError, check_split
+from runtime.config.layout import LayoutError, check_split
 from runtime.config.recipe import RecipeError, rebuild
 from runtime.config.schema import Config
 from runtime.sim.run import (
@@ -212,7 +212,7 @@ def search(
 
     def run(placement: str, b_max: int, protocol_: tuple[int, int], n: int, kind: str) -> dict:
         changes: dict[str, Any] = {"train.steps": n, "reflow.B_max": b_max}
-        if base.cfg.reflow.mode != COLOCATED:
+        if not base.cfg.reflow.policy.colocated:  # no split to place
             changes["resources.initial_ratio"] = placement
         sim_cfg = rebuild(base.cfg, changes, source=f"placement search {placement}")
         if kind == "full":
@@ -231,7 +231,7 @@ def search(
             on_run(mode, placement, b_max, row["trainer_tokens_per_s"], kind)
         return row
 
-    places = candidates(base.cfg) if base.cfg.reflow.mode != COLOCATED else [default.placement]
+    places = [default.placement] if base.cfg.reflow.policy.colocated else candidates(base.cfg)
     b_maxes = sorted({max(1, round(default.b_max * f)) for f in b_max_factors} - {default.b_max})
     if len(places) == 1 and not b_maxes:  # nothing to choose: the single run
         row = run(default.placement, default.b_max, full, full_steps, "full")

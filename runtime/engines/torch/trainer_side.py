@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.config.layout import COLOCATED, LayoutChange
+from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
@@ -365,7 +365,7 @@ class TorchTrainerSide(BatchConsumer):
         super().deactivate()
         record = _switch_record()
         if self.trainer.offload_state == "on_device":
-            if self.trainer.sharded and self.cfg.reflow.mode != COLOCATED:
+            if self.trainer.sharded and not self.cfg.reflow.policy.colocated:
                 freed = self.trainer.drop()
                 record.update(dropped_bytes=float(freed.bytes))
                 log.info("trainer shards freed (not kept): %.1f MB", freed.bytes / 2**20)
