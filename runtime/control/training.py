@@ -14,7 +14,7 @@ from runtime.control import colocation, lifecycle, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
-from runtime.data.micro_batches import shares
+from runtime.data.micro_batches import sample_plans
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import RunState
@@ -165,19 +165,18 @@ def starved_by(c: Run) -> str:
 
 def batch_messages(c: Run, batch: Batch) -> dict[int, p.Batch]:
     """The batch message of each trainer rank: a data-parallel trainer's ranks get only
-    the samples they train (runtime/data/micro_batches.py, the plan the trainer follows),
-    with the layout of the rest; other trainers get the whole batch. Split over the
-    epoch's trainer ranks: a lost trainer replica's share goes to the others."""
+    the samples they train, with the plan they follow (runtime/data/micro_batches.py: the
+    micro-batches, and the normalisers of each update); other trainers get the whole
+    batch. Split over the epoch's trainer ranks: a lost trainer replica's share goes to
+    the others."""
     trainers = c.trainer_ranks()
     if c.cfg.engine.trainer not in DATA_PARALLEL_TRAINERS:
         whole = wire.batch_message(batch)
         return dict.fromkeys(trainers, whole)
     t = c.cfg.train
-    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in batch.samples]
-    per_rank = shares(lengths, t.mini_batches, len(trainers), t.micro_batch_tokens)
+    parts = sample_plans(batch.samples, t.mini_batches, len(trainers), t.micro_batch_tokens)
     return {
-        rank: wire.batch_message(batch, positions)
-        for rank, positions in zip(trainers, per_rank, strict=True)
+        rank: wire.batch_message(batch, part) for rank, part in zip(trainers, parts, strict=True)
     }
 
 

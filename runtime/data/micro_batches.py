@@ -17,14 +17,21 @@ one, since rows are right-padded) stays under ``train.micro_batch_tokens``:
    until it has as many; a rank with fewer samples than that gets empty micro-batches
    (it runs a forward and backward that contributes nothing, and the others do not wait).
 
-The plan depends only on the samples' lengths, so every rank (and rank 0) computes the
-same one.
+The plan depends only on the samples' lengths. Rank 0 makes it (:func:`rank_plans`) and
+sends each trainer rank its part: the samples it trains, its micro-batches, and what the
+loss's normalisers need of the whole update (every sample's valid tokens and replay flag),
+so no trainer rank plans again or sees another rank's samples.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.data.sample import Sample
 
 # rank -> its micro-batches -> indices into the update's samples
 Plan = list[list[list[int]]]
@@ -80,16 +87,82 @@ def plan(lengths: Sequence[int], ranks: int, budget: int | None) -> Plan:
     return per_rank
 
 
-def shares(
-    lengths: Sequence[int], mini_batches: int, ranks: int, budget: int | None
-) -> list[list[int]]:
-    """Per rank, the positions in the whole batch of the samples it trains: the union of
-    its plans for the ``mini_batches`` strided mini-batches (``batch[j::k]``), as the
-    trainer splits a step. Rank 0 sends each rank these only."""
-    out: list[set[int]] = [set() for _ in range(ranks)]
+@dataclass(frozen=True)
+class UpdatePlan:
+    """One optimizer update (a mini-batch of the step) as one trainer rank runs it. Indices
+    are into the update, whose samples are spread over the trainer ranks."""
+
+    # every sample of the update, all ranks': the loss's denominators (valid tokens) and
+    # replay weights (runtime/engines/torch/loss.py) are the whole update's
+    n_valid: list[int]
+    replayed: list[bool]
+    # this rank's samples, in the order they are carried (the step's samples are its
+    # updates' in turn)
+    positions: list[int]
+    # per micro-step, the positions it trains (every trainer rank takes as many: FSDP2)
+    micro_batches: list[list[int]]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one trainer rank trains of a batch: the batch's samples at ``batch_positions``,
+    in that order, in the step's ``updates``."""
+
+    batch_positions: list[int]
+    updates: list[UpdatePlan]
+
+
+def rank_plans(
+    lengths: Sequence[int],
+    n_valid: Sequence[int],
+    replayed: Sequence[bool],
+    mini_batches: int,
+    ranks: int,
+    budget: int | None,
+) -> list[RankPlan]:
+    """Every trainer rank's part of a batch (per sample: tokens, valid tokens, replay flag).
+    The step is ``mini_batches`` updates on strided mini-batches (``batch[j::k]``): the batch
+    comes fresh samples first, replayed last, and every update should see both, as a
+    shuffled split would."""
+    per_rank = [RankPlan([], []) for _ in range(ranks)]
     for j in range(mini_batches):
         mini = list(range(j, len(lengths), mini_batches))
-        per_rank = plan([lengths[i] for i in mini], ranks, budget)
-        for r, batches in enumerate(per_rank):
-            out[r].update(mini[m] for b in batches for m in b)
-    return [sorted(x) for x in out]
+        micro = plan([lengths[i] for i in mini], ranks, budget)
+        for mine, batches in zip(per_rank, micro, strict=True):
+            positions = sorted(m for b in batches for m in b)
+            mine.batch_positions.extend(mini[m] for m in positions)
+            mine.updates.append(
+                UpdatePlan(
+                    n_valid=[n_valid[i] for i in mini],
+                    replayed=[replayed[i] for i in mini],
+                    positions=positions,
+                    micro_batches=batches,
+                )
+            )
+    return per_rank
+
+
+def sample_plans(
+    samples: Sequence[Sample], mini_batches: int, ranks: int, budget: int | None
+) -> list[RankPlan]:
+    """:func:`rank_plans` of a batch's samples (tokens: prompt and response)."""
+    return rank_plans(
+        [len(s.prompt_token_ids) + len(s.token_ids) for s in samples],
+        [s.n_valid for s in samples],
+        [s.replay_count > 0 for s in samples],
+        mini_batches,
+        ranks,
+        budget,
+    )
+
+
+def by_update(samples: Sequence[Sample], updates: Sequence[UpdatePlan]) -> list[dict[int, Sample]]:
+    """A rank's carried samples, update by update, by their index in the update."""
+    if len(samples) != sum(len(u.positions) for u in updates):
+        raise ValueError(f"{len(samples)} samples, not as many as the updates place")
+    out, offset = [], 0
+    for u in updates:
+        carried = samples[offset : offset + len(u.positions)]
+        out.append(dict(zip(u.positions, carried, strict=True)))
+        offset += len(u.positions)
+    return out

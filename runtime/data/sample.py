@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -114,37 +114,81 @@ def partial_from_state(d: dict[str, Any]) -> PartialRollout:
     )
 
 
+@dataclass(frozen=True)
+class Wire:
+    """How a :class:`Sample` field travels: the declaration that runtime/transport/frames.py
+    encodes and decodes from and runtime/transport/sample_shape.py checks against. A field
+    with no ``Wire`` stays where it is set."""
+
+    # the type the envelope checks the header value against (unused for a frame)
+    type: Any = None
+    done: bool = True  # in a rollout rank's SampleDone to rank 0
+    batch: bool = True  # in rank 0's Batch to the trainer ranks
+    # A per-token field (one value per response token) names an ``array`` typecode: it
+    # travels as a raw frame (little-endian) beside the header, in both messages.
+    frame: str | None = None
+    per_token: bool = False  # a header list of one value per response token (or None)
+    # header value -> the field's value (the envelope has checked its type)
+    decode: Any = None
+
+
+def _spans(value: list[list[int]]) -> list[tuple[int, int, int]]:
+    return [(v[0], v[1], v[2]) for v in value]
+
+
+def wire(tp: Any, **how: Any) -> dict[str, Wire]:
+    """A field's metadata: it travels in the header as ``tp``."""
+    return {"wire": Wire(type=tp, **how)}
+
+
+def per_token(typecode: str) -> dict[str, Wire]:
+    """A field's metadata: one value per response token, as a frame of ``typecode``."""
+    return {"wire": Wire(frame=typecode)}
+
+
 @dataclass(slots=True, kw_only=True)
 class Sample:
     """One finished completion of one request: the same type on the rollout rank that made
-    it, at rank 0 (buffer, checkpoints, ``samples.jsonl``) and on the trainer ranks. The
-    wire carries these fields explicitly (:mod:`runtime.transport.frames`)."""
+    it, at rank 0 (buffer, checkpoints, ``samples.jsonl``) and on the trainer ranks.
 
-    sample_id: int
-    group_id: int
-    prompt_id: int  # the prompt's index in the run's prompt stream
+    The class is its own wire schema: each field's :class:`Wire` says which messages carry
+    it and how. A new per-token field (say ``entropy``, one float per response token) is
+    one line here, ``entropy: Sequence[float] = field(default=(), metadata=per_token("f"))``:
+    both messages carry it as a frame, the envelope checks it has a value per token, and
+    checkpoints keep it (docs/architecture.md, "One declaration per message")."""
+
+    sample_id: int = field(metadata=wire(int))
+    group_id: int = field(metadata=wire(int))
+    # the prompt's index in the run's prompt stream
+    prompt_id: int = field(metadata=wire(int))
     # (policy_version, first_token, end_token) per span: a partial rollout resumed after a
     # weight sync has several spans. Staleness counts the oldest.
-    versions: list[tuple[int, int, int]]
-    prompt_token_ids: Sequence[int] = ()  # the prompt as the engine saw it (none: synthetic)
+    versions: list[tuple[int, int, int]] = field(metadata=wire(list[list[int]], decode=_spans))
+    # the prompt as the engine saw it (none: synthetic)
+    prompt_token_ids: Sequence[int] = field(default=(), metadata=wire(list[int]))
     # The response: a list, or at rank 0 the typed arrays that came over the wire.
-    token_ids: Sequence[int]
-    logprobs: Sequence[float]  # behaviour log-probs, one per response token
+    token_ids: Sequence[int] = field(metadata=per_token("i"))
+    # behaviour log-probs, one per response token
+    logprobs: Sequence[float] = field(metadata=per_token("f"))
     # 1 for the response tokens trained on (the model's), 0 for those it did not write
     # (tool output, feedback between turns). None: the first ``n_valid`` tokens.
-    loss_mask: Sequence[int] | None = None
-    n_valid: int  # response tokens trained on: sum(loss_mask), or the prefix length
-    reward: float
+    loss_mask: Sequence[int] | None = field(
+        default=None, metadata=wire(list[int] | None, per_token=True)
+    )
+    # response tokens trained on: sum(loss_mask), or the prefix length
+    n_valid: int = field(metadata=wire(int))
+    reward: float = field(metadata=wire(float))
     # Free-form JSON diagnostics from the workload (e.g. ``reward_error``), logged only.
-    info: dict[str, Any] = field(default_factory=dict)
-    worker: int = -1  # the rank that generated it (-1: not known here)
-    dispatched_at: float = 0.0
-    started_at: float = 0.0
-    finished_at: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict, metadata=wire(dict[str, Any]))
+    worker: int = -1  # the rank that generated it (-1: not known here; SampleDone's rank)
+    dispatched_at: float = 0.0  # rank 0's own (its dispatcher's clock)
+    started_at: float = field(default=0.0, metadata=wire(float, batch=False))
+    finished_at: float = field(default=0.0, metadata=wire(float, batch=False))
     # Set at rank 0 when the sample's group completes (runtime/control/replay_buffer.py).
-    advantage: float = 0.0
+    advantage: float = field(default=0.0, metadata=wire(float, done=False))
     group_mean_reward: float = 0.0
-    replay_count: int = 0  # batches it was trained in before this one
+    # batches it was trained in before this one
+    replay_count: int = field(default=0, metadata=wire(int, done=False))
     phase: Phase = Phase.FINISHED
 
     @property
@@ -182,28 +226,18 @@ class Batch:
 
 
 def sample_state(t: Sample) -> dict[str, Any]:
-    """A sample as plain data (msgpack-able), for checkpoints."""
-    return {
-        "sample_id": t.sample_id,
-        "group_id": t.group_id,
-        "prompt_id": t.prompt_id,
-        "versions": [list(v) for v in t.versions],
-        "prompt_token_ids": list(t.prompt_token_ids),
-        "token_ids": list(t.token_ids),
-        "logprobs": list(t.logprobs),
-        "loss_mask": None if t.loss_mask is None else list(t.loss_mask),
-        "n_valid": t.n_valid,
-        "reward": t.reward,
-        "info": t.info,
-        "worker": t.worker,
-        "dispatched_at": t.dispatched_at,
-        "started_at": t.started_at,
-        "finished_at": t.finished_at,
-        "advantage": t.advantage,
-        "group_mean_reward": t.group_mean_reward,
-        "replay_count": t.replay_count,
-        "phase": t.phase.value,
-    }
+    """A sample as plain data (msgpack-able), for checkpoints: every field."""
+    out: dict[str, Any] = {}
+    for f in fields(Sample):
+        value = getattr(t, f.name)
+        if isinstance(value, Phase):
+            value = value.value
+        elif f.name == "versions":
+            value = [list(v) for v in value]
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            value = list(value)  # typed arrays and tuples as lists
+        out[f.name] = value
+    return out
 
 
 def sample_from_state(d: dict[str, Any]) -> Sample:
@@ -212,7 +246,7 @@ def sample_from_state(d: dict[str, Any]) -> Sample:
     return Sample(
         **{
             **d,
-            "versions": [(int(a), int(b), int(c)) for a, b, c in d["versions"]],
+            "versions": _spans(d["versions"]),
             "phase": Phase(d["phase"]),
         }
     )
@@ -235,15 +269,28 @@ def request_from_state(d: dict[str, Any]) -> Request:
     return Request(**{**d, "resume": None if resume is None else partial_from_state(resume)})
 
 
+def frame_fields() -> list[tuple[str, str]]:
+    """The per-token fields that travel as frames, ``(name, typecode)``, in frame order."""
+    return [(f.name, f.metadata["wire"].frame) for f in fields(Sample) if _frame_of(f)]
+
+
+def _frame_of(f: Any) -> bool:
+    w = f.metadata.get("wire")
+    return w is not None and w.frame is not None
+
+
 def sample_digest(t: Sample) -> str:
-    """A checksum of what a sample is (ids, prompt, tokens, log-probs, loss mask, reward,
+    """A checksum of what a sample is (ids, prompt, its per-token frames, loss mask, reward,
     version spans), to compare a buffer before a crash with the one restored from its
     checkpoint."""
     h = hashlib.sha256()
     h.update(struct.pack("<3q", t.sample_id, t.group_id, t.prompt_id))
-    for values in (t.prompt_token_ids, t.token_ids, t.loss_mask or ()):
+    frames = frame_fields()
+    ints = [getattr(t, name) for name, code in frames if code not in "fd"]
+    for values in (t.prompt_token_ids, *ints, t.loss_mask or ()):
         h.update(struct.pack(f"<q{len(values)}q", len(values), *values))
-    h.update(struct.pack(f"<{len(t.logprobs)}d", *t.logprobs))
+    for values in (getattr(t, name) for name, code in frames if code in "fd"):
+        h.update(struct.pack(f"<{len(values)}d", *values))
     h.update(struct.pack("<dq", t.reward, t.n_valid))
     for span in t.versions:
         h.update(struct.pack("<3q", *span))

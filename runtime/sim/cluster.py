@@ -196,7 +196,8 @@ class SimCluster:
             return
         self.trainer_waiting = False
         # the whole batch's tokens: a data-parallel trainer's leader carries only its share
-        blocks = sum(msg.whole["n_valid"] if msg.whole else (s["n_valid"] for s in msg.samples))
+        whole = [n for u in msg.updates for n in u["n_valid"]] if msg.updates else None
+        blocks = sum(whole if whole is not None else (s["n_valid"] for s in msg.samples))
         gpus = self.coord.layout.n_trainer_ranks
         seconds = blocks * self.block / (self.model.train_tok_s * gpus) * self._step_factor
         start = max(self.now, self.trainer_busy_until)

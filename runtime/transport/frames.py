@@ -1,17 +1,28 @@
-"""Samples on the wire: their fields in msgpack, response token ids and log-probs as raw
-frames. One :class:`runtime.data.sample.Sample` travels as a ``SampleDone`` (rollout rank
--> rank 0) and, inside a ``Batch``, as a ``BatchSample`` plus two frames (rank 0 -> the
-trainer ranks); requests travel inside ``Work`` (rank 0 -> a rollout rank)."""
+"""Samples on the wire: the fields their declaration (runtime/data/sample.py) puts in a
+message as a msgpack record, their per-token fields as raw frames. One
+:class:`runtime.data.sample.Sample` travels as a ``SampleDone`` (rollout rank -> rank 0)
+and inside a ``Batch`` (rank 0 -> the trainer ranks); requests travel inside ``Work``
+(rank 0 -> a rollout rank). Nothing here names a sample's fields: they follow from the
+declaration."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn
+from runtime.data.micro_batches import RankPlan, UpdatePlan
+from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn, Wire
 from runtime.transport import protocol as p
-from runtime.transport.sample_shape import PartialEntry, turns_mask
+from runtime.transport.sample_shape import (
+    BATCH_FIELDS,
+    DONE_FIELDS,
+    FRAMES,
+    PartialEntry,
+    turns_mask,
+)
 
 _LITTLE = sys.byteorder == "little"
 
@@ -35,10 +46,6 @@ def _frame(data: bytes, typecode: str) -> array:
 
 def unpack(data: bytes, typecode: str) -> list:
     return _frame(data, typecode).tolist()
-
-
-def _ints(values: Sequence[int]) -> list[int]:
-    return values if type(values) is list else list(values)
 
 
 # --- rank 0 -> a rollout rank --------------------------------------------------------------
@@ -117,140 +124,90 @@ def parked(msg: p.Parked) -> dict[int, PartialRollout]:
     }
 
 
+# --- a sample's record and frames, from its declaration ---------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as the envelope checks it: typed arrays and tuples as lists, and a
+    list of tuples (version spans) as a list of lists."""
+    if isinstance(value, (array, tuple)):
+        return list(value)
+    if type(value) is list and value and type(value[0]) is tuple:
+        return [list(v) for v in value]
+    return value
+
+
+def record(s: Sample, declared: dict[str, Wire]) -> dict[str, Any]:
+    """The header record of ``s`` in a message that carries the ``declared`` fields."""
+    return {name: _plain(getattr(s, name)) for name in declared}
+
+
+def sample_frames(s: Sample) -> list[bytes]:
+    return [pack(getattr(s, name), code) for name, code in FRAMES]
+
+
+def _fields(rec: dict[str, Any], declared: dict[str, Wire]) -> dict[str, Any]:
+    """The field values of a checked record (a float field sent as an int is a float)."""
+    out = {}
+    for k, w in declared.items():
+        value = rec[k]
+        out[k] = w.decode(value) if w.decode else float(value) if w.type is float else value
+    return out
+
+
 # --- a rollout rank -> rank 0 --------------------------------------------------------------
 
 
 def sample_done(s: Sample, rank: int) -> p.SampleDone:
     return p.SampleDone(
         rank=rank,
-        sample_id=s.sample_id,
-        group_id=s.group_id,
-        prompt_id=s.prompt_id,
-        versions=list(map(list, s.versions)),
-        prompt_token_ids=_ints(s.prompt_token_ids),
-        loss_mask=None if s.loss_mask is None else _ints(s.loss_mask),
-        n_valid=s.n_valid,
-        reward=float(s.reward),
-        info=s.info,
-        started_at=s.started_at,
-        finished_at=s.finished_at,
-        blobs=(pack(s.token_ids, "i"), pack(s.logprobs, "f")),
+        sample=record(s, DONE_FIELDS),  # type: ignore[arg-type]
+        blobs=tuple(sample_frames(s)),
     )
 
 
 def sample(msg: p.SampleDone) -> Sample:
-    """Rank 0's copy of a finished sample. Token ids and log-probs stay typed arrays (a
-    sequence like a list): rank 0 only counts, stores and forwards them, and turning every
-    frame into a list and back was a fifth of its time per sample."""
-    return Sample(
-        sample_id=msg.sample_id,
-        group_id=msg.group_id,
-        prompt_id=msg.prompt_id,
-        versions=list(map(tuple, msg.versions)),
-        prompt_token_ids=msg.prompt_token_ids,
-        token_ids=_frame(msg.blobs[0], "i"),
-        logprobs=_frame(msg.blobs[1], "f"),
-        loss_mask=msg.loss_mask,
-        n_valid=msg.n_valid,
-        reward=msg.reward,
-        info=dict(msg.info),
-        worker=msg.rank,
-        started_at=msg.started_at,
-        finished_at=msg.finished_at,
-    )
+    """Rank 0's copy of a finished sample. Per-token frames stay typed arrays (a sequence
+    like a list): rank 0 only counts, stores and forwards them, and turning every frame
+    into a list and back was a fifth of its time per sample."""
+    fields = _fields(msg.sample, DONE_FIELDS)
+    for (name, code), blob in zip(FRAMES, msg.blobs, strict=True):
+        fields[name] = _frame(blob, code)
+    fields["info"] = dict(fields["info"])  # its own copy: rank 0 adds to it
+    return Sample(**fields, worker=msg.rank)
 
 
 # --- rank 0 -> the trainer ranks -----------------------------------------------------------
 
 
-def batch_message(b: Batch, positions: Sequence[int] | None = None) -> p.Batch:
-    """The batch as rank 0 sends it: whole, or only the samples at ``positions`` (a
-    trainer rank's share) with the layout of the whole batch."""
-    samples: list[p.BatchSample] = []
-    blobs: list[bytes] = []
-    carried = b.samples if positions is None else [b.samples[i] for i in positions]
-    for s in carried:
-        samples.append(
-            {
-                "sample_id": s.sample_id,
-                "group_id": s.group_id,
-                "prompt_id": s.prompt_id,
-                "versions": [list(v) for v in s.versions],
-                "prompt_token_ids": _ints(s.prompt_token_ids),
-                "loss_mask": None if s.loss_mask is None else _ints(s.loss_mask),
-                "n_valid": s.n_valid,
-                "reward": s.reward,
-                "advantage": s.advantage,
-                "replay_count": s.replay_count,
-                "info": s.info,
-            }
-        )
-        blobs += [pack(s.token_ids, "i"), pack(s.logprobs, "f")]
-    whole: p.BatchLayout | None = None
-    if positions is not None:
-        whole = {
-            "lengths": [len(s.prompt_token_ids) + len(s.token_ids) for s in b.samples],
-            "n_valid": [s.n_valid for s in b.samples],
-            "replayed": [s.replay_count > 0 for s in b.samples],
-            "positions": list(positions),
-        }
+def batch_message(b: Batch, part: RankPlan | None = None) -> p.Batch:
+    """The batch as rank 0 sends it: whole, or a trainer rank's ``part`` (its samples, in
+    the plan's order, and its updates)."""
+    carried = b.samples if part is None else [b.samples[i] for i in part.batch_positions]
+    blobs = [frame for s in carried for frame in sample_frames(s)]
     return p.Batch(
         batch_id=b.batch_id,
         policy_version=b.policy_version,
-        samples=samples,
-        whole=whole,
+        samples=[record(s, BATCH_FIELDS) for s in carried],  # type: ignore[misc]
+        updates=None if part is None else [dataclasses.asdict(u) for u in part.updates],  # type: ignore[misc]
         blobs=tuple(blobs),
     )
 
 
-def whole_batch(msg: p.Batch) -> tuple[list[Sample], list[int]]:
-    """A trainer rank's view of the whole batch and every sample's length: the samples it
-    was sent at their positions, stand-ins elsewhere that carry what the loss normalisers
-    read of another rank's samples (valid tokens, replay flag) and nothing to train on."""
-    carried = batch(msg).samples
-    w = msg.whole
-    if w is None:
-        return carried, [len(s.prompt_token_ids) + len(s.token_ids) for s in carried]
-    out = [
-        Sample(
-            sample_id=-1,
-            group_id=-1,
-            prompt_id=-1,
-            versions=[],
-            prompt_token_ids=[],
-            token_ids=[],
-            logprobs=[],
-            n_valid=n_valid,
-            reward=0.0,
-            advantage=0.0,
-            replay_count=int(replayed),
-        )
-        for n_valid, replayed in zip(w["n_valid"], w["replayed"], strict=True)
-    ]
-    for s, at in zip(carried, w["positions"], strict=True):
-        out[at] = s
-    return out, list(w["lengths"])
+def updates(msg: p.Batch) -> list[UpdatePlan] | None:
+    """The updates of a trainer rank's part of a batch (None: the whole batch was sent)."""
+    if msg.updates is None:
+        return None
+    return [UpdatePlan(**u) for u in msg.updates]
 
 
 def batch(msg: p.Batch) -> Batch:
-    """The trainer's copy of a batch: its samples with token ids and log-probs as lists."""
-    samples = [
-        Sample(
-            sample_id=m["sample_id"],
-            group_id=m["group_id"],
-            prompt_id=m["prompt_id"],
-            versions=[(v[0], v[1], v[2]) for v in m["versions"]],
-            prompt_token_ids=m["prompt_token_ids"],
-            token_ids=unpack(msg.blobs[2 * i], "i"),
-            logprobs=unpack(msg.blobs[2 * i + 1], "f"),
-            loss_mask=m["loss_mask"],
-            n_valid=m["n_valid"],
-            reward=m["reward"],
-            info=m["info"],
-            advantage=m["advantage"],
-            replay_count=m["replay_count"],
-        )
-        for i, m in enumerate(msg.samples)
-    ]
+    """The trainer's copy of a batch (or of its part): its samples with their per-token
+    fields as lists."""
+    k = len(FRAMES)
+    samples = []
+    for i, rec in enumerate(msg.samples):
+        frames = {name: unpack(msg.blobs[k * i + j], code) for j, (name, code) in enumerate(FRAMES)}
+        samples.append(Sample(**_fields(rec, BATCH_FIELDS), **frames))
     n_replay = sum(1 for s in samples if s.replay_count > 0)
     return Batch(msg.batch_id, msg.policy_version, samples, len(samples) - n_replay, n_replay)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict, get_type_hints
 
 from runtime.config.layout import Role
+from runtime.data.micro_batches import UpdatePlan
 from runtime.transport.envelope import (  # noqa: F401 - the protocol's public face
     MAX_ANONYMOUS_BYTES,
     MAX_CONTAINERS,
@@ -41,7 +42,14 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     message,
     message_types,
 )
-from runtime.transport.sample_shape import PartialEntry, check_partial, check_sample
+from runtime.transport.sample_shape import (
+    FRAMES,
+    BatchRecord,
+    DoneRecord,
+    PartialEntry,
+    check_partial,
+    check_sample,
+)
 from runtime.transport.states import RunState, WorkerState
 
 MAX_WAIT_LABEL = 200  # characters of a heartbeat's waiting_on
@@ -216,32 +224,23 @@ class WorkRequest(Message):
 @message
 @dataclass(frozen=True)
 class SampleDone(Message):
-    """One finished sample (runtime.data.sample.Sample). Blobs: response token ids (int32
-    LE), behaviour log-probs (float32 LE).
-
-    ``versions`` holds ``[policy_version, first_token, end_token]`` per span;
-    ``loss_mask`` one 0/1 per response token (None: the first ``n_valid`` are trained on);
-    ``info`` the workload's free-form diagnostics (JSON)."""
+    """One finished sample (runtime.data.sample.Sample): its fields declared for this
+    message as the header's ``sample`` record, and one frame per per-token field
+    (runtime/transport/sample_shape.py ``FRAMES``: token ids int32, behaviour log-probs
+    float32, little-endian)."""
 
     TYPE: ClassVar[str] = "sample_done"
     rank: int
-    sample_id: int
-    group_id: int
-    prompt_id: int
-    versions: list[list[int]]
-    prompt_token_ids: list[int]
-    loss_mask: list[int] | None
-    n_valid: int
-    reward: float
-    info: dict[str, Any]
-    started_at: float
-    finished_at: float
+    sample: DoneRecord
+
+    @property
+    def sample_id(self) -> int:  # what the rank keeps it under until rank 0 acknowledges
+        return self.sample["sample_id"]
 
     def check(self) -> None:
-        _require(len(self.blobs) == 2, "needs token and log-prob frames")
-        ids = (self.sample_id, self.group_id, self.prompt_id)
-        check_sample(*self.blobs, ids, self.versions, self.n_valid, self.loss_mask)
-        _require(self.finished_at >= self.started_at, "finished before it started")
+        check_sample(self.sample, self.blobs)
+        s = self.sample
+        _require(s["finished_at"] >= s["started_at"], "finished before it started")
 
 
 @message
@@ -430,81 +429,61 @@ class Work(Message):
         _require(len(self.blobs) == frames, "frames do not match partials")
 
 
-class BatchSample(TypedDict):
-    """One sample of a :class:`Batch`: its fields as the header carries them (its token ids
-    and log-probs are two of the batch's frames). A map with exactly these keys."""
-
-    sample_id: int
-    group_id: int
-    prompt_id: int
-    versions: list[list[int]]
-    prompt_token_ids: list[int]
-    loss_mask: list[int] | None
-    n_valid: int
-    reward: float
-    advantage: float
-    replay_count: int
-    info: dict[str, Any]
-
-
-class BatchLayout(TypedDict):
-    """The whole batch as a trainer rank sent only its own samples needs it: per sample,
-    in batch order, its tokens (prompt + response: the micro-batch plan), valid tokens and
-    replay flag (the loss normalisers), and where the carried samples sit among them."""
-
-    lengths: list[int]
-    n_valid: list[int]
-    replayed: list[bool]
-    positions: list[int]
+# A trainer rank's part of one optimizer update (runtime.data.micro_batches.UpdatePlan),
+# the record its declaration gives.
+UpdateRecord = TypedDict("UpdateRecord", get_type_hints(UpdatePlan))  # type: ignore[misc]
 
 
 @message
 @dataclass(frozen=True)
 class Batch(Message):
-    """A training batch (runtime.data.sample.Batch): fresh samples first, then replayed
-    ones. Blobs: two frames per sample (token ids int32, behaviour log-probs float32), in
-    order. With ``whole``, ``samples`` are this trainer rank's share only (the ones its
-    micro-batch plan gives it, runtime/data/micro_batches.py) and ``whole`` describes the
-    batch they belong to."""
+    """A training batch (runtime.data.sample.Batch), or a trainer rank's part of one: its
+    samples as records of their declared fields, one frame per per-token field each, in
+    order. With ``updates`` (a data-parallel trainer: rank 0's plan, made once), the
+    samples are this rank's share, carried update by update, and each update says which
+    micro-batches it trains them in and what the loss's normalisers need of the whole
+    update; without, the whole batch, fresh samples first, then replayed ones."""
 
     TYPE: ClassVar[str] = "batch"
     batch_id: int
     policy_version: int
-    samples: list[BatchSample]
-    whole: BatchLayout | None = None
+    samples: list[BatchRecord]
+    updates: list[UpdateRecord] | None = None
 
     def check(self) -> None:
-        _require(len(self.blobs) == 2 * len(self.samples), "frames do not match samples")
+        k = len(FRAMES)
+        _require(len(self.blobs) == k * len(self.samples), "frames do not match samples")
         _require(self.batch_id >= 0 and self.policy_version >= 0, "bad batch id or version")
         for i, s in enumerate(self.samples):
-            ids = (s["sample_id"], s["group_id"], s["prompt_id"])
-            tokens, logprobs = self.blobs[2 * i], self.blobs[2 * i + 1]
-            check_sample(tokens, logprobs, ids, s["versions"], s["n_valid"], s["loss_mask"])
+            check_sample(s, self.blobs[k * i : k * (i + 1)])
             _require(s["replay_count"] >= 0, "negative replay count")
-        if self.whole is not None:
-            self._check_whole(self.whole)
+        if self.updates is not None:
+            self._check_updates(self.updates)
 
-    def _check_whole(self, w: BatchLayout) -> None:
-        n = len(w["lengths"])
-        _require(n <= MAX_BATCH_SAMPLES, f"layout of {n} samples")
-        _require(len(w["n_valid"]) == n and len(w["replayed"]) == n, "layout lists differ")
-        _require(len(w["positions"]) == len(self.samples), "positions do not match samples")
-        _require(len(set(w["positions"])) == len(self.samples), "a position repeats")
-        _require(all(0 <= i < n for i in w["positions"]), "a position is outside the batch")
-        _require(all(x >= 1 for x in w["lengths"]), "a sample without tokens")
-        _require(
-            all(0 <= v <= x for v, x in zip(w["n_valid"], w["lengths"], strict=True)),
-            "valid tokens outside 0..length",
-        )
-        for i, (s, at) in enumerate(zip(self.samples, w["positions"], strict=True)):
-            # the carried samples must be what the layout says of them
-            n_tokens = len(self.blobs[2 * i]) // 4
-            _require(
-                w["lengths"][at] == len(s["prompt_token_ids"]) + n_tokens
-                and w["n_valid"][at] == s["n_valid"]
-                and w["replayed"][at] == (s["replay_count"] > 0),
-                f"sample {s['sample_id']} does not match the layout at {at}",
-            )
+    def _check_updates(self, updates: list[UpdateRecord]) -> None:
+        carried = total = 0
+        for u in updates:
+            n = len(u["n_valid"])
+            total += n
+            _require(total <= MAX_BATCH_SAMPLES, f"updates of over {MAX_BATCH_SAMPLES} samples")
+            _require(len(u["replayed"]) == n, "an update's lists differ")
+            _require(all(v >= 0 for v in u["n_valid"]), "negative valid tokens")
+            mine = u["positions"]
+            _require(len(set(mine)) == len(mine), "a position repeats")
+            _require(all(0 <= i < n for i in mine), "a position is outside the update")
+            _require(len(u["micro_batches"]) >= 1, "an update without a micro-step")
+            planned = sorted(i for m in u["micro_batches"] for i in m)
+            _require(planned == sorted(mine), "micro-batches do not cover the samples once")
+            _require(carried + len(mine) <= len(self.samples), "positions exceed the samples")
+            for s, at in zip(self.samples[carried : carried + len(mine)], mine, strict=True):
+                # the carried samples must be what the update says of them
+                _require(
+                    u["n_valid"][at] == s["n_valid"]
+                    and u["replayed"][at] == (s["replay_count"] > 0),
+                    f"sample {s['sample_id']} does not match its update at {at}",
+                )
+            carried += len(mine)
+        _require(carried == len(self.samples), "samples outside every update")
 
 
 @message

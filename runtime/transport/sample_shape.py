@@ -1,27 +1,65 @@
-"""What sample-shaped fields must satisfy together, wherever they travel: a finished
-sample (``SampleDone``, a ``Batch``'s samples) and a partial rollout (``Parked``, a ``Work``
-request that continues one). Shape only; what needs the run (vocabulary, lengths, the
-dispatched prompt, the run's versions) is runtime/control/sample_check.py."""
+"""A sample's wire records, derived from its declaration, and what sample-shaped fields
+must satisfy together wherever they travel: a finished sample (``SampleDone``, a
+``Batch``'s samples) and a partial rollout (``Parked``, a ``Work`` request that continues
+one). Shape only; what needs the run (vocabulary, lengths, the dispatched prompt, the
+run's versions) is runtime/control/sample_check.py."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from array import array
+from dataclasses import fields
+from typing import Any, TypedDict
 
+from runtime.data.sample import Sample, Wire, frame_fields
 from runtime.transport.envelope import _require
 
 
-def check_sample(
-    tokens: bytes,
-    logprobs: bytes,
+def _declared(message: str) -> dict[str, Wire]:
+    """The :class:`Sample` fields one message carries in its header, by name."""
+    out = {}
+    for f in fields(Sample):
+        w = f.metadata.get("wire")
+        if w is not None and w.frame is None and getattr(w, message):
+            out[f.name] = w
+    return out
+
+
+# The header fields of a sample in each message, and the records the envelope checks them
+# as (a map with exactly these keys and types), derived from runtime/data/sample.py.
+DONE_FIELDS = _declared("done")
+BATCH_FIELDS = _declared("batch")
+DoneRecord = TypedDict("DoneRecord", {k: w.type for k, w in DONE_FIELDS.items()})  # type: ignore[misc]
+BatchRecord = TypedDict("BatchRecord", {k: w.type for k, w in BATCH_FIELDS.items()})  # type: ignore[misc]
+# The per-token frames of a sample, ``(name, typecode)``, in order (both messages).
+FRAMES = frame_fields()
+PER_TOKEN = [k for k, w in BATCH_FIELDS.items() if w.per_token]
+
+
+def check_sample(record: dict[str, Any], frames: tuple[bytes, ...]) -> None:
+    """What one sample's fields must satisfy together, wherever it travels (a rollout rank's
+    :class:`SampleDone`, a sample of a :class:`Batch`): a value per response token in each
+    frame and per-token list, and the spans, ids and valid tokens that agree with them."""
+    _require(len(frames) == len(FRAMES), "frames do not match the sample's per-token fields")
+    n = -1
+    for (_, code), frame in zip(FRAMES, frames, strict=True):
+        size = array(code).itemsize
+        _require(len(frame) % size == 0 and n in (-1, len(frame) // size), "frame sizes differ")
+        n = len(frame) // size
+    for name in PER_TOKEN:
+        values = record[name]
+        _require(values is None or len(values) == n, f"{name} length")
+    ids = (record["sample_id"], record["group_id"], record["prompt_id"])
+    check_shape(n, ids, record["versions"], record["n_valid"], record["loss_mask"])
+
+
+def check_shape(
+    n: int,
     ids: tuple[int, int, int],
     versions: list[list[int]],
     n_valid: int,
     loss_mask: list[int] | None,
 ) -> None:
-    """What one sample's fields must satisfy together, wherever it travels (a rollout rank's
-    :class:`SampleDone`, a sample of a :class:`Batch`)."""
-    _require(len(tokens) % 4 == 0 and len(tokens) == len(logprobs), "frame sizes differ")
-    n = len(tokens) // 4
+    """What ``n`` response tokens' spans, ids, valid count and loss mask must satisfy."""
     _require(n >= 1, "no tokens")
     _require(min(ids) >= 0, "negative id")
     _require(0 <= n_valid <= n, "n_valid exceeds the tokens")
@@ -107,5 +145,6 @@ def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
         _require(t["finish"] != "abort" or i == len(turns) - 1, "only the last turn is cut off")
         _require(t["stop"] is None or len(t["stop"]) <= MAX_STOP_STRING, "stop string too long")
         end = t["end"]
+    _require(len(tokens) == len(logprobs), "frame sizes differ")
     mask = turns_mask([(t["start"], t["end"]) for t in turns], n)
-    check_sample(tokens, logprobs, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)
+    check_shape(n, (e["sample_id"], 0, 0), e["versions"], sum(mask), mask)

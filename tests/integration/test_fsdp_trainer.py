@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from runtime.config.recipe import build_config
-from runtime.data.micro_batches import shares
+from runtime.data.micro_batches import rank_plans
 from runtime.data.sample import Batch
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
@@ -77,17 +77,22 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **dict(train))
     trainer = TorchTrainer(cfg, model_dir, rank, c)
     assert trainer.sharded
-    # Through the wire as rank 0 sends it: this rank's samples only, the layout of the rest.
+    # Through the wire as rank 0 sends it: this rank's samples only, and rank 0's plan.
     whole = batch()
-    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in whole]
-    mine = shares(lengths, cfg.train.mini_batches, world, cfg.train.micro_batch_tokens)[rank]
+    t = cfg.train
+    mine = rank_plans(
+        [len(s.prompt_token_ids) + len(s.token_ids) for s in whole],
+        [s.n_valid for s in whole],
+        [s.replay_count > 0 for s in whole],
+        t.mini_batches,
+        world,
+        t.micro_batch_tokens,
+    )[rank]
     n_replay = sum(s.replay_count > 0 for s in whole)
     b = Batch(0, 0, whole, len(whole) - n_replay, n_replay)
     msg = p.decode(p.encode(wire.batch_message(b, mine)))
-    assert len(msg.samples) == len(mine) < len(whole)
-    samples, got_lengths = wire.whole_batch(msg)
-    assert got_lengths == lengths
-    metrics = trainer.train_step(samples, c, rank, world, lengths=got_lengths)
+    assert len(msg.samples) == len(mine.batch_positions) < len(whole)
+    metrics = trainer.train_part(wire.batch(msg).samples, wire.updates(msg), c, world)
     weights = trainer.gather_weights()
     # the last update's (clipped) gradient, still on the parameters
     grads = {

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from runtime.config.layout import LayoutChange
-from runtime.data.micro_batches import shares
+from runtime.data.micro_batches import rank_plans
 from runtime.data.sample import Batch
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -39,7 +39,15 @@ def message(cfg, batch_id: int, rank: int, n_ranks: int) -> p.Batch:
     """Batch ``batch_id`` as rank 0 sends it to ``rank`` of ``n_ranks`` trainer ranks."""
     whole = batch()
     lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in whole]
-    mine = shares(lengths, cfg.train.mini_batches, n_ranks, cfg.train.micro_batch_tokens)[rank]
+    t = cfg.train
+    mine = rank_plans(
+        lengths,
+        [s.n_valid for s in whole],
+        [s.replay_count > 0 for s in whole],
+        t.mini_batches,
+        n_ranks,
+        t.micro_batch_tokens,
+    )[rank]
     n_replay = sum(s.replay_count > 0 for s in whole)
     b = Batch(batch_id, 0, whole, len(whole) - n_replay, n_replay)
     return p.decode(p.encode(wire.batch_message(b, mine)))

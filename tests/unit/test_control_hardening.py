@@ -157,7 +157,7 @@ def test_a_negative_version_span_is_refused_by_the_protocol():
     msg = done({"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {"prompt_ids": [1]}})
     frames = frames_of(msg)
     header = msgpack.unpackb(frames[0])
-    header["versions"] = [[-3, 0, 4]]
+    header["sample"]["versions"] = [[-3, 0, 4]]
     with pytest.raises(p.ProtocolError, match="negative version"):
         p.decode([msgpack.packb(header), *frames[1:]])
 

@@ -263,9 +263,13 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
     assert [to for to, _ in out] == [ident(0), ident(1), ident(2)], out
     # a data-parallel trainer: each rank gets only its samples, the three shares the batch
     assert c.cfg.engine.trainer in DATA_PARALLEL_TRAINERS
-    assert all(isinstance(m, p.Batch) and m.whole is not None for _, m in out)
-    shares = [m.whole["positions"] for _, m in out]
-    assert sorted(i for s in shares for i in s) == list(range(4))
+    assert all(isinstance(m, p.Batch) and m.updates is not None for _, m in out)
+    carried = [s["sample_id"] for _, m in out for s in m.samples]
+    assert sorted(carried) == sorted(
+        t.sample_id for t in c.data.batches[out[0][1].batch_id].samples
+    )
+    # each rank's plan: the whole update's normalisers, its own samples in micro-batches
+    assert all(sum(len(u["n_valid"]) for u in m.updates) == 4 for _, m in out)
     assert all(m.batch_id == out[0][1].batch_id for _, m in out)
     batch_id = out[0][1].batch_id
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
@@ -535,8 +539,9 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_m
             t = traj(reqs[req["sample_id"]], generated_at, worker=2)
             c.handle(ident(2), wire.sample_done(t, 2))
         ((_, batch), *_) = c.handle(ident(0), p.BatchRequest(rank=0))
-        assert isinstance(batch, p.Batch) and batch.whole is not None, batch
-        assert len(batch.whole["lengths"]) == 4  # the leader carries its share of them
+        assert isinstance(batch, p.Batch) and batch.updates is not None, batch
+        # the leader carries its share, and the normalisers of the whole batch
+        assert sum(len(u["n_valid"]) for u in batch.updates) == 4
         clock.t += 1.0
         done = p.StepDone(rank=0, step=n, policy_version=n, batch_id=batch.batch_id, metrics={})
         c.handle(ident(0), done)

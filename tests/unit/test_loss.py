@@ -10,6 +10,7 @@ from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.engines.torch.loss import (
     LossStats,
+    Normaliser,
     batch_loss,
     mismatch_keep,
     policy_loss,
@@ -187,6 +188,10 @@ def test_rollout_logprobs_are_right_padded_with_zero():
         rollout_logprobs_of(samples, 2)
 
 
+def rows(samples, idx):
+    return [samples[i] for i in idx]
+
+
 @pytest.mark.parametrize("agg", AGGS)
 def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
     cfg = _cfg(agg)
@@ -196,7 +201,16 @@ def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
     logp = rollout + torch.randn(5, 7) * 0.05
     whole, st = batch_loss(logp, None, rollout, mask, samples, cfg)
     parts = [
-        batch_loss(logp[idx], None, rollout[idx], mask[idx], samples, cfg, shard=idx)
+        batch_loss(
+            logp[idx],
+            None,
+            rollout[idx],
+            mask[idx],
+            rows(samples, idx),
+            cfg,
+            norm=Normaliser.of(samples),
+            at=idx,
+        )
         for idx in ([0, 2, 4], [1, 3])
     ]
     assert sum(float(x) for x, _ in parts) == pytest.approx(float(whole), rel=1e-6)
@@ -423,7 +437,15 @@ def test_shard_stats_combine_to_the_whole_batch(agg):
     parts, g_parts = [], torch.zeros_like(logp)
     for idx in shards:
         loss, s = batch_loss(
-            logp[idx], old[idx], rollout[idx], mask[idx], samples, cfg, shard=idx, keep=keep > 0
+            logp[idx],
+            old[idx],
+            rollout[idx],
+            mask[idx],
+            rows(samples, idx),
+            cfg,
+            keep=keep > 0,
+            norm=Normaliser.of(samples),
+            at=idx,
         )
         g_parts += leaf_grad(loss, logp)
         parts.append(s)
@@ -448,7 +470,24 @@ def test_batch_loss_refuses_what_it_cannot_do_right():
     cfg = _cfg("token_mean", recompute_old_logprobs=True, mismatch_mask=M)
     with pytest.raises(ValueError, match="keep="):
         batch_loss(
-            logp[[0, 1]], old[[0, 1]], rollout[[0, 1]], mask[[0, 1]], samples, cfg, shard=[0, 1]
+            logp[[0, 1]],
+            old[[0, 1]],
+            rollout[[0, 1]],
+            mask[[0, 1]],
+            samples[:2],
+            cfg,
+            norm=Normaliser.of(samples),
+            at=[0, 1],
+        )
+    with pytest.raises(ValueError, match="2 rows, but at= places 5"):  # rows of a larger update
+        batch_loss(
+            logp[[0, 1]],
+            old[[0, 1]],
+            rollout[[0, 1]],
+            mask[[0, 1]],
+            samples[:2],
+            cfg,
+            norm=Normaliser.of(samples),
         )
     with pytest.raises(ValueError, match="disagrees"):
         batch_loss(logp, old, rollout, mask, samples, cfg, keep=[True] * 5)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from runtime.data.micro_batches import assign_ranks, pack, padded_tokens, plan
+from runtime.data.micro_batches import assign_ranks, pack, padded_tokens, plan, rank_plans
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +47,26 @@ def test_a_rank_with_too_few_samples_gets_empty_micro_steps():
     # rank 0 packs 50+10 and 10 (3 x 50 > 100); rank 1's 45+44 is split to match
     assert plan([50, 10, 10, 45, 44], ranks=2, budget=100) == [[[0, 1], [2]], [[3], [4]]]
     assert plan([], ranks=3, budget=10) == [[[]], [[]], [[]]]
+
+
+def test_rank_plans_send_each_rank_its_samples_its_micro_batches_and_the_update_normalisers():
+    lengths = [9, 3, 7, 5, 2, 8, 4, 6, 1, 10]
+    n_valid = [n - 1 for n in lengths]
+    replayed = [i >= 7 for i in range(10)]
+    parts = rank_plans(lengths, n_valid, replayed, mini_batches=2, ranks=3, budget=16)
+    # every sample of the batch goes to exactly one rank
+    carried = sorted(i for part in parts for i in part.batch_positions)
+    assert carried == list(range(10))
+    for j in range(2):  # the strided update j: batch[j::2]
+        mini = list(range(j, 10, 2))
+        updates = [part.updates[j] for part in parts]
+        for u in updates:  # each rank sees the whole update's normalisers
+            assert u.n_valid == [n_valid[i] for i in mini]
+            assert u.replayed == [replayed[i] for i in mini]
+            assert sorted(i for m in u.micro_batches for i in m) == u.positions
+        # the ranks take as many micro-steps (FSDP2), and together train the update once
+        assert len({len(u.micro_batches) for u in updates}) == 1
+        assert sorted(i for u in updates for i in u.positions) == list(range(len(mini)))
+    for part in parts:  # carried update by update, in the order of the positions
+        expect = [j + 2 * i for j, u in enumerate(part.updates) for i in u.positions]
+        assert part.batch_positions == expect

@@ -32,17 +32,19 @@ EXAMPLES = [
     p.WorkRequest(rank=2, slots=4, in_tools=3),
     p.SampleDone(
         rank=2,
-        sample_id=5,
-        group_id=1,
-        prompt_id=1,
-        versions=[[0, 0, 1], [1, 1, 2]],
-        prompt_token_ids=[7, 8, 9],
-        loss_mask=[1, 0],
-        n_valid=1,
-        reward=1.0,
-        info={"k": "v"},
-        started_at=0.0,
-        finished_at=1.0,
+        sample={
+            "sample_id": 5,
+            "group_id": 1,
+            "prompt_id": 1,
+            "versions": [[0, 0, 1], [1, 1, 2]],
+            "prompt_token_ids": [7, 8, 9],
+            "loss_mask": [1, 0],
+            "n_valid": 1,
+            "reward": 1.0,
+            "info": {"k": "v"},
+            "started_at": 0.0,
+            "finished_at": 1.0,
+        },
         blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
     ),
     p.BatchRequest(rank=0),
@@ -219,10 +221,7 @@ def test_invalid_frames_are_rejected(frames, reason):
 
 
 def sample_done(**over):
-    fields = dict(
-        v=p.PROTOCOL_VERSION,
-        type="sample_done",
-        rank=2,
+    sample = dict(
         sample_id=5,
         group_id=1,
         prompt_id=1,
@@ -235,8 +234,8 @@ def sample_done(**over):
         started_at=0.0,
         finished_at=1.0,
     )
-    fields.update(over)
-    return header(**fields)
+    sample.update(over)
+    return header(v=p.PROTOCOL_VERSION, type="sample_done", rank=2, sample=sample)
 
 
 # What a sample must satisfy, on its way to rank 0 (SampleDone) or inside a Batch.
@@ -264,16 +263,26 @@ SAMPLE_CASES = [
 
 @pytest.mark.parametrize(
     ("over", "blobs", "reason"),
-    [({}, [b"\0" * 8], "needs token and log-prob frames"), *SAMPLE_CASES],
+    [
+        ({}, [b"\0" * 8], "frames do not match the sample's per-token fields"),
+        ({"finished_at": -1.0}, [b"\0" * 8, b"\0" * 8], "finished before it started"),
+        *SAMPLE_CASES,
+    ],
 )
 def test_invalid_samples_are_rejected(over, blobs, reason):
     with pytest.raises(p.ProtocolError, match=reason):
         p.decode([sample_done(**over), *blobs])
 
 
-def test_a_sample_has_no_free_form_extra_map():
-    with pytest.raises(p.ProtocolError, match="fields"):
-        p.decode([sample_done(extra={"prompt_ids": [3, 4]}), b"\0" * 8, b"\0" * 8])
+def test_a_sample_is_exactly_its_declared_record():
+    # no free-form extra map, no field the message does not carry, none left out
+    for over in ({"extra": {"prompt_ids": [3, 4]}}, {"advantage": 0.5}):
+        with pytest.raises(p.ProtocolError, match="wrong type"):
+            p.decode([sample_done(**over), b"\0" * 8, b"\0" * 8])
+    frames = msgpack.unpackb(sample_done())
+    del frames["sample"]["reward"]
+    with pytest.raises(p.ProtocolError, match="wrong type"):
+        p.decode([msgpack.packb(frames), b"\0" * 8, b"\0" * 8])
 
 
 def batch(sample_over=None, **over):
@@ -291,7 +300,7 @@ def batch(sample_over=None, **over):
         "info": {},
     }
     sample.update(sample_over or {})
-    fields = dict(v=p.PROTOCOL_VERSION, type="batch", batch_id=0, policy_version=0, whole=None)
+    fields = dict(v=p.PROTOCOL_VERSION, type="batch", batch_id=0, policy_version=0, updates=None)
     fields.update(samples=[sample], **over)
     return header(**fields)
 
@@ -323,7 +332,7 @@ def test_a_batch_sample_is_exactly_its_record(sample_over, reason):
                     batch_id=0,
                     policy_version=0,
                     samples=[missing],
-                    whole=None,
+                    updates=None,
                 ),
                 b"\0" * 8,
                 b"\0" * 8,
@@ -401,9 +410,10 @@ def test_a_sample_and_a_batch_travel_with_every_field():
     assert second.loss_mask is None and second.replay_count == 1 and second.n_valid == 3
 
 
-def test_a_trainer_rank_gets_its_samples_and_a_layout_it_cannot_be_fooled_by():
+def test_a_trainer_rank_gets_its_samples_and_a_plan_it_cannot_be_fooled_by():
     import dataclasses
 
+    from runtime.data.micro_batches import RankPlan, UpdatePlan
     from runtime.data.sample import Batch, Sample
     from runtime.transport import frames as wire
 
@@ -422,27 +432,34 @@ def test_a_trainer_rank_gets_its_samples_and_a_layout_it_cannot_be_fooled_by():
         )
 
     whole = [sample(0, 3), sample(1, 5), sample(2, 4, replay=1)]
-    msg = p.decode(p.encode(wire.batch_message(Batch(1, 0, whole, 2, 1), [2, 0])))
+    # one update of the three; this rank trains samples 2 and 0, in one micro-step
+    plan = UpdatePlan(
+        n_valid=[3, 5, 4], replayed=[False, False, True], positions=[2, 0], micro_batches=[[2, 0]]
+    )
+    part = RankPlan(batch_positions=[2, 0], updates=[plan])
+    msg = p.decode(p.encode(wire.batch_message(Batch(1, 0, whole, 2, 1), part)))
     assert [s["sample_id"] for s in msg.samples] == [2, 0] and len(msg.blobs) == 4
-    samples, lengths = wire.whole_batch(msg)
-    assert lengths == [5, 7, 6] and [s.sample_id for s in samples] == [0, -1, 2]
-    stand_in = samples[1]  # another rank's: what the normalisers read, nothing to train
-    assert (stand_in.n_valid, stand_in.replay_count, list(stand_in.token_ids)) == (5, 0, [])
-    good = msg.whole
-    assert good is not None
+    assert [s.sample_id for s in wire.batch(msg).samples] == [2, 0]  # no stand-ins
+    assert wire.updates(msg) == [plan]
+    good = msg.updates[0]
     for bad, reason in [
-        ({**good, "positions": [2, 2]}, "a position repeats"),
-        ({**good, "positions": [2, 9]}, "outside the batch"),
-        ({**good, "positions": [2]}, "positions do not match"),
-        ({**good, "lengths": [5, 7, 9]}, "does not match the layout"),  # sample 2 has 6
-        ({**good, "replayed": [False, False, False]}, "does not match the layout"),
-        ({**good, "n_valid": [3, 9, 4]}, "valid tokens outside"),
-        ({**good, "lengths": [5, 0, 6]}, "without tokens"),
-        ({**good, "n_valid": [3, 5]}, "layout lists differ"),
+        ({**good, "positions": [2, 2], "micro_batches": [[2, 2]]}, "a position repeats"),
+        ({**good, "positions": [2, 9], "micro_batches": [[2, 9]]}, "outside the update"),
+        ({**good, "positions": [2]}, "micro-batches do not cover"),
+        ({**good, "micro_batches": [[2], [2, 0]]}, "micro-batches do not cover"),
+        ({**good, "micro_batches": []}, "without a micro-step"),
+        ({**good, "replayed": [False, False, False]}, "does not match its update"),
+        ({**good, "n_valid": [3, 5, 9]}, "does not match its update"),  # sample 2 has 4
+        ({**good, "n_valid": [3, -5, 4]}, "negative valid tokens"),
+        ({**good, "n_valid": [3, 5]}, "lists differ"),
     ]:
-        forged = dataclasses.replace(msg, whole=bad)
+        forged = dataclasses.replace(msg, updates=[bad])
         with pytest.raises(p.ProtocolError, match=reason):
             p.decode(p.encode(forged))
+    # positions must place every carried sample, in one update or another
+    short = {**good, "positions": [2], "micro_batches": [[2]]}
+    with pytest.raises(p.ProtocolError, match="samples outside every update"):
+        p.decode(p.encode(dataclasses.replace(msg, updates=[short])))
 
 
 @pytest.mark.parametrize(

@@ -296,21 +296,33 @@ def policy_loss(
     return loss, stats
 
 
-def batch_normalisers(
-    samples: Sequence[Sample],
-    tau: float,
-    agg: str = "token_mean",
-    keep: torch.Tensor | Sequence[bool] | None = None,
-) -> tuple[torch.Tensor, float]:
-    """Per-sample replay weights ``w~`` and the valid-token count of a whole batch, from its
-    samples' metadata (so every data-parallel shard can use the batch's own values).
-    ``keep`` (one flag per sample of the whole batch) normalises the weights over the kept
-    samples (masked ones get 0); the token count is the whole batch's either way."""
-    is_replay = torch.tensor([s.replay_count > 0 for s in samples])
-    n_valid = torch.tensor([s.n_valid for s in samples])
-    mass = n_valid if agg == "token_mean" else torch.ones_like(n_valid)
-    keep_t = None if keep is None else torch.as_tensor(keep, dtype=torch.bool)
-    return replay_weights(is_replay, mass, tau, keep_t), float(n_valid.sum())
+@dataclass(frozen=True)
+class Normaliser:
+    """What the loss's normalisers read of a whole update (a mini-batch): each sample's
+    valid tokens and replay flag. A data-parallel rank gets it from rank 0's plan
+    (runtime/data/micro_batches.py ``UpdatePlan``) with only its own samples."""
+
+    n_valid: Sequence[int]
+    replayed: Sequence[bool]
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Normaliser:
+        return cls([s.n_valid for s in samples], [s.replay_count > 0 for s in samples])
+
+    def __len__(self) -> int:
+        return len(self.n_valid)
+
+    def weights(
+        self, tau: float, agg: str, keep: torch.Tensor | Sequence[bool] | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """Per-sample replay weights ``w~`` and the update's valid-token count. ``keep`` (one
+        flag per sample) normalises the weights over the kept samples (masked ones get 0);
+        the token count is the whole update's either way."""
+        is_replay = torch.tensor(list(self.replayed), dtype=torch.bool)
+        n_valid = torch.tensor(list(self.n_valid), dtype=torch.long)
+        mass = n_valid if agg == "token_mean" else torch.ones_like(n_valid)
+        keep_t = None if keep is None else torch.as_tensor(keep, dtype=torch.bool)
+        return replay_weights(is_replay, mass, tau, keep_t), float(n_valid.sum())
 
 
 def batch_loss(
@@ -318,29 +330,34 @@ def batch_loss(
     old_logprobs: torch.Tensor | None,
     rollout_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    samples: Sequence[Sample],
+    rows: Sequence[Sample],
     cfg,
-    shard: list[int] | None = None,
     *,
+    norm: Normaliser | None = None,
+    at: Sequence[int] | None = None,
     keep: torch.Tensor | Sequence[bool] | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The loss of a batch as rank 0 sends it: advantages and replay flags from its
-    samples, ``tau``, the clip, TIS and masking settings from the run's config.
+    """The loss of ``rows`` (their samples give the advantages): ``tau``, the clip, TIS and
+    masking settings from the run's config.
 
     ``logprobs``/``old_logprobs``/``rollout_logprobs``/``mask`` are ``[rows, T]``;
-    ``rollout_logprobs`` is :func:`rollout_logprobs_of` those rows' samples.
+    ``rollout_logprobs`` is :func:`rollout_logprobs_of` the rows.
     ``old_logprobs`` None means "not recomputed": the rollout log-probs are the old ones.
 
-    With ``shard`` (indices into ``samples``) the rows are that data-parallel shard only;
-    weights and the denominator still come from the whole batch. ``keep`` is
-    ``mismatch_mask``'s verdict on every sample of the whole batch (one flag per entry of
-    ``samples``); without a shard it is computed here, with one it must be given when
-    ``algorithm.mismatch_mask`` is set: each replica's :func:`mismatch_keep` of its rows,
-    put at its shard indices of a zero vector and all-reduced by sum (it is checked
-    against these rows' own verdict).
+    ``norm`` is the whole update the rows belong to and ``at`` their indices in it (a
+    data-parallel shard's micro-batch); without them the rows are the whole update. The
+    weights and the denominator come from the whole update. ``keep`` is
+    ``mismatch_mask``'s verdict on every sample of the update; without ``at`` it is computed
+    here, with ``at`` it must be given when ``algorithm.mismatch_mask`` is set: each
+    replica's :func:`mismatch_keep` of its rows, put at their indices of a zero vector and
+    all-reduced by sum (it is checked against these rows' own verdict).
     """
     a = cfg.algorithm
     agg = a.loss_agg
+    if norm is None:
+        norm = Normaliser.of(rows)
+    if len(rows) != (len(norm) if at is None else len(at)):
+        raise ValueError(f"{len(rows)} rows, but at= places {len(norm if at is None else at)}")
     if old_logprobs is None:
         if a.tis_cap is not None or a.mismatch_mask is not None:
             raise ValueError(
@@ -353,23 +370,23 @@ def batch_loss(
     else:
         mine = mismatch_keep(old_logprobs, rollout_logprobs, mask, a.mismatch_mask).cpu()
         if keep is None:
-            if shard is not None:
+            if at is not None:
                 raise ValueError(
-                    "algorithm.mismatch_mask on a shard needs keep= for the whole batch "
+                    "algorithm.mismatch_mask on a shard needs keep= for the whole update "
                     "(each replica's mismatch_keep of its rows, all-reduced)"
                 )
             keep = mine
         else:
             keep = torch.as_tensor(keep, dtype=torch.bool).cpu()
-            if len(keep) != len(samples) or not torch.equal(
-                keep if shard is None else keep[shard], mine
+            if len(keep) != len(norm) or not torch.equal(
+                keep if at is None else keep[list(at)], mine
             ):
                 raise ValueError("keep disagrees with these rows' old and rollout log-probs")
-    weights, denom = batch_normalisers(samples, cfg.reflow.tau, agg, keep)
-    n_seqs = len(samples)
-    if shard is not None:
-        samples, weights = [samples[i] for i in shard], weights[shard]
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    weights, denom = norm.weights(cfg.reflow.tau, agg, keep)
+    n_seqs = len(norm)
+    if at is not None:
+        weights = weights[list(at)]
+    adv = torch.tensor([s.advantage for s in rows], dtype=torch.float32)
     return policy_loss(
         logprobs,
         old_logprobs,

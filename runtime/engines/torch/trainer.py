@@ -34,11 +34,18 @@ import torch
 
 from runtime.config.schema import Config
 from runtime.data import micro_batches
+from runtime.data.micro_batches import UpdatePlan
 from runtime.data.sample import Sample
 from runtime.engines import lora_format
 from runtime.engines.torch import logprobs, policy_files
 from runtime.engines.torch.lora import adapter_dropout_off, apply_lora, trainable
-from runtime.engines.torch.loss import LossStats, batch_loss, mismatch_keep, rollout_logprobs_of
+from runtime.engines.torch.loss import (
+    LossStats,
+    Normaliser,
+    batch_loss,
+    mismatch_keep,
+    rollout_logprobs_of,
+)
 from runtime.engines.torch.offload import HostOffload, OffloadRecord, frozen_state, training_state
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
@@ -110,26 +117,33 @@ class TorchTrainer:
         collective: Collective | None = None,
         shard_index: int = 0,
         shard_count: int = 1,
-        lengths: Sequence[int] | None = None,
     ) -> dict[str, float]:
-        """One batch in ``train.mini_batches`` optimizer updates; the metrics are their means.
+        """One step on a whole batch in hand (one process, a test, a benchmark): this rank's
+        part of the plan rank 0 makes (:func:`runtime.data.micro_batches.rank_plans`)."""
+        t = self.cfg.train
+        plans = micro_batches.sample_plans(
+            samples, t.mini_batches, shard_count, t.micro_batch_tokens
+        )
+        part = plans[shard_index]
+        mine = [samples[i] for i in part.batch_positions]
+        return self.train_part(mine, part.updates, collective, shard_count)
 
-        ``samples`` is the whole batch, of which this rank trains the share its plan gives
-        it; the others' may be stand-ins (``runtime.transport.frames.whole_batch``), so the
-        plan is made from ``lengths`` (every sample's tokens) where given."""
+    def train_part(
+        self,
+        samples: Sequence[Sample],
+        updates: Sequence[UpdatePlan],
+        collective: Collective | None = None,
+        shard_count: int = 1,
+    ) -> dict[str, float]:
+        """One step in ``train.mini_batches`` optimizer updates, as rank 0 planned this
+        rank's part (``samples``, carried update by update); the metrics are their means."""
         if self.offload_state != "on_device":
             raise RuntimeError(f"a training step with the trainer state {self.offload_state}")
+        if len(updates) != self.cfg.train.mini_batches:
+            raise ValueError(f"{len(updates)} updates, not train.mini_batches")
         start = time.perf_counter()
-        k = self.cfg.train.mini_batches
-        if lengths is None:
-            lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
-        # Strided, not contiguous: the batch comes fresh samples first, replayed last, and
-        # every update should see both, as a shuffled split would.
-        minis = [list(samples[j::k]) for j in range(k)]
-        plans = [self._plan(list(lengths[j::k]), shard_index, shard_count) for j in range(k)]
-        for mini, mine in zip(minis, plans, strict=True):
-            if any(mini[i].sample_id < 0 for batch in mine for i in batch):  # a stand-in
-                raise ValueError("a sample this rank's plan gives it was not sent to it")
+        k = len(updates)
+        minis = micro_batches.by_update(samples, updates)  # by index in the update
         # The old policy is the weights before this step's first update (verl computes
         # old_log_prob once per step, then runs its PPO mini-batches against it).
         # A step trained again after an aborted attempt takes the weights it resumes from
@@ -139,30 +153,25 @@ class TorchTrainer:
         keeps: list[torch.Tensor | None] = [None] * k
         if self.cfg.algorithm.recompute_old_logprobs:
             for j in todo:
-                old = olds[j] = self._old_logprobs(minis[j], plans[j])
+                old = olds[j] = self._old_logprobs(minis[j], updates[j].micro_batches)
                 if self.cfg.algorithm.mismatch_mask is not None:
-                    keeps[j] = self._kept(minis[j], old, collective)
-        updates = []
+                    keeps[j] = self._kept(minis[j], len(updates[j].n_valid), old, collective)
+        results = []
         for j in todo:  # from 0 unless an attempt was aborted
-            update = self._update(minis[j], plans[j], olds[j], keeps[j], collective, shard_count)
-            updates.append(update)
+            update = self._update(minis[j], updates[j], olds[j], keeps[j], collective, shard_count)
+            results.append(update)
             self.updates_done = j + 1
         self.updates_done = 0
         self.step += 1
         self.version = self.cfg.train.version_at(self.step)
-        out = {key: sum(u[key] for u in updates) / k for key in updates[0]}
+        out = {key: sum(u[key] for u in results) / k for key in results[0]}
         for key, pick in LossStats.EXTREMES.items():  # extremes of the step, not means
             if key in out:
-                out[key] = pick(u[key] for u in updates)
-        out["optimizer_updates"] = float(len(updates))  # of this attempt
-        out["micro_steps"] = float(sum(len(plans[j]) for j in todo))
+                out[key] = pick(u[key] for u in results)
+        out["optimizer_updates"] = float(len(results))  # of this attempt
+        out["micro_steps"] = float(sum(len(updates[j].micro_batches) for j in todo))
         out["step_time_s"] = time.perf_counter() - start
         return out
-
-    def _plan(self, lengths: list[int], index: int, count: int) -> list[list[int]]:
-        """This rank's micro-batches of one update (runtime/data/micro_batches.py): the
-        plan rank 0 made when it chose which samples to send this rank."""
-        return micro_batches.plan(lengths, count, self.cfg.train.micro_batch_tokens)[index]
 
     def _forward(self, rows: Sequence[Sample]) -> torch.Tensor:
         """Log-probs ``[len(rows), longest response]`` of each row's response tokens under
@@ -196,7 +205,7 @@ class TorchTrainer:
 
     @torch.no_grad()
     def _old_logprobs(
-        self, samples: Sequence[Sample], mine: list[list[int]]
+        self, samples: dict[int, Sample], mine: list[list[int]]
     ) -> dict[int, torch.Tensor]:
         """The trainer's own log-probs of this rank's rows before the update, by index."""
         out: dict[int, torch.Tensor] = {}
@@ -208,11 +217,12 @@ class TorchTrainer:
         return out
 
     def _kept(
-        self, samples: Sequence[Sample], old: dict[int, torch.Tensor], c: Collective | None
+        self, samples: dict[int, Sample], n: int, old: dict[int, torch.Tensor], c: Collective | None
     ) -> torch.Tensor:
-        """``algorithm.mismatch_mask``'s verdict on every sample of a mini-batch: each rank
-        judges its own rows (it alone has their old log-probs), the verdicts are summed."""
-        flags = [0.0] * len(samples)
+        """``algorithm.mismatch_mask``'s verdict on every sample of an update of ``n``: each
+        rank judges its own rows (it alone has their old log-probs), the verdicts are
+        summed."""
+        flags = [0.0] * n
         for i, old_i in old.items():
             rows = [samples[i]]
             rollout, mask = self._behaviour(rows, len(old_i))
@@ -237,21 +247,23 @@ class TorchTrainer:
 
     def _update(
         self,
-        samples: Sequence[Sample],
-        mine: list[list[int]],
+        samples: dict[int, Sample],
+        plan: UpdatePlan,
         old: dict[int, torch.Tensor] | None,
         keep: torch.Tensor | None,
         collective: Collective | None,
         shard_count: int,
     ) -> dict[str, float]:
-        """One optimizer update on ``samples`` (a mini-batch): this rank's micro-batches
-        ``mine`` (indices into ``samples``), gradients accumulated, then reduced."""
+        """One optimizer update: this rank's ``samples`` (by index in the update) in the
+        plan's micro-batches, gradients accumulated, then reduced."""
         self.opt.zero_grad()
         # FSDP2 averages gradients over the data-parallel ranks; every rank's loss is
         # already its share of the mini-batch's (normalised by the whole mini-batch), so
         # the sum is wanted: scale by the rank count. The replicated path all-reduces sums.
         scale = float(shard_count) if self.sharded else 1.0
         parts: list[LossStats] = []
+        mine = plan.micro_batches
+        norm = Normaliser(plan.n_valid, plan.replayed)
         for j, batch in enumerate(mine):
             if self.sharded:  # reduce gradients once, after the last micro-batch
                 self.model.set_requires_gradient_sync(j == len(mine) - 1)
@@ -274,7 +286,7 @@ class TorchTrainer:
             # 3. Replay weights, off-policy correction and the clipped surrogate
             # (runtime/engines/torch/loss.py), normalised by the whole mini-batch.
             loss, st = batch_loss(
-                logp, old_logp, rollout, mask, samples, self.cfg, shard=batch, keep=keep
+                logp, old_logp, rollout, mask, rows, self.cfg, norm=norm, at=batch, keep=keep
             )
             (loss * scale).backward()
             parts.append(st)

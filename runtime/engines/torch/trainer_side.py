@@ -230,10 +230,12 @@ class TorchTrainerSide(BatchConsumer):
         index, count = 0, 1
         if c is not None and self.rank in c.trainer_ranks:
             index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
-        # this rank's samples at their places in the batch, stand-ins for the others'
-        samples, lengths = wire.whole_batch(msg)
+        samples, updates = wire.batch(msg).samples, wire.updates(msg)
         try:
-            metrics = self.trainer.train_step(samples, c, index, count, lengths=lengths)
+            if updates is None:  # the whole batch (rank 0 plans for a data-parallel trainer)
+                metrics = self.trainer.train_step(samples, c, index, count)
+            else:  # this rank's part, as rank 0 planned it
+                metrics = self.trainer.train_part(samples, updates, c, count)
         except RuntimeError as exc:
             if c is None or len(c.trainer_ranks) <= c.trainer_group_size:
                 raise  # one replica: no group can go on without the rank (rank 0 restarts)
