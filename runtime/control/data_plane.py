@@ -196,6 +196,13 @@ class DataPlane:
         self.batches[batch.batch_id] = batch
         return batch
 
+    @property
+    def batch_in_flight(self) -> int | None:
+        """The batch being trained: made by :meth:`next_batch`, ended by :meth:`finish_step`
+        (the trainer takes one batch at a time)."""
+        assert len(self.batches) <= 1, f"batches {sorted(self.batches)} in training at once"
+        return next(iter(self.batches), None)
+
     def finish_step(self, batch_id: int, step: int, new_version: int) -> Batch:
         """Step ``step`` trained batch ``batch_id``; its weights are version ``new_version``
         (one more than before at a sync point)."""

@@ -213,9 +213,9 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     if not colocation.is_colocated(c):  # colocated: resumed in a rollout phase, as it starts
         rollout, trainer = state["layout"]
         c.rebalance.layout = c.layout.with_ratio(rollout, trainer)
-    c.data.load_state_dict(state["data"])
-    c.step = int(state["step"])
-    c.policy_version = int(state["policy_version"])
+    c.data.load_state_dict(state["data"])  # the step and policy version with it
+    if (c.step, c.policy_version) != (int(state["step"]), int(state["policy_version"])):
+        raise ValueError("coordinator state: its step or version disagrees with its data's")
     c.training_started = c.step > 0
     c.attempt = int(state["attempt"]) + 1
     c.counters.consumed_total = int(state["consumed_total"])

@@ -79,8 +79,6 @@ class Run:
         layout = initial_layout(cfg)
         self.state = RunState.STARTING
         self.reason = ""
-        self.step = 0
-        self.policy_version = 0
         self.training_started = False
         self.phase_started_at_step = 0  # colocated_sync: the step its current phase began at
         self.started_at = clock()
@@ -113,8 +111,8 @@ class Run:
         # (time, trainer idle by cause) at the first step: the trainer's idle window
         self.trainer_window: tuple[float, Counter[str]] | None = None
 
-        # batches: the one in training, and copies a trainer replica missed
-        self.batch_in_flight: int | None = None
+        # batches: when the one in training (the data plane's) was sent, and copies a
+        # trainer replica missed
         self.batch_sent_at = 0.0
         self.batch_resent = 0
         # trainer identity -> (batch id to send again, when), and the backoff for that batch
@@ -140,6 +138,21 @@ class Run:
         self.ledger_violations: list[dict[str, Any]] = []
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
+
+    # Step, policy version and the batch in training have one owner, the data plane, whose
+    # methods keep them consistent (a step ends its batch, and publishes at a sync point):
+    # read here, never written.
+    @property
+    def step(self) -> int:
+        return self.data.step
+
+    @property
+    def policy_version(self) -> int:
+        return self.data.policy_version
+
+    @property
+    def batch_in_flight(self) -> int | None:
+        return self.data.batch_in_flight
 
     @property
     def layout(self) -> Layout:

@@ -49,12 +49,10 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     synced = msg.step % c.cfg.train.sync_every == 0 and msg.step < c.cfg.train.steps
     c.idle.trainer_is("weight_sync" if synced else "step_report", now)
     batch = c.data.finish_step(msg.batch_id, msg.step, msg.policy_version)
-    c.batch_in_flight = None
     c.counters.consumed_total += len(batch.samples)
     c.counters.consumed_tokens += sum(t.n_valid for t in batch.samples)
     c.rebalance.count_replay_life(batch.samples[: batch.n_unused], msg.step)
     line = telemetry.step_line(c, msg, batch, now)
-    c.step, c.policy_version = msg.step, msg.policy_version
     problems = c.data.ledger_problems()
     line["ledger_ok"] = not problems
     if problems:  # a bug, not an input: recorded where a user looks, the run goes on
@@ -150,8 +148,7 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
             c.idle.trainer_is(starved_by(c), now)
         return [(identity, p.BatchWait(reason="waiting for samples"))]
     c.idle.trainer_is(None, now)
-    c.batch_in_flight = batch.batch_id
-    c.batch_sent_at = now
+    c.batch_sent_at = now  # the data plane holds it as the batch in flight
     return send_batch(c, identity, batch)
 
 

@@ -646,3 +646,34 @@ def test_a_foreign_state_format_is_refused(clock):
     for old in (1, 2, 99):  # 1: samples with an ``extra`` dict; 2: versions per step
         with pytest.raises(ValueError, match="format"):
             c.load_state_dict({"format": old})
+
+
+def test_step_version_and_the_batch_in_training_have_one_owner(clock):
+    # the data plane keeps them; the run reads them and cannot set them apart from it
+    c = coordinator(clock, Saves())
+    register_all(c)
+    with pytest.raises(AttributeError):
+        c.step = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        c.batch_in_flight = 3  # type: ignore[misc]
+    from tests.unit.test_coordinator import take_batch
+
+    batch = take_batch(c)
+    assert c.batch_in_flight == batch.batch_id == c.data.batch_in_flight
+    assert list(c.data.batches) == [batch.batch_id]
+    done = p.StepDone(rank=0, step=1, policy_version=0, batch_id=batch.batch_id, metrics={})
+    c.handle(ident(0), done)
+    assert (c.step, c.policy_version, c.batch_in_flight) == (1, 0, None)
+    assert (c.data.step, c.data.policy_version, c.data.batches) == (1, 0, {})
+
+
+def test_a_state_whose_step_disagrees_with_its_data_is_refused(clock):
+    saves = Saves()
+    c = coordinator(clock, saves)
+    register_all(c)
+    for _ in range(2):
+        one_step(c, clock)
+    c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
+    state = dict(saves.calls[-1][2], step=5)
+    with pytest.raises(ValueError, match="disagrees"):
+        coordinator(Clock(), Saves()).load_state_dict(state, source="step-00000002")
