@@ -8,7 +8,8 @@ For each role a rank can hold, :func:`plan_memory` adds up what that role keeps 
   pass (``train.micro_batch_tokens``, with and without ``train.activation_checkpointing``),
   the chunked log-prob head and a fixed reserve. With ``model.lora`` (rank > 0) the base
   is frozen in the compute dtype (no master copy, gradients or AdamW state) and only the
-  adapters carry float32 weights, gradients and moments (:class:`LoraPlan`);
+  adapters carry float32 weights, gradients and moments
+  (:class:`runtime.config.lora_memory.LoraPlan`, which counts them);
 - **rollout**: vLLM's weights in ``model.dtype`` over the tensor-parallel size, its KV cache
   (``gpu_memory_utilization`` x GPU memory - weights - a fixed reserve, or
   ``engine.kv_cache_memory_bytes``), the KV tokens that gives and the longest response
@@ -24,9 +25,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.config.architectures import ArchitectureError, ModelShape, model_shape
+from runtime.config.architectures import ModelShape, model_shape
 from runtime.config.layout import initial_layout
-from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config, LoraConfig
+from runtime.config.lora_memory import (
+    LoraPlan,
+    lora_activation_bytes_per_token,
+    lora_adapter_params,
+    lora_module_shapes,
+    lora_plan,
+    vllm_lora_slot_bytes,
+)
+from runtime.config.schema import Config
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -49,38 +58,6 @@ KV_BLOCK_TOKENS = 16  # vLLM allocates the KV cache in blocks of this many token
 # copy, the temperature-scaled copy and logsumexp's float32 workspace (or, in the
 # backward, the logits' gradient): runtime/engines/torch/logprobs.py.
 _LOGIT_BYTES_BESIDES_OUTPUT = 12
-# A LoRA run's weight sync sends the adapters in the rollout dtype (``model.dtype``), as
-# every weight (runtime/engines/torch/weight_stream.py; vLLM casts them to its LoRA dtype
-# anyway); ``model.lora.sync: merged`` sends the model.
-
-
-@dataclass(frozen=True)
-class LoraPlan:
-    """``model.lora`` in numbers: the adapters and what one weight sync sends."""
-
-    rank: int
-    modules: tuple[str, ...]  # the target modules this model has (adapted in every block)
-    adapter_params: int  # A [r, in] + B [out, r] of every adapted layer, all blocks
-    base_params: int
-    base_dtype: str  # the frozen base's dtype: train.param_dtype
-    sync: str  # model.lora.sync
-    sync_bytes: int  # one weight sync: the adapters or the merged model, in model.dtype
-    full_sync_bytes: int  # a full-parameter run's sync: the model in model.dtype
-
-    def line(self) -> str:
-        """The plan's LoRA line."""
-        share, sent = self.adapter_params / self.base_params, self.sync_bytes / GIB
-        sent_as = (
-            f"the adapter, {sent:.2f} GiB ({self.sync_bytes / self.full_sync_bytes:.2%}"
-            f" of the model's {self.full_sync_bytes / GIB:.2f} GiB)"
-            if self.sync == "adapter"
-            else f"the merged model, {sent:.2f} GiB"
-        )
-        return (
-            f"LoRA rank {self.rank} on {', '.join(self.modules)}: {self.adapter_params:,} "
-            f"adapter parameters ({share:.2%} of {self.base_params:,}), base frozen in "
-            f"{self.base_dtype}; a weight sync sends {sent_as}"
-        )
 
 
 @dataclass(frozen=True)
@@ -308,65 +285,6 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
-def lora_module_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear layer of a decoder block, by its Hugging Face name."""
-    h, q, kv, i = shape.hidden, shape.q_width, shape.kv_width, shape.intermediate
-    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    io = ((h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h))
-    return dict(zip(names, io, strict=True))
-
-
-def lora_modules(shape: ModelShape, lora: LoraConfig) -> tuple[str, ...]:
-    """The target modules that are linear layers of this model's blocks: the ones the
-    trainer adapts (runtime/engines/torch/lora.py ``apply_lora`` refuses a name that is
-    not one of its block's linear layers)."""
-    known = lora_module_shapes(shape)
-    modules = tuple(m for m in known if m in set(lora.target_modules))
-    if not modules:
-        raise ArchitectureError(
-            f"model.lora.target_modules: none of {sorted(lora.target_modules)} is a linear "
-            f"layer of a decoder block ({', '.join(known)})"
-        )
-    return modules
-
-
-def lora_adapter_params(shape: ModelShape, lora: LoraConfig) -> int:
-    """Adapter parameters of the whole model: A [r, in] and B [out, r] for each adapted
-    linear layer of every decoder block."""
-    known = lora_module_shapes(shape)
-    per_block = sum(lora.rank * sum(known[m]) for m in lora_modules(shape, lora))
-    return shape.layers * per_block
-
-
-def lora_plan(cfg: Config, shape: ModelShape, base_dtype: str) -> LoraPlan | None:
-    lora = cfg.model.lora
-    if not lora.enabled:
-        return None
-    adapters = lora_adapter_params(shape, lora)
-    full = shape.total_params * DTYPE_BYTES[cfg.model.dtype]
-    return LoraPlan(
-        rank=lora.rank,
-        modules=lora_modules(shape, lora),
-        adapter_params=adapters,
-        base_params=shape.total_params,
-        base_dtype=base_dtype,
-        sync=lora.sync,
-        sync_bytes=adapters * DTYPE_BYTES[cfg.model.dtype] if lora.sync == "adapter" else full,
-        full_sync_bytes=full,
-    )
-
-
-def lora_activation_bytes_per_token(shape: ModelShape, lora: LoraConfig, p: int) -> int:
-    """What a block's adapters save for the backward besides the base's activations, per
-    token: A's output (r values) for B's weight gradient, and with dropout the dropped
-    input and its mask; the input itself is the base layer's, saved already."""
-    if not lora.enabled:
-        return 0
-    known = lora_module_shapes(shape)
-    dropped = [known[m][0] * (p + 1) if lora.dropout else 0 for m in lora_modules(shape, lora)]
-    return sum(lora.rank * p + d for d in dropped)
-
-
 def layer_activation_bytes_per_token(shape: ModelShape, p: int, r: int) -> int:
     """Bytes one decoder block saves for its backward, per token, in Hugging Face's
     implementation with the SDPA kernel given a padding mask (so GQA's k and v are
@@ -442,7 +360,7 @@ def plan_trainer(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Train
     sharded = train.strategy == "fsdp2"
     shards = cfg.resources.trainer_gpus_per_replica if sharded else 1
     local = math.ceil(n / shards)
-    lora = lora_plan(cfg, shape, param_dtype)
+    lora = lora_plan(cfg, shape, param_dtype, DTYPE_BYTES[cfg.model.dtype])
     if lora is None:
         trained, base, adapter_bytes = local, 0, 0
         params_bytes = 4 * local  # float32 master weights
@@ -557,10 +475,7 @@ def plan_rollout(cfg: Config, shape: ModelShape, gpu_bytes: int | None) -> Rollo
             base_dtype = cfg.train.param_dtype or "bfloat16"
             adapters = lora_adapter_params(shape, lora)
             resident = DTYPE_BYTES[base_dtype] * shape.total_params + 12 * adapters
-    if lora.syncs_adapter:  # vLLM's adapter slots, every LoRA module
-        rank = min(r for r in VLLM_LORA_RANKS if r >= lora.rank)
-        per_rank = sum(map(sum, lora_module_shapes(shape).values())) * shape.layers
-        weights += math.ceil(VLLM_LORA_SLOTS * rank * per_rank * DTYPE_BYTES[dtype] / tp)
+    weights += vllm_lora_slot_bytes(shape, lora, DTYPE_BYTES[dtype], tp)
     reserve = ROLLOUT_RESERVE_BYTES if gpu_bytes is not None else 0
     set_kv = cfg.engine.kv_cache_memory_bytes
     # engine.gpu_memory_utilization is read once the schema has it; until then the

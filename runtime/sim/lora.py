@@ -3,7 +3,7 @@
 The profiles in ``runtime/sim/profiles.yaml`` are of full-parameter training. A LoRA run
 (``model.lora.rank > 0``; runtime/engines/torch/lora.py) freezes the base in the compute
 dtype and trains float32 adapters (A [r, in], B [out, r] on each adapted linear layer of
-every block; the count is :func:`runtime.config.memory_plan.lora_adapter_params`, from the
+every block; the count is :func:`runtime.config.lora_memory.lora_adapter_params`, from the
 model's shape). :func:`lora_profile` turns a profile into that run's, all derived, none
 measured:
 
@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from runtime.config.architectures import ArchitectureError, ModelShape, model_shape
-from runtime.config.memory_plan import lora_adapter_params
+from runtime.config.lora_memory import lora_adapter_params
 from runtime.config.schema import Config
 from runtime.sim.parameters import ModelProfile, ProfileError
 

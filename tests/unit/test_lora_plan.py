@@ -1,4 +1,4 @@
-"""LoRA in the memory plan (runtime/config/memory_plan.py) and in the simulator
+"""LoRA in the memory plan (runtime/config/lora_memory.py) and in the simulator
 (runtime/sim/lora.py): the adapter's size against a hand computation and against the
 trainer's own layers, a model that fits only with LoRA, and what a LoRA run's weight sync
 and trainer step cost in simulation."""
@@ -9,7 +9,8 @@ import math
 import pytest
 
 from runtime.config.architectures import ArchitectureError, model_shape
-from runtime.config.memory_plan import GIB, lora_adapter_params, plan_memory
+from runtime.config.lora_memory import lora_adapter_params
+from runtime.config.memory_plan import GIB, plan_memory
 from runtime.config.recipe import build_config, load_recipe
 from runtime.sim.lora import lora_costs, lora_profile
 from runtime.sim.parameters import load_profiles
