@@ -3,13 +3,13 @@ rollout ranks are generating, then ``reflow launch --resume``.
 
 One run, real engines (vLLM CPU build, torch), this machine: ``recipes/demo.yaml --local``
 in a fresh runs folder; at step >= ``--stop-at``, ``reflow stop`` (the checkpoint keeps
-what the rollout ranks had generated of the requests in flight: ``partial_rollouts`` in
+what the rollout ranks had generated of the requests in flight: ``parked_rollouts`` in
 its record), then ``--resume`` with ``train.steps`` ``--more`` steps past the saved one.
-Reported from the final status (``buffer.partial_rollouts``): the requests and tokens
+Reported from the final status (``buffer.parked_rollouts``): the requests and tokens
 kept, the tokens the resumed run continued (same token under the same policy version as
 before the stop) and those it generated again, and the sample ledger.
 
-There is no baseline run: before partial rollouts were kept, a stop put every request in
+There is no baseline run: before parked rollouts were kept, a stop put every request in
 flight back in the queue from its prompt, so every kept token was generated again by
 construction; this reports counts, not times.
 
@@ -73,18 +73,18 @@ def main() -> None:
     reflow(runs, "launch", "--resume", run, "--local", "--set", f"train.steps={target}")
     final = wait_for(runs, run, lambda s: s["state"] in TERMINAL, "the resumed run's end")
 
-    partials = final["buffer"]["partial_rollouts"]
+    parked = final["buffer"]["parked_rollouts"]
     report = {
         "run": str(run_dir),
         "stopped_at_step": saved["step"],
         "checkpoint_ok": saved["ok"],
-        "kept": saved.get("partial_rollouts", {"requests": 0, "tokens": 0}),
+        "kept": saved.get("parked_rollouts", {"requests": 0, "tokens": 0}),
         "resumed_state": final["state"],
         "resumed_step": final["step"],
-        "continued_tokens": partials.get("continued_tokens", 0),
-        "regenerated_tokens": partials.get("regenerated_tokens", 0),
-        "refused": {k: v for k, v in partials.items() if k.startswith("refused_")},
-        "ranks_not_reported": partials.get("ranks_not_reported", 0),
+        "continued_tokens": parked.get("continued_tokens", 0),
+        "regenerated_tokens": parked.get("regenerated_tokens", 0),
+        "refused": {k: v for k, v in parked.items() if k.startswith("refused_")},
+        "ranks_not_reported": parked.get("ranks_not_reported", 0),
         "ledger": final["buffer"]["ledger"],
     }
     text = json.dumps(report, indent=2)

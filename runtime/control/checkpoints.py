@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-# How long the checkpoint before a stop waits for the rollout drivers' partial rollouts
+# How long the checkpoint before a stop waits for the rollout drivers' parked rollouts
 # (runtime/control/lifecycle.py): an abort and a few seconds' grace for tool calls; well
 # inside ``reflow stop --grace`` (60 s), which ends a job that has not left by then.
 PARK_TIMEOUT_S = 20.0

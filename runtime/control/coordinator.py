@@ -163,8 +163,8 @@ class Coordinator(Run):
         if self.batch_retry:
             out += training.retry_batches(self, now)
         if self.ckpt.pending is not None and "trainer" in self.ckpt.pending:
-            # the trainer's half is in (ok or not): only the drivers' partials are awaited,
-            # bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
+            # the trainer's half is in (ok or not): only the drivers' parked rollouts are
+            # awaited, bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
             out += self._wait_for_parked(now)
         elif self.ckpt.pending is not None:
             if self.members.leader() is None:
@@ -180,7 +180,7 @@ class Coordinator(Run):
         return out
 
     def _wait_for_parked(self, now: float) -> list[Outgoing]:
-        """A stop's checkpoint waits for the rollout drivers' partials, bounded."""
+        """A stop's checkpoint waits for the rollout drivers' parked rollouts, bounded."""
         assert self.ckpt.pending is not None
         parking = self.ckpt.pending.get("parking") or set()
         parking -= {w.rank for w in self.members if w.gone}  # lost: it never will

@@ -16,7 +16,7 @@ from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
-from runtime.data.sample import PartialRollout, Request, Sample, sample_digest
+from runtime.data.sample import ParkedRollout, Request, Sample, sample_digest
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
@@ -62,7 +62,7 @@ def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
 
 def park_rollouts(c: Run) -> list[Outgoing]:
     """The checkpoint before a stop keeps what is in flight: every rollout replica's
-    driver is told to stop generating and report its partial rollouts (``Parked``), and
+    driver is told to stop generating and report its parked rollouts (``Parked``), and
     the coordinator's half of the checkpoint waits for them (at most ``PARK_TIMEOUT_S``;
     a rank that does not answer has its requests saved from their prompts, as before)."""
     pending = c.ckpt.pending
@@ -76,7 +76,7 @@ def park_rollouts(c: Run) -> list[Outgoing]:
 
 
 def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
-    """A driver's partial rollouts: each one checked against the request it says it is
+    """A driver's parked rollouts: each one checked against the request it says it is
     part of (outstanding at that rank, the run's vocabulary, lengths, log-probs and
     versions) and kept with it; the rest are refused, counted, and saved from the prompt."""
     if c.known(identity, msg.rank) is None:
@@ -86,36 +86,36 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
         c.reject("unexpected_parked")
         return []
     dispatcher = c.data.dispatcher
-    for sid, partial in wire.parked(msg).items():
+    for sid, rollout in wire.parked(msg).items():
         entry = dispatcher.outstanding.get(sid)
         why = "not_outstanding_there" if entry is None or entry[1] != msg.rank else None
         if why is None:
             assert entry is not None
-            why = partial_problem(c, entry[0], partial)
+            why = parked_problem(c, entry[0], rollout)
         if why is not None:
-            dispatcher.partials[f"refused_{why}"] += 1
+            dispatcher.parked[f"refused_{why}"] += 1
             continue
-        dispatcher.keep_partial(sid, msg.rank, partial)
+        dispatcher.keep_parked(sid, msg.rank, rollout)
     pending["parking"].discard(msg.rank)
     return end_when_parked(c)
 
 
-def partial_problem(c: Run, request: Request, partial: PartialRollout) -> str | None:
-    """Why ``partial`` cannot be part of ``request``'s generation (as a finished sample
+def parked_problem(c: Run, request: Request, rollout: ParkedRollout) -> str | None:
+    """Why ``rollout`` cannot be part of ``request``'s generation (as a finished sample
     would be checked); None if it can."""
-    longest = max(t.end - t.start for t in partial.turns)
+    longest = max(t.end - t.start for t in rollout.turns)
     if longest > c.cfg.workload.max_response_tokens:  # a turn's budget (agents/base.py)
         return "turn_too_long"
     stand_in = Sample(
         sample_id=request.sample_id,
         group_id=request.group_id,
         prompt_id=request.prompt_id,
-        versions=partial.versions,
+        versions=rollout.versions,
         prompt_token_ids=list(request.prompt.get("prompt_ids") or ()),
-        token_ids=partial.token_ids,
-        logprobs=partial.logprobs,
-        loss_mask=partial.loss_mask,
-        n_valid=sum(partial.loss_mask),
+        token_ids=rollout.token_ids,
+        logprobs=rollout.logprobs,
+        loss_mask=rollout.loss_mask,
+        n_valid=sum(rollout.loss_mask),
         reward=0.0,
     )
     return sample_problem(stand_in, request, policy_version=c.policy_version, bounds=c.bounds)
@@ -128,7 +128,7 @@ def end_when_parked(c: Run, *, give_up: bool = False) -> list[Outgoing]:
     if pending is None:
         return []
     if give_up and pending.get("parking"):
-        c.data.dispatcher.partials["ranks_not_reported"] += len(pending["parking"])
+        c.data.dispatcher.parked["ranks_not_reported"] += len(pending["parking"])
         pending["parking"] = set()
     if pending.get("parking") or "trainer" not in pending:
         return []
@@ -168,14 +168,14 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
 def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
     pending = c.ckpt.pending
     if pending is not None and pending.get("parking") and trainer_ok:
-        pending["trainer"] = (trainer_ok, error)  # the partial rollouts are not all in yet
+        pending["trainer"] = (trainer_ok, error)  # the parked rollouts are not all in yet
         return []
     parked = pending is not None and "parking" in pending
     then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
     if parked:  # what the checkpoint kept of the requests in flight
         d = c.data.dispatcher  # out at a rank, or back in the queue (its rank was lost)
         kept = [r.resume for r in [*(r for r, _ in d.outstanding.values()), *d.pending]]
-        c.ckpt.records[-1]["partial_rollouts"] = {
+        c.ckpt.records[-1]["parked_rollouts"] = {
             "requests": sum(1 for x in kept if x is not None),
             "tokens": sum(len(x) for x in kept if x is not None),
         }

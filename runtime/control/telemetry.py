@@ -147,7 +147,7 @@ def summary(c: Run) -> dict[str, Any]:
         # generations paused across a weight sync and resumed (partial rollout)
         "held_across_sync": c.data.dispatcher.transitions["running->held"],
         # in flight at a stop, kept in its checkpoint, continued after the resume
-        "partial_rollouts": dict(c.data.dispatcher.partials),
+        "parked_rollouts": dict(c.data.dispatcher.parked),
         "delivered_by_rank": c.data.stats()["delivered_by_rank"],
     }
 
@@ -259,7 +259,7 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
         if pending.get("parking"):
             out.append(
                 {
-                    "what": "the partial rollouts of the requests in flight, for the checkpoint",
+                    "what": "the parked rollouts of the requests in flight, for the checkpoint",
                     "from": sorted(pending["parking"]),
                     "for_s": round(now - pending["parked_at"], 3),
                     "bound": (

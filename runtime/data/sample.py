@@ -49,7 +49,7 @@ class Request:
     admitted_version: int = 0
     # What a rollout rank had generated of it when the run stopped (a checkpoint keeps it):
     # the rank that runs it next continues from there instead of from the prompt.
-    resume: PartialRollout | None = None
+    resume: ParkedRollout | None = None
 
 
 class Turn(NamedTuple):
@@ -74,12 +74,14 @@ def token_versions(spans: Sequence[tuple[int, int, int]], n: int) -> list[int | 
 
 
 @dataclass(slots=True, kw_only=True)
-class PartialRollout:
+class ParkedRollout:
     """An unfinished trajectory of one request, as a rollout rank reports it at a stop:
     the response so far (model and environment tokens, the model's log-probs, version spans
     as in :class:`Sample`) and its model turns, the last one possibly cut off (``abort``).
     A resumed run replays the finished turns and continues the cut one from its last token
-    (runtime/workloads/agents/base.py), so none of them is generated again."""
+    (runtime/workloads/agents/base.py), so none of them is generated again. Not a partial
+    rollout, which is a generation paused across a weight sync inside its engine and
+    resumed there (``Phase.HELD``)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -91,8 +93,8 @@ class PartialRollout:
         return len(self.token_ids)
 
 
-def partial_state(r: PartialRollout) -> dict[str, Any]:
-    """A partial rollout as plain data (msgpack-able), on the wire and in checkpoints."""
+def parked_state(r: ParkedRollout) -> dict[str, Any]:
+    """A parked rollout as plain data (msgpack-able), on the wire and in checkpoints."""
     return {
         "token_ids": list(r.token_ids),
         "logprobs": list(r.logprobs),
@@ -102,8 +104,8 @@ def partial_state(r: PartialRollout) -> dict[str, Any]:
     }
 
 
-def partial_from_state(d: dict[str, Any]) -> PartialRollout:
-    return PartialRollout(
+def parked_from_state(d: dict[str, Any]) -> ParkedRollout:
+    return ParkedRollout(
         token_ids=[int(x) for x in d["token_ids"]],
         logprobs=[float(x) for x in d["logprobs"]],
         loss_mask=[int(x) for x in d["loss_mask"]],
@@ -260,13 +262,13 @@ def request_state(r: Request) -> dict[str, Any]:
         "prompt": r.prompt,
         "dispatched_at": r.dispatched_at,
         "admitted_version": r.admitted_version,
-        "resume": None if r.resume is None else partial_state(r.resume),
+        "resume": None if r.resume is None else parked_state(r.resume),
     }
 
 
 def request_from_state(d: dict[str, Any]) -> Request:
     resume = d.get("resume")
-    return Request(**{**d, "resume": None if resume is None else partial_from_state(resume)})
+    return Request(**{**d, "resume": None if resume is None else parked_from_state(resume)})
 
 
 def frame_fields() -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ from typing import Any
 from runtime.config.layout import is_rollout_driver
 from runtime.config.schema import Config
 from runtime.data.lengths import synthetic_lengths
-from runtime.data.sample import PartialRollout, Request, Sample, Turn
+from runtime.data.sample import ParkedRollout, Request, Sample, Turn
 from runtime.rank.rollout_loop import RolloutSide, Spans
 from runtime.rank.sides import BatchConsumer
 from runtime.transport import frames as wire
@@ -95,10 +95,10 @@ class SyntheticRollout(RolloutSide[_Generation]):
         n = max(n, done + 1)
         return _Generation(req, n, now, now + (n - done) * self.token_time_s, Spans(self.version))
 
-    def park(self) -> dict[int, PartialRollout]:
+    def park(self) -> dict[int, ParkedRollout]:
         """A stop: each generation's tokens so far (the ones before a resume included)."""
         now = time.monotonic()
-        out: dict[int, PartialRollout] = {}
+        out: dict[int, ParkedRollout] = {}
         for sid, g in self.loop.drop().items():
             prefix, head = g.request.resume, _head(g)
             done = min(g.n_tokens - head, int((now - g.started) / self.token_time_s))
@@ -108,7 +108,7 @@ class SyntheticRollout(RolloutSide[_Generation]):
             spans = Spans(0)
             spans.spans = [list(s) for s in g.spans.spans]
             versions = _after(prefix, spans.close(done))
-            out[sid] = PartialRollout(
+            out[sid] = ParkedRollout(
                 token_ids=(list(prefix.token_ids) if prefix else []) + tokens,
                 logprobs=(list(prefix.logprobs) if prefix else []) + [-math.log(VOCAB)] * done,
                 loss_mask=[1] * (head + done),
@@ -146,7 +146,7 @@ class SyntheticRollout(RolloutSide[_Generation]):
 
 
 def _after(
-    prefix: PartialRollout | None, spans: list[tuple[int, int, int]]
+    prefix: ParkedRollout | None, spans: list[tuple[int, int, int]]
 ) -> list[tuple[int, int, int]]:
     """A continuation's version spans after its prefix's (one span per version)."""
     if prefix is None:

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Generic, TypeVar
 
-from runtime.data.sample import PartialRollout, Request, Sample
+from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.rank.sides import Keepalive, LinkedSide, PullGate, Send, nothing
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -160,7 +160,7 @@ class RolloutSide(LinkedSide, Generic[H]):
     def abort(self, running: dict[int, H]) -> None:
         """Stop generating what was dropped (by default nothing runs outside the loop)."""
 
-    def park(self) -> dict[int, PartialRollout]:
+    def park(self) -> dict[int, ParkedRollout]:
         """A stop: stop everything in flight (``self.loop.drop()``) and return what was
         generated of each request, by sample id (finished ones go to the outbox as usual;
         an engine that cannot say gives nothing back, and rank 0 requeues those)."""
@@ -193,12 +193,12 @@ class RolloutSide(LinkedSide, Generic[H]):
                 running[req.sample_id] = self.start(req, now)
         elif isinstance(msg, p.Park) and not self.parked:
             # The run stops after a checkpoint: what is in flight goes into it. Finished
-            # samples go first (one connection keeps the order), then the partials.
+            # samples go first (one connection keeps the order), then the parked rollouts.
             self.parked = True
-            self.reap(now)  # what has finished is a sample, not a partial
-            partials = self.park()
+            self.reap(now)  # what has finished is a sample, not a parked rollout
+            rollouts = self.park()
             self.loop.flush()
-            self.loop.send(wire.parked_message(self.rank, partials))
+            self.loop.send(wire.parked_message(self.rank, rollouts))
 
     def step(self) -> None:
         now = time.monotonic()

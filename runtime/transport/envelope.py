@@ -26,11 +26,12 @@ PROTOCOL_VERSION = 12  # 3: samples carry their fields explicitly; 4: heartbeats
 # 5: a trainer rank is sent its own samples of a batch and the layout of the rest;
 # 6: a role switch reports its phases; 7: a work request says how many episodes wait in tools;
 # 8: a layout's roles may say "gone" (a rank lost), and the leader reports lost receivers;
-# 9: a heartbeat says what the rank is about to wait on; 10: partial rollouts at a stop
+# 9: a heartbeat says what the rank is about to wait on; 10: parked rollouts at a stop
 # (Park, Parked) and in Work; 11: a Welcome may say its rank "gone" (a lost rank rejoining);
 # 12: a sample is one record of its declared fields, and a trainer rank's batch carries
-# rank 0's micro-batch plan and the update's normalisers instead of the batch's layout
-# a header and a batch's samples' frames (8,192 samples; a partial rollout has two)
+# rank 0's micro-batch plan and the update's normalisers instead of the batch's layout;
+# ``Parked.partials`` is renamed ``rollouts``
+# a header and a batch's samples' frames (8,192 samples; a parked rollout has two)
 MAX_FRAMES = max(2, len(frame_fields())) * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
 # What a rank takes from rank 0 (authenticated, the one peer it has): a batch's header

@@ -14,13 +14,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from runtime.data.micro_batches import RankPlan, UpdatePlan
-from runtime.data.sample import Batch, PartialRollout, Request, Sample, Turn, Wire
+from runtime.data.sample import Batch, ParkedRollout, Request, Sample, Turn, Wire
 from runtime.transport import protocol as p
 from runtime.transport.sample_shape import (
     BATCH_FIELDS,
     DONE_FIELDS,
     FRAMES,
-    PartialEntry,
+    ParkedEntry,
     turns_mask,
 )
 
@@ -62,8 +62,8 @@ def work_message(requests: Iterable[Request], policy_version: int) -> p.Work:
             "prompt": r.prompt,
         }
         if r.resume is not None:  # its tokens and log-probs: the next two frames
-            entry["resume"] = partial_entry(r.sample_id, r.resume)
-            blobs += partial_frames(r.resume)
+            entry["resume"] = parked_entry(r.sample_id, r.resume)
+            blobs += parked_frames(r.resume)
         entries.append(entry)
     return p.Work(policy_version=policy_version, requests=entries, blobs=tuple(blobs))
 
@@ -74,7 +74,7 @@ def requests(msg: p.Work) -> list[Request]:
     for r in msg.requests:
         resume = None
         if r.get("resume") is not None:
-            resume = partial(r["resume"], msg.blobs[frame], msg.blobs[frame + 1])
+            resume = parked_rollout(r["resume"], msg.blobs[frame], msg.blobs[frame + 1])
             frame += 2
         out.append(
             Request(r["sample_id"], r["group_id"], r["prompt_id"], r["prompt"], resume=resume)
@@ -82,7 +82,7 @@ def requests(msg: p.Work) -> list[Request]:
     return out
 
 
-def partial_entry(sample_id: int, r: PartialRollout) -> PartialEntry:
+def parked_entry(sample_id: int, r: ParkedRollout) -> ParkedEntry:
     return {
         "sample_id": sample_id,
         "versions": [list(v) for v in r.versions],
@@ -92,14 +92,14 @@ def partial_entry(sample_id: int, r: PartialRollout) -> PartialEntry:
     }
 
 
-def partial_frames(r: PartialRollout) -> list[bytes]:
+def parked_frames(r: ParkedRollout) -> list[bytes]:
     return [pack(r.token_ids, "i"), pack(r.logprobs, "f")]
 
 
-def partial(e: PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
+def parked_rollout(e: ParkedEntry, tokens: bytes, logprobs: bytes) -> ParkedRollout:
     ids = unpack(tokens, "i")
     turns = [Turn(t["start"], t["end"], t["finish"], t["stop"]) for t in e["turns"]]
-    return PartialRollout(
+    return ParkedRollout(
         token_ids=ids,
         logprobs=unpack(logprobs, "f"),
         loss_mask=turns_mask([(t.start, t.end) for t in turns], len(ids)),
@@ -108,19 +108,19 @@ def partial(e: PartialEntry, tokens: bytes, logprobs: bytes) -> PartialRollout:
     )
 
 
-def parked_message(rank: int, partials: dict[int, PartialRollout]) -> p.Parked:
-    """A rollout rank's report at a stop: its partial rollouts by sample id."""
+def parked_message(rank: int, rollouts: dict[int, ParkedRollout]) -> p.Parked:
+    """A rollout rank's report at a stop: its parked rollouts by sample id."""
     blobs: list[bytes] = []
-    for r in partials.values():
-        blobs += partial_frames(r)
-    entries = [partial_entry(sid, r) for sid, r in partials.items()]
-    return p.Parked(rank=rank, partials=entries, blobs=tuple(blobs))
+    for r in rollouts.values():
+        blobs += parked_frames(r)
+    entries = [parked_entry(sid, r) for sid, r in rollouts.items()]
+    return p.Parked(rank=rank, rollouts=entries, blobs=tuple(blobs))
 
 
-def parked(msg: p.Parked) -> dict[int, PartialRollout]:
+def parked(msg: p.Parked) -> dict[int, ParkedRollout]:
     return {
-        e["sample_id"]: partial(e, msg.blobs[2 * i], msg.blobs[2 * i + 1])
-        for i, e in enumerate(msg.partials)
+        e["sample_id"]: parked_rollout(e, msg.blobs[2 * i], msg.blobs[2 * i + 1])
+        for i, e in enumerate(msg.rollouts)
     }
 
 

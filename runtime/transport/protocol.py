@@ -46,8 +46,8 @@ from runtime.transport.sample_shape import (
     FRAMES,
     BatchRecord,
     DoneRecord,
-    PartialEntry,
-    check_partial,
+    ParkedEntry,
+    check_parked,
     check_sample,
 )
 from runtime.transport.states import RunState, WorkerState
@@ -247,20 +247,20 @@ class SampleDone(Message):
 @dataclass(frozen=True)
 class Parked(Message):
     """A rollout rank's answer to :class:`Park`: what it had generated of each request in
-    flight, one entry and two frames (token ids int32, log-probs float32) per partial.
+    flight, one entry and two frames (token ids int32, log-probs float32) per parked rollout.
     A request it had not started, or had nothing of, is left out (rank 0 requeues it from
     its prompt, as every request not reported)."""
 
     TYPE: ClassVar[str] = "parked"
     rank: int
-    partials: list[PartialEntry]
+    rollouts: list[ParkedEntry]
 
     def check(self) -> None:
-        _require(len(self.blobs) == 2 * len(self.partials), "frames do not match partials")
+        _require(len(self.blobs) == 2 * len(self.rollouts), "frames do not match rollouts")
         seen: set[int] = set()
-        for i, e in enumerate(self.partials):
-            check_partial(self.blobs[2 * i], self.blobs[2 * i + 1], e)
-            _require(e["sample_id"] not in seen, "a partial repeats")
+        for i, e in enumerate(self.rollouts):
+            check_parked(self.blobs[2 * i], self.blobs[2 * i + 1], e)
+            _require(e["sample_id"] not in seen, "a parked rollout repeats")
             seen.add(e["sample_id"])
 
 
@@ -403,7 +403,7 @@ class WeightSync(Message):
 class Work(Message):
     """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt, resume}]``
     (runtime.data.sample.Request; runtime/transport/frames.py converts). ``resume``, when
-    present, is a :class:`PartialEntry` whose token ids and log-probs are the next two
+    present, is a :class:`ParkedEntry` whose token ids and log-probs are the next two
     frames, in request order."""
 
     TYPE: ClassVar[str] = "work"
@@ -421,12 +421,14 @@ class Work(Message):
                 "bad request entry",
             )
             resume = r.get("resume")
-            if resume is not None:  # a partial rollout to continue: the next two frames
-                _require(len(self.blobs) >= frames + 2, "frames do not match partials")
-                _require(resume.get("sample_id") == r["sample_id"], "partial of another request")
-                check_partial(self.blobs[frames], self.blobs[frames + 1], resume)
+            if resume is not None:  # a parked rollout to continue: the next two frames
+                _require(len(self.blobs) >= frames + 2, "frames do not match parked rollouts")
+                _require(
+                    resume.get("sample_id") == r["sample_id"], "parked rollout of another request"
+                )
+                check_parked(self.blobs[frames], self.blobs[frames + 1], resume)
                 frames += 2
-        _require(len(self.blobs) == frames, "frames do not match partials")
+        _require(len(self.blobs) == frames, "frames do not match parked rollouts")
 
 
 # A trainer rank's part of one optimizer update (runtime.data.micro_batches.UpdatePlan),

@@ -1,6 +1,6 @@
 """A sample's wire records, derived from its declaration, and what sample-shaped fields
 must satisfy together wherever they travel: a finished sample (``SampleDone``, a
-``Batch``'s samples) and a partial rollout (``Parked``, a ``Work`` request that continues
+``Batch``'s samples) and a parked rollout (``Parked``, a ``Work`` request that continues
 one). Shape only; what needs the run (vocabulary, lengths, the dispatched prompt, the
 run's versions) is runtime/control/sample_check.py."""
 
@@ -81,8 +81,8 @@ FINISHES = ("stop", "length", "abort")  # how a model turn ends (abort: cut off 
 MAX_STOP_STRING = 200  # characters of the stop string that ended a turn
 
 
-class PartialTurn(TypedDict):
-    """One model turn of a partial rollout (runtime.data.sample.Turn)."""
+class ParkedTurn(TypedDict):
+    """One model turn of a parked rollout (runtime.data.sample.Turn)."""
 
     start: int
     end: int
@@ -90,18 +90,18 @@ class PartialTurn(TypedDict):
     stop: str | None
 
 
-class PartialEntry(TypedDict):
-    """One partial rollout (runtime.data.sample.PartialRollout) of a :class:`Parked` or a
+class ParkedEntry(TypedDict):
+    """One parked rollout (runtime.data.sample.ParkedRollout) of a :class:`Parked` or a
     ``Work`` request: its fields; its token ids and log-probs are two frames. Its loss mask
     is not sent: it is 1 on the model turns' tokens and 0 elsewhere. A map with exactly
     these keys."""
 
     sample_id: int
     versions: list[list[int]]
-    turns: list[PartialTurn]
+    turns: list[ParkedTurn]
 
 
-PARTIAL_KEYS = frozenset(PartialEntry.__annotations__)
+PARKED_KEYS = frozenset(ParkedEntry.__annotations__)
 
 
 def turns_mask(turns: list[tuple[int, int]], n: int) -> list[int]:
@@ -112,20 +112,20 @@ def turns_mask(turns: list[tuple[int, int]], n: int) -> list[int]:
     return mask
 
 
-def check_partial(tokens: bytes, logprobs: bytes, e: PartialEntry) -> None:
-    """What a partial rollout must satisfy: model turns in order inside its tokens, only
+def check_parked(tokens: bytes, logprobs: bytes, e: ParkedEntry) -> None:
+    """What a parked rollout must satisfy: model turns in order inside its tokens, only
     the last one cut off, and a sample's shape (tokens, log-probs, spans) with the turns'
     loss mask. Decoded by the envelope, or (inside ``Work``) checked for types here."""
     _require(
-        isinstance(e, dict) and set(e) == PARTIAL_KEYS and type(e["sample_id"]) is int,
-        "bad partial entry",
+        isinstance(e, dict) and set(e) == PARKED_KEYS and type(e["sample_id"]) is int,
+        "bad parked entry",
     )
     turns = e["turns"]
-    _require(isinstance(turns, list), "bad partial entry")
+    _require(isinstance(turns, list), "bad parked entry")
     _require(
         isinstance(e["versions"], list)
         and all(isinstance(v, list) and all(type(x) is int for x in v) for v in e["versions"]),
-        "bad partial spans",
+        "bad parked spans",
     )
     _require(len(tokens) % 4 == 0, "frame sizes differ")
     n = len(tokens) // 4

@@ -116,7 +116,7 @@ def test_reflow_stop_checkpoints_then_resume_goes_on(tmp_path, runs_dir):
     (saved,) = summary["checkpoints"]
     assert saved["ok"] and saved["step"] == summary["steps"]  # the step it stopped at
     # What the rollout ranks had generated of the requests in flight is in the checkpoint.
-    kept = saved["partial_rollouts"]
+    kept = saved["parked_rollouts"]
     assert kept["requests"] >= 1 and kept["tokens"] >= 1, saved
 
     # A few steps past the saved one: on a loaded machine the stop may land after step 20.
@@ -131,10 +131,10 @@ def test_reflow_stop_checkpoints_then_resume_goes_on(tmp_path, runs_dir):
     assert final["resumed"]["step"] == saved["step"]
     # ... and the resumed run continued them, each token under the version that generated
     # it before the stop: none was generated again.
-    partials = final["buffer"]["partial_rollouts"]
-    assert partials["continued_tokens"] == kept["tokens"], partials
-    assert partials.get("regenerated_tokens", 0) == 0, partials
-    assert json.loads((run_dir / "summary.json").read_text())["partial_rollouts"] == partials
+    parked = final["buffer"]["parked_rollouts"]
+    assert parked["continued_tokens"] == kept["tokens"], parked
+    assert parked.get("regenerated_tokens", 0) == 0, parked
+    assert json.loads((run_dir / "summary.json").read_text())["parked_rollouts"] == parked
 
 
 def test_resume_refuses_with_one_line(tmp_path, runs_dir):

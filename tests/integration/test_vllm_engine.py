@@ -132,11 +132,11 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
     run(eng.abort(["cut"]))
     cut = fut.result(60)
     assert cut.finish == "abort" and 0 < len(cut.tokens) < 300, len(cut.tokens)
-    partial = ep.partial()
-    assert partial is not None and partial.token_ids == cut.tokens
+    parked = ep.parked_rollout()
+    assert parked is not None and parked.token_ids == cut.tokens
 
     resumed = AgentEnv(cfg, None, LongTurns(), None, None)
-    resumed.resume("cut", partial)
+    resumed.resume("cut", parked)
     again = resumed.episode("cut", {"prompt_ids": PROMPT})
     whole = run(resumed.generate(again, "cut"))
     k = len(cut.tokens)
@@ -149,8 +149,8 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
 
 def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
     """``VLLMRolloutSide`` at a stop (``Park``): the request in flight is aborted on the
-    engine, its episode's tokens so far come back in ``Parked`` (a partial the wire and
-    rank 0 accept), and nothing starts afterwards."""
+    engine, its episode's tokens so far come back in ``Parked`` (a parked rollout the wire
+    and rank 0 accept), and nothing starts afterwards."""
     import time
 
     from runtime.data.sample import Request, Turn

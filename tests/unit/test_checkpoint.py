@@ -597,9 +597,9 @@ def test_a_stop_waits_for_the_batch_in_training_then_checkpoints_then_stops(cloc
     # the rollout drivers are told to cut off what they run, for the checkpoint
     assert sorted(to for to, m in out if isinstance(m, p.Park)) == [ident(2), ident(3)]
     out = c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
-    assert out == [] and saves.calls == []  # the partial rollouts are not in yet
-    assert c.handle(ident(2), p.Parked(rank=2, partials=[])) == []
-    out = c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    assert out == [] and saves.calls == []  # the parked rollouts are not in yet
+    assert c.handle(ident(2), p.Parked(rank=2, rollouts=[])) == []
+    out = c.handle(ident(3), p.Parked(rank=3, rollouts=[]))
     assert c.state == "STOPPING" and len([m for _, m in out if isinstance(m, p.Stop)]) == 4
     assert saves.calls[0][0] == 2
 

@@ -94,7 +94,7 @@ EXAMPLES = [
     p.Park(step=10),
     p.Parked(
         rank=2,
-        partials=[
+        rollouts=[
             {
                 "sample_id": 5,
                 "versions": [[0, 0, 3]],

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
-from runtime.data.sample import PartialRollout, Request, Sample
+from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.engine import VLLMEngine
 from runtime.rank.collective import Collective, WeightsHeader
@@ -169,14 +169,14 @@ class VLLMRolloutSide(RolloutSide[Future]):
             what = f"abort of {len(ids)} requests"
             self._await(self.engine.abort(ids), ENGINE_CALL_TIMEOUT_S, what)
 
-    def park(self) -> dict[int, PartialRollout]:
+    def park(self) -> dict[int, ParkedRollout]:
         """A stop: what runs is cut off where it is (generations aborted, tool calls
-        cancelled after a grace period) and handed back as partial rollouts."""
+        cancelled after a grace period) and handed back as parked rollouts."""
         running = self.loop.drop()
         what = f"parking {len(running)} requests in flight"
         return self._await(self._park(running), ENGINE_CALL_TIMEOUT_S, what)
 
-    async def _park(self, running: dict[int, Future]) -> dict[int, PartialRollout]:
+    async def _park(self, running: dict[int, Future]) -> dict[int, ParkedRollout]:
         env = self.env
         env.parking = True  # no generation starts from here on
         turns = range(self.cfg.workload.max_turns)
@@ -191,14 +191,14 @@ class VLLMRolloutSide(RolloutSide[Future]):
         # the cancellations reach the tasks; they unwind later, and what they had
         # generated is in env.episodes already
         await asyncio.sleep(0)
-        out: dict[int, PartialRollout] = {}
+        out: dict[int, ParkedRollout] = {}
         for sid, f in running.items():
             rid = f"s{sid}"
             finished = f.done() and not f.cancelled() and f.exception() is None and f.result()
             ep = env.episodes.get(rid)
-            partial = ep.partial() if ep is not None and not finished else None
-            if partial is not None:
-                out[sid] = partial
+            rollout = ep.parked_rollout() if ep is not None and not finished else None
+            if rollout is not None:
+                out[sid] = rollout
             env.forget(rid)
         return out
 

@@ -1,13 +1,13 @@
 """What an agent builds (:class:`Episode`) and what it may use (:class:`AgentEnv`).
 
-An episode cut off by a stop is kept (runtime.data.sample.PartialRollout) and continued
-after the resume: the agent runs again from its prompt and :meth:`AgentEnv.generate`
-replays the model turns the partial holds instead of generating them, as long as the
-episode's context is the one they were generated on (the environment's tokens between
-turns, recomputed by the agent, are compared with the partial's), and continues the turn
-that was cut from its last token. Where the environment answers otherwise (a tool whose
-output changed), the rest of the partial is dropped and generated anew: a turn is only
-ever trained on the context it was generated on."""
+An episode cut off by a stop is kept (a parked rollout, runtime.data.sample.ParkedRollout)
+and continued after the resume: the agent runs again from its prompt and
+:meth:`AgentEnv.generate` replays the model turns the parked rollout holds instead of
+generating them, as long as the episode's context is the one they were generated on (the
+environment's tokens between turns, recomputed by the agent, are compared with the parked
+rollout's), and continues the turn that was cut from its last token. Where the environment
+answers otherwise (a tool whose output changed), the rest of the parked rollout is dropped
+and generated anew: a turn is only ever trained on the context it was generated on."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from runtime.config.schema import Config
 from runtime.data.codec import Codec
-from runtime.data.sample import PartialRollout, Turn
+from runtime.data.sample import ParkedRollout, Turn
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Episode:
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     # A resumed episode: what it had generated before the stop, replayed turn by turn.
-    replay: PartialRollout | None = None
+    replay: ParkedRollout | None = None
     cut: Generation | None = None  # the turn a stop cut off (an aborted generation)
 
     def add_model(self, g: Generation) -> None:
@@ -77,7 +77,7 @@ class Episode:
     def context(self) -> list[int]:
         return self.prompt_ids + self.token_ids
 
-    def partial(self) -> PartialRollout | None:
+    def parked_rollout(self) -> ParkedRollout | None:
         """What this episode has generated so far, the turn a stop cut off included; None
         if nothing. A resumed episode still inside its replay keeps the whole replay."""
         rec = self.replay
@@ -95,7 +95,7 @@ class Episode:
             turns.append(Turn(offset, len(tokens), "abort", None))
         if not turns:
             return None
-        return PartialRollout(
+        return ParkedRollout(
             token_ids=tokens, logprobs=logprobs, loss_mask=mask, versions=spans, turns=turns
         )
 
@@ -123,7 +123,7 @@ class AgentEnv:
         self.generating = 0  # episodes inside a generate call now
         self.in_tools = 0  # episodes waiting on the sandbox or a reward now
         self.episodes: dict[str, Episode] = {}  # by request id, while they run
-        self._resume: dict[str, PartialRollout] = {}  # partials to continue, by request id
+        self._resume: dict[str, ParkedRollout] = {}  # parked rollouts to continue, by request id
         # A stop is taking what runs: no generation starts (each ends as cut off).
         self.parking = False
 
@@ -133,10 +133,10 @@ class AgentEnv:
             return self._record(prompt["index"])
         return prompt
 
-    def resume(self, request_id: str, partial: PartialRollout | None) -> None:
-        """The next episode of ``request_id`` continues ``partial`` (None: from its prompt)."""
-        if partial is not None:
-            self._resume[request_id] = partial
+    def resume(self, request_id: str, rollout: ParkedRollout | None) -> None:
+        """The next episode of ``request_id`` continues ``rollout`` (None: from its prompt)."""
+        if rollout is not None:
+            self._resume[request_id] = rollout
 
     def episode(self, request_id: str, prompt: dict[str, Any]) -> Episode:
         """A new episode of ``request_id`` (an agent's first call), kept while it runs."""
@@ -152,12 +152,12 @@ class AgentEnv:
         self, episode: Episode, request_id: str, stop: list[str] | None = None
     ) -> Generation | None:
         """One model turn on the episode's context (replayed, or continued, from its
-        partial after a resume); None when no room is left."""
+        parked rollout after a resume); None when no room is left."""
         room = self.cfg.model.max_seq_len - len(episode.context)
         max_tokens = min(self.cfg.workload.max_response_tokens, room)
         if max_tokens < 1:
             return None
-        if self.parking:  # before the replay, which would let go of the partial's turn
+        if self.parking:  # before the replay, which would let go of the parked turn
             return Generation([], [], [], "abort")
         prefix = _replayed(episode, max_tokens)
         if prefix is not None and prefix.finish != "abort":
@@ -223,8 +223,8 @@ class Agent(Protocol):
 
 
 def _replayed(ep: Episode, max_tokens: int) -> Generation | None:
-    """The turn of a resumed episode's partial that starts where the episode is now, if
-    the episode's tokens so far are the partial's and the turn fits this turn's budget
+    """The turn of a resumed episode's parked rollout that starts where the episode is
+    now, if the episode's tokens so far begin it and the turn fits this turn's budget
     (``max_tokens``); else the replay ends here (None)."""
     rec = ep.replay
     if rec is None:

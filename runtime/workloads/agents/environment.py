@@ -21,10 +21,10 @@ ends on ``done``, after ``workload.max_turns`` model turns, or when the context 
 
 What the built-in agents guarantee holds here too, because this loop is built the same
 way (runtime/workloads/agents/base.py): the observations are environment tokens (loss
-mask 0) between the model's turns; a stop keeps the partial episode and a resume replays
-the model's turns while the environment answers as before; an episode inside ``reset`` or
-``step`` holds no generation slot (it counts as waiting on a tool). ``tools.run_python``
-runs code in the sandbox through the reward pool. A raise, a timeout
+mask 0) between the model's turns; a stop keeps the episode so far (a parked rollout) and
+a resume replays the model's turns while the environment answers as before; an episode
+inside ``reset`` or ``step`` holds no generation slot (it counts as waiting on a tool).
+``tools.run_python`` runs code in the sandbox through the reward pool. A raise, a timeout
 (``workload.reward_timeout_s`` per call) or a malformed return ends the episode with
 reward 0 and ``reward_error`` saying why; nothing is lost.
 """

@@ -1,4 +1,4 @@
-"""Partial rollouts kept across a stop: what a rollout rank reports (``Parked``), what rank 0
+"""Parked rollouts kept across a stop: what a rollout rank reports (``Parked``), what rank 0
 keeps of it in the checkpoint and hands out again after the resume, and how an agent
 continues it (its finished turns replayed, the cut one continued from its last token)."""
 
@@ -12,7 +12,7 @@ import pytest
 from runtime.config.recipe import build_config
 from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.dispatcher import Dispatcher
-from runtime.data.sample import PartialRollout, Request, Turn
+from runtime.data.sample import ParkedRollout, Request, Turn
 from runtime.engines.synthetic import SyntheticRollout
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -24,8 +24,8 @@ from tests.unit.test_data_plane import traj
 # --- the wire ------------------------------------------------------------------------
 
 
-def partial(n: int = 4, version: int = 0, turns: list[Turn] | None = None) -> PartialRollout:
-    return PartialRollout(
+def parked_rollout(n: int = 4, version: int = 0, turns: list[Turn] | None = None) -> ParkedRollout:
+    return ParkedRollout(
         token_ids=list(range(1, n + 1)),
         logprobs=[-0.5] * n,
         loss_mask=[1] * n,
@@ -34,9 +34,9 @@ def partial(n: int = 4, version: int = 0, turns: list[Turn] | None = None) -> Pa
     )
 
 
-def parked_frames(entry: dict, n: int = 4) -> list[bytes]:
+def encoded_parked(entry: dict, n: int = 4) -> list[bytes]:
     msg = p.Parked(
-        rank=2, partials=[entry], blobs=(b"\x01\x00\x00\x00" * n, b"\x00\x00\x00\xbf" * n)
+        rank=2, rollouts=[entry], blobs=(b"\x01\x00\x00\x00" * n, b"\x00\x00\x00\xbf" * n)
     )
     return p.encode(msg)
 
@@ -51,8 +51,8 @@ GOOD = {
 }
 
 
-def test_a_partial_with_turns_over_the_model_tokens_is_accepted():
-    msg = p.decode(parked_frames(GOOD))
+def test_a_parked_rollout_with_turns_over_the_model_tokens_is_accepted():
+    msg = p.decode(encoded_parked(GOOD))
     (got,) = wire.parked(msg).values()
     assert got.turns == [Turn(0, 2, "stop", "</code>"), Turn(3, 4, "abort", None)]
     assert got.loss_mask == [1, 1, 0, 1]  # the turns' tokens: the mask is not sent
@@ -97,23 +97,23 @@ def test_a_partial_with_turns_over_the_model_tokens_is_accepted():
         ({"versions": [[0, 0, 3]]}, "spans do not cover"),
     ],
 )
-def test_a_partial_that_cannot_be_a_generation_is_refused(over, reason):
+def test_a_parked_rollout_that_cannot_be_a_generation_is_refused(over, reason):
     with pytest.raises(p.ProtocolError, match=reason):
-        p.decode(parked_frames({**GOOD, **over}))
+        p.decode(encoded_parked({**GOOD, **over}))
 
 
-def test_long_partials_of_many_requests_fit_one_report_and_one_work():
+def test_long_parked_rollouts_of_many_requests_fit_one_report_and_one_work():
     # 300 requests cut off 4,000 tokens in: a per-token mask in the header was 1.2 MB,
     # over the 1 MiB limit, and the whole report (or the resumed Work) was refused.
-    long = {sid: partial(4000) for sid in range(300)}
+    long = {sid: parked_rollout(4000) for sid in range(300)}
     got = wire.parked(p.decode(p.encode(wire.parked_message(2, long))))
     assert len(got) == 300 and got[7].loss_mask == [1] * 4000
     work = wire.work_message([Request(s, 0, 0, {}, resume=r) for s, r in long.items()], 0)
     assert len(wire.requests(p.decode(p.encode(work)))) == 300
 
 
-def test_a_partial_in_work_must_be_its_requests_and_have_its_frames():
-    ok = wire.work_message([Request(3, 0, 0, {}, resume=partial())], 0)
+def test_a_parked_rollout_in_work_must_be_its_requests_and_have_its_frames():
+    ok = wire.work_message([Request(3, 0, 0, {}, resume=parked_rollout())], 0)
     assert wire.requests(p.decode(p.encode(ok)))[0].resume == wire.requests(ok)[0].resume
     other = {**ok.requests[0], "resume": {**ok.requests[0]["resume"], "sample_id": 9}}
     with pytest.raises(p.ProtocolError, match="another request"):
@@ -151,17 +151,17 @@ def test_a_stop_keeps_what_was_generated_and_the_resumed_run_continues_it():
     kept, stale, _left = out_at_2
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
     assert saves.calls == []
-    report = {kept: partial(5), stale: partial(3, version=7), 999: partial(2)}
+    report = {kept: parked_rollout(5), stale: parked_rollout(3, version=7), 999: parked_rollout(2)}
     assert c.handle(ident(2), wire.parked_message(2, report)) == []
-    out = c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    out = c.handle(ident(3), p.Parked(rank=3, rollouts=[]))
     assert any(isinstance(m, p.Stop) for _, m in out)
-    partials = c.data.dispatcher.partials
+    parked = c.data.dispatcher.parked
     # a version the run never had, and a request rank 2 was not running, are refused
-    assert partials["kept"] == 1 and partials["kept_tokens"] == 5
-    assert partials["refused_version_out_of_range"] == 1
-    assert partials["refused_not_outstanding_there"] == 1
+    assert parked["kept"] == 1 and parked["kept_tokens"] == 5
+    assert parked["refused_version_out_of_range"] == 1
+    assert parked["refused_not_outstanding_there"] == 1
     ((_, _, state),) = saves.calls
-    assert c.checkpoints[-1]["partial_rollouts"] == {"requests": 1, "tokens": 5}
+    assert c.checkpoints[-1]["parked_rollouts"] == {"requests": 1, "tokens": 5}
 
     fresh = coordinator(Clock(), Saves(), checkpoint_every=0)
     fresh.load_state_dict(state, source="step")
@@ -170,7 +170,7 @@ def test_a_stop_keeps_what_was_generated_and_the_resumed_run_continues_it():
     got = {r.sample_id: r for r in wire.requests(p.decode(p.encode(work)))}
     assert got[kept].resume is not None and got[kept].resume.token_ids == [1, 2, 3, 4, 5]
     assert got[stale].resume is None  # saved from its prompt, as before
-    # the sample that comes back starts with the partial: its tokens were continued
+    # the sample that comes back starts with the parked rollout: its tokens were continued
     t = traj(got[kept], fresh.policy_version, worker=2)
     t.token_ids = [1, 2, 3, 4, 5, 6, 7]
     t.logprobs, t.n_valid = [-1.0] * 7, 7
@@ -178,7 +178,7 @@ def test_a_stop_keeps_what_was_generated_and_the_resumed_run_continues_it():
     fresh.handle(ident(2), wire.sample_done(t, 2))
     regen = traj(got[stale], fresh.policy_version, worker=2)
     fresh.handle(ident(2), wire.sample_done(regen, 2))
-    status = fresh.status()["buffer"]["partial_rollouts"]
+    status = fresh.status()["buffer"]["parked_rollouts"]
     assert status["continued_tokens"] == 5 and status["regenerated_tokens"] == 0
     assert status["kept"] == 1  # carried over from the attempt that saved it
 
@@ -187,32 +187,32 @@ def test_tokens_are_continued_only_with_the_versions_that_generated_them():
     d = Dispatcher(
         prompts=iter(()), group_size=1, B_max=1, delta=1, batch_size=1, clock=lambda: 0.0
     )
-    request = Request(1, 1, 0, [9], 0.0, 0, partial(4, version=2))
+    request = Request(1, 1, 0, [9], 0.0, 0, parked_rollout(4, version=2))
     for versions, continued in (
         ([(2, 0, 4), (3, 4, 6)], 4),
         ([(2, 0, 6)], 4),  # one span merged over the resumed part
         ([(3, 0, 6)], 0),  # the same tokens under the new policy: generated again
         ([(2, 0, 2), (3, 2, 6)], 2),
     ):
-        d.partials.clear()
+        d.parked.clear()
         t = traj(request, 3, worker=2)
         t.token_ids, t.versions = [1, 2, 3, 4, 5, 6], versions
         d.resumed(request, t)
-        assert d.partials["continued_tokens"] == continued, versions
-        assert d.partials["regenerated_tokens"] == 4 - continued
+        assert d.parked["continued_tokens"] == continued, versions
+        assert d.parked["regenerated_tokens"] == 4 - continued
 
 
-def test_a_partial_of_a_rank_lost_after_its_report_is_kept_and_counted():
+def test_a_parked_rollout_of_a_rank_lost_after_its_report_is_kept_and_counted():
     from runtime.transport.states import WorkerState
 
     c, saves, out_at_2 = stopping_coordinator(Clock())
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
-    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(5)}))
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: parked_rollout(5)}))
     lost = c.workers[2]
     lost.state = WorkerState.DEAD
-    c.lose_rank(lost, "killed")  # its requests go back to the queue, the partial with them
-    c.handle(ident(3), p.Parked(rank=3, partials=[]))
-    assert c.checkpoints[-1]["partial_rollouts"] == {"requests": 1, "tokens": 5}
+    c.lose_rank(lost, "killed")  # its requests go back to the queue, the parked rollout with them
+    c.handle(ident(3), p.Parked(rank=3, rollouts=[]))
+    assert c.checkpoints[-1]["parked_rollouts"] == {"requests": 1, "tokens": 5}
     ((_, _, state),) = saves.calls
     pending = state["data"]["dispatcher"]["pending"]
     assert [d["sample_id"] for d in pending if d.get("resume")] == [out_at_2[0]]
@@ -222,9 +222,9 @@ def test_a_driver_that_never_reports_holds_the_stop_for_a_bounded_time():
     clock = Clock()
     c, saves, _ = stopping_coordinator(clock)
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
-    c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    c.handle(ident(3), p.Parked(rank=3, rollouts=[]))
     waits = c.status()["waits"]
-    assert any(w["from"] == [2] and "partial rollouts" in w["what"] for w in waits), waits
+    assert any(w["from"] == [2] and "parked rollouts" in w["what"] for w in waits), waits
     clock.t += PARK_TIMEOUT_S / 2
     for w in c.workers.values():
         w.last_seen = clock.t
@@ -234,7 +234,7 @@ def test_a_driver_that_never_reports_holds_the_stop_for_a_bounded_time():
         w.last_seen = clock.t
     out = c.tick()
     assert any(isinstance(m, p.Stop) for _, m in out) and len(saves.calls) == 1
-    assert c.data.dispatcher.partials["ranks_not_reported"] == 1
+    assert c.data.dispatcher.parked["ranks_not_reported"] == 1
     # its requests are saved from their prompts
     assert all(d.get("resume") is None for d in saves.calls[0][2]["data"]["dispatcher"]["pending"])
 
@@ -244,21 +244,21 @@ def test_a_saved_trainer_half_is_not_timed_out_while_the_drivers_report():
     c, saves, out_at_2 = stopping_coordinator(clock)
     object.__setattr__(c.cfg.control, "checkpoint_timeout_s", 1.0)  # under PARK_TIMEOUT_S
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=1, ok=True, error=""))
-    c.handle(ident(3), p.Parked(rank=3, partials=[]))
+    c.handle(ident(3), p.Parked(rank=3, rollouts=[]))
     clock.t += PARK_TIMEOUT_S / 2  # past the checkpoint timeout, the trainer's half saved
     for w in c.workers.values():
         w.last_seen = clock.t
     c.tick()
     assert saves.calls == [] and c.checkpoints == []  # not recorded failed
-    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(5)}))
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: parked_rollout(5)}))
     assert len(saves.calls) == 1 and c.checkpoints[-1]["ok"]
 
 
-def test_a_partial_with_a_turn_over_the_turn_budget_is_refused():
+def test_a_parked_rollout_with_a_turn_over_the_turn_budget_is_refused():
     c, _, out_at_2 = stopping_coordinator(Clock())
     n = c.cfg.workload.max_response_tokens + 1
-    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: partial(n)}))
-    assert c.data.dispatcher.partials["refused_turn_too_long"] == 1
+    c.handle(ident(2), wire.parked_message(2, {out_at_2[0]: parked_rollout(n)}))
+    assert c.data.dispatcher.parked["refused_turn_too_long"] == 1
 
 
 def test_a_refused_sample_of_a_continued_request_starts_again_from_the_prompt():
@@ -266,23 +266,43 @@ def test_a_refused_sample_of_a_continued_request_starts_again_from_the_prompt():
         prompts=iter(()), group_size=1, B_max=4, delta=1, batch_size=1, clock=lambda: 0.0
     )
     for sid, why in ((0, "invalid:token_out_of_vocab"), (1, "undelivered")):
-        d.outstanding[sid] = (Request(sid, 0, 0, {"prompt_ids": [1]}, 0.0, 0, partial(3)), 2)
+        d.outstanding[sid] = (Request(sid, 0, 0, {"prompt_ids": [1]}, 0.0, 0, parked_rollout(3)), 2)
         d._at_worker[2] += 1
         assert d.requeue(sid, 2, why)
     refused, lost_on_the_way = d.pending[1], d.pending[0]
-    assert refused.resume is None and d.partials["dropped_after_refusal"] == 1
+    assert refused.resume is None and d.parked["dropped_after_refusal"] == 1
     assert lost_on_the_way.resume is not None  # still continued when handed out again
+
+
+def test_a_dispatcher_state_saved_before_the_rename_loads_its_counts():
+    # Checkpoints written before "partials" became "parked" must still resume, counts
+    # included (they carry over to the resumed attempt's status).
+    def dispatcher() -> Dispatcher:
+        return Dispatcher(
+            prompts=iter(()), group_size=1, B_max=1, delta=1, batch_size=1, clock=lambda: 0.0
+        )
+
+    saved = dispatcher()
+    saved.parked.update({"kept": 2, "kept_tokens": 9, "ranks_not_reported": 1})
+    state = saved.state_dict()
+    assert state["parked"] == {"kept": 2, "kept_tokens": 9, "ranks_not_reported": 1}
+    old = {k: v for k, v in state.items() if k != "parked"} | {"partials": state["parked"]}
+    for s in (state, old):
+        fresh = dispatcher()
+        fresh.load_state_dict(s)
+        assert fresh.parked == saved.parked
+        assert fresh.stats()["parked_rollouts"] == dict(saved.parked)
 
 
 def test_an_unasked_report_is_refused():
     clock = Clock()
     c = coordinator(clock, Saves(), checkpoint_every=0)
     register_all(c)
-    c.handle(ident(2), wire.parked_message(2, {0: partial()}))
-    assert c.rejected["unexpected_parked"] == 1 and not c.data.dispatcher.partials
+    c.handle(ident(2), wire.parked_message(2, {0: parked_rollout()}))
+    assert c.rejected["unexpected_parked"] == 1 and not c.data.dispatcher.parked
 
 
-# --- an agent continues a partial ------------------------------------------------------
+# --- an agent continues a parked rollout -----------------------------------------------
 
 
 class Engine:
@@ -323,7 +343,7 @@ def env_with(engine: Engine, max_response_tokens: int = 10) -> AgentEnv:
 
 PROMPT = {"prompt_ids": [100, 101]}
 # turn one (3 tokens, version 1), feedback [7, 7], turn two cut off after 2 tokens (version 2)
-CUT = PartialRollout(
+CUT = ParkedRollout(
     token_ids=[11, 12, 13, 7, 7, 21, 22],
     logprobs=[-1.0, -1.0, -1.0, 0.0, 0.0, -2.0, -2.0],
     loss_mask=[1, 1, 1, 0, 0, 1, 1],
@@ -365,7 +385,7 @@ def test_a_replayed_turn_over_the_turn_budget_is_generated_anew():
     assert env.episodes["s1"].info["resume_diverged_at"] == 0
 
 
-def test_a_stop_during_the_replay_keeps_the_whole_partial():
+def test_a_stop_during_the_replay_keeps_the_whole_parked_rollout():
     env = env_with(Engine([]))
     env.resume("s1", CUT)
     ep = env.episode("s1", PROMPT)
@@ -374,7 +394,7 @@ def test_a_stop_during_the_replay_keeps_the_whole_partial():
     ep.add_env([7, 7])
     env.parking = True  # the stop lands before the cut turn is replayed
     assert asyncio.run(env.generate(ep, "s1-t1")).finish == "abort"
-    assert ep.partial() == CUT  # its cut turn's tokens too
+    assert ep.parked_rollout() == CUT  # its cut turn's tokens too
 
 
 def test_a_cut_episode_gives_back_its_turns_and_the_cut_off_tokens():
@@ -388,11 +408,11 @@ def test_a_cut_episode_gives_back_its_turns_and_the_cut_off_tokens():
     env = env_with(Cutting([[1, 2], [3, 4, 5]]))
     ep = asyncio.run(TwoTurns([9]).run(env, "s1", PROMPT))
     assert ep is None
-    got = env.episodes["s1"].partial()
+    got = env.episodes["s1"].parked_rollout()
     assert got.token_ids == [1, 2, 9, 3, 4, 5] and got.loss_mask == [1, 1, 0, 1, 1, 1]
     assert got.turns == [Turn(0, 2, "stop", None), Turn(3, 6, "abort", None)]
     assert got.versions == [(5, 0, 3), (5, 3, 6)]
-    # and it is a partial the wire accepts
+    # and it is a parked rollout the wire accepts
     p.decode(p.encode(wire.parked_message(2, {1: got})))
 
 
@@ -406,7 +426,7 @@ def test_a_parked_env_starts_no_generation():
 # --- the synthetic engine -------------------------------------------------------------
 
 
-def test_the_synthetic_engine_reports_partials_and_continues_them(monkeypatch):
+def test_the_synthetic_engine_reports_parked_rollouts_and_continues_them(monkeypatch):
     cfg = build_config(
         {
             "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
@@ -460,7 +480,7 @@ def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
     side = SyntheticRollout(cfg, 1)
     sent: list[p.Message] = []
     side.attach(sent.append, 1)
-    head = partial(20, version=0)
+    head = parked_rollout(20, version=0)
     side.on_message(wire.work_message([Request(4, 1, 1, {}), Request(6, 1, 1, {}, resume=head)], 0))
     finished, resumed = side.loop.running[4], side.loop.running[6]
     resumed.n_tokens = 50  # 20 before the stop, 30 to go
@@ -471,5 +491,5 @@ def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
     samples = [m.sample_id for m in sent if isinstance(m, p.SampleDone)]
     (report,) = [m for m in sent if isinstance(m, p.Parked)]
     parked = wire.parked(p.decode(p.encode(report)))
-    assert samples == [4] and set(parked) == {6}  # a finished one is a sample, not a partial
+    assert samples == [4] and set(parked) == {6}  # a finished one is a sample, not a parked rollout
     assert len(parked[6]) == 20 + 25 and parked[6].token_ids[:20] == head.token_ids
