@@ -52,19 +52,22 @@ def unpack(data: bytes, typecode: str) -> list:
 
 
 def work_message(requests: Iterable[Request], policy_version: int) -> p.Work:
-    entries: list[dict] = []
+    entries: list[p.RequestRecord] = []
     blobs: list[bytes] = []
     for r in requests:
-        entry = {
-            "sample_id": r.sample_id,
-            "group_id": r.group_id,
-            "prompt_id": r.prompt_id,
-            "prompt": r.prompt,
-        }
+        resume = None
         if r.resume is not None:  # its tokens and log-probs: the next two frames
-            entry["resume"] = parked_entry(r.sample_id, r.resume)
+            resume = parked_entry(r.sample_id, r.resume)
             blobs += parked_frames(r.resume)
-        entries.append(entry)
+        entries.append(
+            {
+                "sample_id": r.sample_id,
+                "group_id": r.group_id,
+                "prompt_id": r.prompt_id,
+                "prompt": r.prompt,
+                "resume": resume,
+            }
+        )
     return p.Work(policy_version=policy_version, requests=entries, blobs=tuple(blobs))
 
 
@@ -73,7 +76,7 @@ def requests(msg: p.Work) -> list[Request]:
     out, frame = [], 0
     for r in msg.requests:
         resume = None
-        if r.get("resume") is not None:
+        if r["resume"] is not None:
             resume = parked_rollout(r["resume"], msg.blobs[frame], msg.blobs[frame + 1])
             frame += 2
         out.append(

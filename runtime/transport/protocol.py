@@ -398,34 +398,35 @@ class WeightSync(Message):
         _require(self.policy_version >= 1 and self.layout_epoch >= 0, "bad version or epoch")
 
 
+class RequestRecord(TypedDict):
+    """One request of a :class:`Work` answer (runtime.data.sample.Request as a rollout rank
+    needs it). ``resume``: the parked rollout it continues (its token ids and log-probs are
+    the message's next two frames, in request order), or None."""
+
+    sample_id: int
+    group_id: int
+    prompt_id: int
+    prompt: dict[str, Any]
+    resume: ParkedEntry | None
+
+
 @message
 @dataclass(frozen=True)
 class Work(Message):
-    """Requests for a rollout rank: ``[{sample_id, group_id, prompt_id, prompt, resume}]``
-    (runtime.data.sample.Request; runtime/transport/frames.py converts). ``resume``, when
-    present, is a :class:`ParkedEntry` whose token ids and log-probs are the next two
-    frames, in request order."""
+    """Requests for a rollout rank (runtime/transport/frames.py converts)."""
 
     TYPE: ClassVar[str] = "work"
     policy_version: int
-    requests: list[dict[str, Any]]
+    requests: list[RequestRecord]
 
     def check(self) -> None:
         frames = 0
         for r in self.requests:
-            _require(
-                isinstance(r.get("sample_id"), int)
-                and isinstance(r.get("group_id"), int)
-                and isinstance(r.get("prompt_id"), int)
-                and isinstance(r.get("prompt"), dict),
-                "bad request entry",
-            )
-            resume = r.get("resume")
+            _require(min(r["sample_id"], r["group_id"], r["prompt_id"]) >= 0, "negative id")
+            resume = r["resume"]
             if resume is not None:  # a parked rollout to continue: the next two frames
                 _require(len(self.blobs) >= frames + 2, "frames do not match parked rollouts")
-                _require(
-                    resume.get("sample_id") == r["sample_id"], "parked rollout of another request"
-                )
+                _require(resume["sample_id"] == r["sample_id"], "parked rollout of another request")
                 check_parked(self.blobs[frames], self.blobs[frames + 1], resume)
                 frames += 2
         _require(len(self.blobs) == frames, "frames do not match parked rollouts")

@@ -50,7 +50,8 @@ EXAMPLES = [
     p.BatchRequest(rank=0),
     p.SampleFailed(rank=2, sample_id=3, reason="boom"),
     p.Work(
-        policy_version=0, requests=[{"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}}]
+        policy_version=0,
+        requests=[{"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}, "resume": None}],
     ),
     p.Batch(
         batch_id=0,
@@ -538,3 +539,24 @@ def test_a_rank_takes_a_large_batch_from_rank_0_and_rank_0_keeps_its_limit():
     worker._sock = Socket()
     got = worker._recv(0)
     assert isinstance(got, p.Batch) and got.batch_id == 3 and len(got.samples) == n
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({"resume": None, "extra": 1}, "wrong type"),  # a key the record does not have
+        ({"resume": "x"}, "wrong type"),  # resume is a parked rollout's record or None
+        ({"sample_id": "1"}, "wrong type"),
+        ({"prompt": [1, 2]}, "wrong type"),
+        ({"group_id": -1}, "negative id"),
+    ],
+)
+def test_a_work_request_is_exactly_its_record(entry, reason):
+    good = {"sample_id": 1, "group_id": 0, "prompt_id": 0, "prompt": {}, "resume": None}
+    fields = dict(v=p.PROTOCOL_VERSION, type="work", policy_version=0)
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([header(**fields, requests=[{**good, **entry}])])
+    missing = {k: v for k, v in good.items() if k != "resume"}  # every key, resume too
+    with pytest.raises(p.ProtocolError, match="wrong type"):
+        p.decode([header(**fields, requests=[missing])])
+    assert p.decode([header(**fields, requests=[good])]).requests == [good]

@@ -19,7 +19,10 @@ from runtime.transport import protocol as p
 def work(*ids: int, version: int = 0) -> p.Work:
     return p.Work(
         policy_version=version,
-        requests=[{"sample_id": i, "group_id": i, "prompt_id": i, "prompt": {"k": i}} for i in ids],
+        requests=[
+            {"sample_id": i, "group_id": i, "prompt_id": i, "prompt": {"k": i}, "resume": None}
+            for i in ids
+        ],
     )
 
 

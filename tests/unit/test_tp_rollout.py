@@ -101,7 +101,10 @@ def test_a_member_asks_for_nothing_and_hands_back_work_it_should_not_get():
     assert sent == [] and member.state == "idle"
     work = p.Work(
         policy_version=0,
-        requests=[{"sample_id": i, "group_id": 0, "prompt_id": 0, "prompt": {}} for i in (7, 8)],
+        requests=[
+            {"sample_id": i, "group_id": 0, "prompt_id": 0, "prompt": {}, "resume": None}
+            for i in (7, 8)
+        ],
     )
     member.on_message(work)
     assert [(type(m), m.sample_id) for m in sent] == [(p.SampleFailed, 7), (p.SampleFailed, 8)]
