@@ -216,7 +216,6 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     c.data.load_state_dict(state["data"])  # the step and policy version with it
     if (c.step, c.policy_version) != (int(state["step"]), int(state["policy_version"])):
         raise ValueError("coordinator state: its step or version disagrees with its data's")
-    c.training_started = c.step > 0
     c.attempt = int(state["attempt"]) + 1
     c.counters.consumed_total = int(state["consumed_total"])
     c.counters.generated_tokens = int(state["generated_tokens"])

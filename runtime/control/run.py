@@ -79,7 +79,6 @@ class Run:
         layout = initial_layout(cfg)
         self.state = RunState.STARTING
         self.reason = ""
-        self.training_started = False
         self.phase_started_at_step = 0  # colocated_sync: the step its current phase began at
         self.started_at = clock()
         self.ended_at: float | None = None
@@ -153,6 +152,11 @@ class Run:
     @property
     def batch_in_flight(self) -> int | None:
         return self.data.batch_in_flight
+
+    @property
+    def training_started(self) -> bool:
+        """A step has been trained (in this attempt or before the resume)."""
+        return self.step > 0
 
     @property
     def layout(self) -> Layout:

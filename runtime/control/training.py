@@ -41,7 +41,6 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     if msg.policy_version != c.cfg.train.version_at(msg.step):
         c.reject("bad_policy_version")
         return []
-    c.training_started = True
     now = c.clock()
     if c.trainer_window is None:  # idle counts from the first step: before, pools warm up
         c.trainer_window = (now, c.idle.trainer_idle(now))
