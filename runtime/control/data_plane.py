@@ -7,7 +7,8 @@ tests and the simulator drive it directly. Pure logic with an injected clock.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from runtime.config.schema import Config
@@ -60,7 +61,6 @@ class DataPlane:
         self.delivered_by_worker: Counter[int] = Counter()
         self.trainer_idle_s = 0.0
         self._waiting_since: float | None = None
-        self.batches: dict[int, Batch] = {}
 
     # --- rollout side ------------------------------------------------------------------
 
@@ -193,8 +193,13 @@ class DataPlane:
         if self._waiting_since is not None:
             self.trainer_idle_s += now - self._waiting_since
             self._waiting_since = None
-        self.batches[batch.batch_id] = batch
         return batch
+
+    @property
+    def batches(self) -> Mapping[int, Batch]:
+        """The batches in training by id: the buffer's, which keeps their samples consumed
+        until :meth:`finish_step` (one owner; read-only here)."""
+        return MappingProxyType(self.buffer.in_batch)
 
     @property
     def batch_in_flight(self) -> int | None:
@@ -206,7 +211,7 @@ class DataPlane:
     def finish_step(self, batch_id: int, step: int, new_version: int) -> Batch:
         """Step ``step`` trained batch ``batch_id``; its weights are version ``new_version``
         (one more than before at a sync point)."""
-        batch = self.batches.pop(batch_id)
+        batch = self.buffer.in_batch[batch_id]
         self.buffer.complete_batch(batch_id)
         self.step = max(self.step, step)
         self.policy_version = max(self.policy_version, new_version)
@@ -241,7 +246,6 @@ class DataPlane:
         )
         self.trainer_idle_s = float(state["trainer_idle_s"])
         self._waiting_since = None
-        self.batches = {}
 
     # --- reporting ---------------------------------------------------------------------
 
