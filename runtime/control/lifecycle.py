@@ -210,9 +210,10 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"coordinator state format {state.get('format')!r}")
     assert not c.workers, "restore before the ranks register"
+    saved_layout = None
     if not colocation.is_colocated(c):  # colocated: resumed in a rollout phase, as it starts
         rollout, trainer = state["layout"]
-        c.rebalance.layout = c.layout.with_ratio(rollout, trainer)
+        saved_layout = c.layout.with_ratio(rollout, trainer)
     c.data.load_state_dict(state["data"])  # the step and policy version with it
     if (c.step, c.policy_version) != (int(state["step"]), int(state["policy_version"])):
         raise ValueError("coordinator state: its step or version disagrees with its data's")
@@ -221,8 +222,7 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     c.counters.generated_tokens = int(state["generated_tokens"])
     c.counters.tokens_at_last_step = c.counters.generated_tokens
     c.evals = dict(state["evals"])
-    c.rebalance.auto = bool(state["auto_rebalance"])
-    c.rebalance.allocator.changed(c.step)
+    c.rebalance.resume(saved_layout, bool(state["auto_rebalance"]), c.step)
     c.resumed = {
         "from": source,
         "step": c.step,

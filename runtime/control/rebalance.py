@@ -171,6 +171,15 @@ class Rebalancer:
 
     # --- requests ------------------------------------------------------------------------
 
+    def resume(self, layout: Layout | None, auto: bool, step: int) -> None:
+        """A resumed run: the layout it was saved in (None: keep this one), whether the
+        allocator was on, and the step it goes on from (the allocator's cooldown counts
+        from there)."""
+        if layout is not None:
+            self.layout = self._previous = layout
+        self.auto = auto
+        self.allocator.changed(step)
+
     def request(self, target: Layout, source: str = "manual", ratio: str | None = None) -> None:
         self.pending = target
         self.switches.append(
