@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runtime.config.recipe import load_recipe  # noqa: E402
+from runtime.config.recipe import RecipeError, load_recipe  # noqa: E402
 from runtime.config.schema import MODES  # noqa: E402
 from runtime.sim.parameters import DEFAULT_PROFILES, load_profiles  # noqa: E402
 from runtime.sim.run import plan, simulate  # noqa: E402
@@ -44,13 +44,21 @@ WALL_CLOCK = re.compile(r'"real[_a-z]*": [0-9.e+-]+,?')
 RENAMED_KEYS = {"partial_rollouts": "parked_rollouts"}  # 2026-12-04, "parked" rollouts
 
 
+def accepts(recipe: str, overrides: list[str]) -> bool:
+    try:
+        load_recipe(REPO / recipe, overrides, on_note=lambda _: None)
+    except RecipeError:
+        return False
+    return True
+
+
 def fingerprints(seed: int = 1) -> dict[str, str]:
     profiles = load_profiles(DEFAULT_PROFILES)
     out = {}
     for recipe, gpus, steps, sets in CASES:
         for mode in MODES:
-            # replay settings apply to reflow only (a baseline refuses sigma > 0)
-            given = sets if mode == "reflow" or not any("sigma" in s for s in sets) else []
+            # settings a mode refuses (a baseline's sigma > 0) are left out for it
+            given = sets if accepts(recipe, [f"reflow.mode={mode}", *sets]) else []
             every = load_recipe(REPO / recipe, given, on_note=lambda _: None).train.sync_every
             overrides = [f"train.steps={max(steps // every, 2) * every}", *given]
             cfg = load_recipe(REPO / recipe, overrides, on_note=lambda _: None)

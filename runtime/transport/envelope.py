@@ -30,6 +30,7 @@ PROTOCOL_VERSION = 12  # 3: samples carry their fields explicitly; 4: heartbeats
 # (Park, Parked) and in Work; 11: a Welcome may say its rank "gone" (a lost rank rejoining);
 # 12: a sample is one record of its declared fields, and a trainer rank's batch carries
 # rank 0's micro-batch plan and the update's normalisers instead of the batch's layout;
+# a Work request is a record with every key (``resume`` None when there is none);
 # ``Parked.partials`` is renamed ``rollouts``
 # a header and a batch's samples' frames (8,192 samples; a parked rollout has two)
 MAX_FRAMES = max(2, len(frame_fields())) * 8192 + 1

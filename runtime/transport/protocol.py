@@ -43,6 +43,8 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     message_types,
 )
 from runtime.transport.sample_shape import (
+    BATCH_FIELDS,
+    DONE_FIELDS,
     FRAMES,
     BatchRecord,
     DoneRecord,
@@ -62,6 +64,9 @@ LAYOUT_ROLES = (*ROLES, GONE_ROLE)  # what a layout's roles may say of each rank
 # samples a batch layout may describe: far above the largest batches recipes use (DAPO's
 # 512 prompts x 16 = 8,192), a bound so a layout cannot ask for unbounded work
 MAX_BATCH_SAMPLES = 1 << 17
+# tokens one sample may have: far above any context window, a bound so that a batch's token
+# counts sum without overflow (MAX_BATCH_SAMPLES of them fit an int64 many times over)
+MAX_SAMPLE_TOKENS = (1 << 31) - 1
 # The parts of a role switch a rank times (runtime/rank/worker.py): the side it leaves
 # offloaded (trainer state to host, vLLM asleep), the side it takes woken, the process
 # groups rebuilt, trainer state moved to new replicas, rollout weights received and loaded.
@@ -238,7 +243,7 @@ class SampleDone(Message):
         return self.sample["sample_id"]
 
     def check(self) -> None:
-        check_sample(self.sample, self.blobs)
+        check_sample(self.sample, self.blobs, DONE_FIELDS)
         s = self.sample
         _require(s["finished_at"] >= s["started_at"], "finished before it started")
 
@@ -458,7 +463,7 @@ class Batch(Message):
         _require(len(self.blobs) == k * len(self.samples), "frames do not match samples")
         _require(self.batch_id >= 0 and self.policy_version >= 0, "bad batch id or version")
         for i, s in enumerate(self.samples):
-            check_sample(s, self.blobs[k * i : k * (i + 1)])
+            check_sample(s, self.blobs[k * i : k * (i + 1)], BATCH_FIELDS)
             _require(s["replay_count"] >= 0, "negative replay count")
         if self.updates is not None:
             self._check_updates(self.updates)
@@ -470,11 +475,14 @@ class Batch(Message):
             total += n
             _require(total <= MAX_BATCH_SAMPLES, f"updates of over {MAX_BATCH_SAMPLES} samples")
             _require(len(u["replayed"]) == n, "an update's lists differ")
-            _require(all(v >= 0 for v in u["n_valid"]), "negative valid tokens")
+            _require(
+                all(0 <= v <= MAX_SAMPLE_TOKENS for v in u["n_valid"]), "valid tokens out of range"
+            )
             mine = u["positions"]
             _require(len(set(mine)) == len(mine), "a position repeats")
             _require(all(0 <= i < n for i in mine), "a position is outside the update")
-            _require(len(u["micro_batches"]) >= 1, "an update without a micro-step")
+            # every rank takes as many micro-steps, at most one per sample of the update
+            _require(1 <= len(u["micro_batches"]) <= max(1, n), "micro-steps out of range")
             planned = sorted(i for m in u["micro_batches"] for i in m)
             _require(planned == sorted(mine), "micro-batches do not cover the samples once")
             _require(carried + len(mine) <= len(self.samples), "positions exceed the samples")

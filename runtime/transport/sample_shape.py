@@ -32,20 +32,22 @@ DoneRecord = TypedDict("DoneRecord", {k: w.type for k, w in DONE_FIELDS.items()}
 BatchRecord = TypedDict("BatchRecord", {k: w.type for k, w in BATCH_FIELDS.items()})  # type: ignore[misc]
 # The per-token frames of a sample, ``(name, typecode)``, in order (both messages).
 FRAMES = frame_fields()
-PER_TOKEN = [k for k, w in BATCH_FIELDS.items() if w.per_token]
 
 
-def check_sample(record: dict[str, Any], frames: tuple[bytes, ...]) -> None:
+def check_sample(
+    record: dict[str, Any], frames: tuple[bytes, ...], declared: dict[str, Wire]
+) -> None:
     """What one sample's fields must satisfy together, wherever it travels (a rollout rank's
-    :class:`SampleDone`, a sample of a :class:`Batch`): a value per response token in each
-    frame and per-token list, and the spans, ids and valid tokens that agree with them."""
+    :class:`SampleDone`, a sample of a :class:`Batch`; ``declared``: the fields that message
+    carries): a value per response token in each frame and per-token list, and the spans,
+    ids and valid tokens that agree with them."""
     _require(len(frames) == len(FRAMES), "frames do not match the sample's per-token fields")
     n = -1
     for (_, code), frame in zip(FRAMES, frames, strict=True):
         size = array(code).itemsize
         _require(len(frame) % size == 0 and n in (-1, len(frame) // size), "frame sizes differ")
         n = len(frame) // size
-    for name in PER_TOKEN:
+    for name in (k for k, w in declared.items() if w.per_token):
         values = record[name]
         _require(values is None or len(values) == n, f"{name} length")
     ids = (record["sample_id"], record["group_id"], record["prompt_id"])

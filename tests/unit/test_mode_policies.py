@@ -101,8 +101,9 @@ SCANNED = ("runtime", "reflow_cli", "jobs")
 # (its messages and checks of what a recipe may set).
 ALLOWED = {"runtime/config/modes.py", "runtime/config/recipe.py", "runtime/config/schema.py"}
 # Names that stand for a mode (or a set of them) by name: comparing reflow.mode with one of
-# them is a string check under another name.
-MODE_CONSTANTS = {"COLOCATED", "BARRIER_MODES", "BASELINES"}
+# them is a string check under another name. (``m in MODES`` is not: it asks whether a
+# name is a mode at all, what validating --modes does.)
+MODE_CONSTANTS = {"COLOCATED", "BARRIER_MODES", "BASELINES", "REFLOW", "DEFAULT_MODE"}
 
 
 def _strings(node: ast.AST) -> list[str]:
@@ -124,22 +125,49 @@ def _barrier_fstring(node: ast.AST) -> bool:
     )
 
 
+def _constant_name(node: ast.AST) -> str | None:
+    """``X`` or ``module.X`` where X names a mode or a set of them."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return name if name in MODE_CONSTANTS else None
+
+
+def _is_mode(node: ast.AST) -> bool:
+    """``mode`` or ``<anything>.mode`` (cfg.reflow.mode, self.mode)."""
+    return (isinstance(node, ast.Name) and node.id == "mode") or (
+        isinstance(node, ast.Attribute) and node.attr == "mode"
+    )
+
+
 def mode_name_checks(source: str, rel: str) -> list[str]:
-    """``rel:line: what`` for each comparison of a mode name in ``source``; an f-string
-    barrier cause anywhere counts too (it is how ``mode == X`` hid before)."""
+    """``rel:line: what`` for each comparison of a mode name in ``source``: ``==``/``in``
+    with a mode name or a constant standing for modes, a ``case`` on one, a string method
+    or concatenation on a mode, and an f-string barrier cause (how ``mode == X`` hid
+    before)."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        at = f"{rel}:{getattr(node, 'lineno', 0)}"
         if _barrier_fstring(node):
-            found.append(f"{rel}:{node.lineno}: a barrier cause spelt from the mode's name")
+            found.append(f"{at}: a barrier cause spelt from the mode's name")
+        if isinstance(node, ast.MatchValue) and any(s in MODES for s in _strings(node.value)):
+            found.append(f"{at}: a case on a mode name")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _is_mode(node.func.value)
+            and node.func.attr in ("startswith", "endswith", "split", "partition")
+        ):
+            found.append(f"{at}: a string method on the mode")
+        if isinstance(node, ast.BinOp) and (_is_mode(node.left) or _is_mode(node.right)):
+            found.append(f"{at}: a name built from the mode")
         if not isinstance(node, ast.Compare):
             continue
         for side in (node.left, *node.comparators):
             for s in _strings(side):
                 if s in MODES:
-                    found.append(f"{rel}:{node.lineno}: compares with the mode name {s!r}")
-            named = isinstance(side, ast.Name) and side.id in MODE_CONSTANTS
+                    found.append(f"{at}: compares with the mode name {s!r}")
+            named = _constant_name(side)
             if named:
-                found.append(f"{rel}:{node.lineno}: compares with {side.id}")
+                found.append(f"{at}: compares with {named}")
     return found
 
 
@@ -163,6 +191,13 @@ def test_no_mode_name_comparisons() -> None:
         'blocked[f"{self.mode}_barrier"] += 1',
         "x = cfg.reflow.mode == COLOCATED",
         "x = self.cfg.reflow.mode in BASELINES",
+        "x = cfg.reflow.mode == REFLOW",
+        "x = cfg.reflow.mode != modes.DEFAULT_MODE",
+        "x = mode in modes.BASELINES",
+        'x = mode in {"async", "reflow"}',
+        'match cfg.reflow.mode:\n    case "reflow":\n        pass',
+        'x = cfg.reflow.mode.startswith("one_step")',
+        'x = cfg.reflow.mode + "_barrier"',
     ],
 )
 def test_the_check_finds_the_old_spellings(code: str) -> None:

@@ -448,10 +448,14 @@ def test_a_trainer_rank_gets_its_samples_and_a_plan_it_cannot_be_fooled_by():
         ({**good, "positions": [2, 9], "micro_batches": [[2, 9]]}, "outside the update"),
         ({**good, "positions": [2]}, "micro-batches do not cover"),
         ({**good, "micro_batches": [[2], [2, 0]]}, "micro-batches do not cover"),
-        ({**good, "micro_batches": []}, "without a micro-step"),
+        ({**good, "micro_batches": []}, "micro-steps out of range"),
         ({**good, "replayed": [False, False, False]}, "does not match its update"),
         ({**good, "n_valid": [3, 5, 9]}, "does not match its update"),  # sample 2 has 4
-        ({**good, "n_valid": [3, -5, 4]}, "negative valid tokens"),
+        ({**good, "n_valid": [3, -5, 4]}, "valid tokens out of range"),
+        # other ranks' counts the normalisers sum: bounded so the sum cannot overflow
+        ({**good, "n_valid": [2**61, 5, 4]}, "valid tokens out of range"),
+        # every rank takes as many micro-steps, no more than the update has samples
+        ({**good, "micro_batches": [[2, 0], [], [], []]}, "micro-steps out of range"),
         ({**good, "n_valid": [3, 5]}, "lists differ"),
     ]:
         forged = dataclasses.replace(msg, updates=[bad])
@@ -560,3 +564,18 @@ def test_a_work_request_is_exactly_its_record(entry, reason):
     with pytest.raises(p.ProtocolError, match="wrong type"):
         p.decode([header(**fields, requests=[missing])])
     assert p.decode([header(**fields, requests=[good])]).requests == [good]
+
+
+def test_a_sample_is_checked_against_the_fields_its_message_carries():
+    # a per-token header field only a Batch carries is not looked for in a SampleDone's
+    # record (a KeyError there would have been an exception rank 0 does not catch)
+    from runtime.data.sample import Wire
+    from runtime.transport.sample_shape import DONE_FIELDS, check_sample
+
+    record = {"sample_id": 1, "group_id": 0, "prompt_id": 0, "versions": [[0, 0, 2]]}
+    record |= {"n_valid": 2, "loss_mask": None}
+    frames = (b"\0" * 8, b"\0" * 8)
+    check_sample(record, frames, DONE_FIELDS)
+    batch_only = Wire(list[int] | None, done=False, per_token=True)
+    with pytest.raises(p.ProtocolError, match="extra length"):
+        check_sample({**record, "extra": [1]}, frames, {**DONE_FIELDS, "extra": batch_only})

@@ -233,7 +233,7 @@ def policy_loss(
     count for ``token_mean``, 1 otherwise), which takes masked samples out of the
     denominator. For a shard that must be done over the whole batch: pass weights that are
     already 0 for the masked samples and normalised over the kept ones
-    (:func:`batch_normalisers` with ``keep``, as :func:`batch_loss` does); the rescaling
+    (:meth:`Normaliser.weights` with ``keep``, as :func:`batch_loss` does); the rescaling
     here is then exactly 1.
 
     Returns the scalar loss and detached statistics."""
