@@ -76,6 +76,21 @@ def wait_for_status(run: str, predicate, timeout: float = 120) -> dict:
         time.sleep(0.25)
 
 
+def running(s: dict) -> dict:
+    """``s`` (a status) of a run still RUNNING; else the test fails with its reason."""
+    assert s["state"] == "RUNNING", s.get("reason")
+    return s
+
+
+def switched_to(rollout_gpus: int):
+    """A status predicate: the switch to ``rollout_gpus`` rollout GPUs is done (or the run
+    is no longer RUNNING, which :func:`running` then reports)."""
+    return lambda s: (
+        s["state"] != "RUNNING"
+        or (s["layout"]["rollout_gpus"] == rollout_gpus and not s["layout"]["switching"])
+    )
+
+
 def load_script(name: str):
     """A file of scripts/ as a module (scripts are run by path, not imported by package)."""
     import importlib.util

@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from runtime.config.recipe import build_config
-from runtime.data.micro_batches import rank_plans
+from runtime.data.micro_batches import sample_plans
 from runtime.data.sample import Batch
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
@@ -80,14 +80,7 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     # Through the wire as rank 0 sends it: this rank's samples only, and rank 0's plan.
     whole = batch()
     t = cfg.train
-    mine = rank_plans(
-        [len(s.prompt_token_ids) + len(s.token_ids) for s in whole],
-        [s.n_valid for s in whole],
-        [s.replay_count > 0 for s in whole],
-        t.mini_batches,
-        world,
-        t.micro_batch_tokens,
-    )[rank]
+    mine = sample_plans(whole, t.mini_batches, world, t.micro_batch_tokens)[rank]
     n_replay = sum(s.replay_count > 0 for s in whole)
     b = Batch(0, 0, whole, len(whole) - n_replay, n_replay)
     msg = p.decode(p.encode(wire.batch_message(b, mine)))

@@ -8,7 +8,7 @@ adapter); the replicas agree; the final policy is a peft adapter folder."""
 
 import json
 
-from tests.helpers import REPO, reflow
+from tests.helpers import REPO, reflow, running, switched_to
 from tests.helpers import wait_for_status as wait_for
 
 STEPS = 24
@@ -22,22 +22,12 @@ def test_a_lora_run_syncs_the_adapter_through_role_switches(runs_dir):
     run_dir = next(runs_dir.iterdir())
     run = run_dir.name
 
-    def running(s: dict) -> dict:
-        assert s["state"] == "RUNNING", s.get("reason")
-        return s
-
-    def switched(rollout_gpus: int):
-        return lambda s: (
-            s["state"] != "RUNNING"
-            or (s["layout"]["rollout_gpus"] == rollout_gpus and not s["layout"]["switching"])
-        )
-
     running(wait_for(run, lambda s: s["step"] >= 3 or s["state"] != "RUNNING", 600))
     reflow("rebalance", "--ratio", "1:3", run, check=True)
-    at = running(wait_for(run, switched(1), 600))["step"]
+    at = running(wait_for(run, switched_to(1), 600))["step"]
     running(wait_for(run, lambda s: s["step"] >= at + 3 or s["state"] != "RUNNING", 600))
     reflow("rebalance", "--ratio", "3:1", run, check=True)
-    running(wait_for(run, switched(3), 600))
+    running(wait_for(run, switched_to(3), 600))
     final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 900)
     assert final["state"] == "COMPLETED", final.get("reason")
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from runtime.config.layout import LayoutChange
-from runtime.data.micro_batches import rank_plans
+from runtime.data.micro_batches import sample_plans
 from runtime.data.sample import Batch
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -38,16 +38,8 @@ WITHOUT_2 = ("trainer", "trainer", "gone")
 def message(cfg, batch_id: int, rank: int, n_ranks: int) -> p.Batch:
     """Batch ``batch_id`` as rank 0 sends it to ``rank`` of ``n_ranks`` trainer ranks."""
     whole = batch()
-    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in whole]
     t = cfg.train
-    mine = rank_plans(
-        lengths,
-        [s.n_valid for s in whole],
-        [s.replay_count > 0 for s in whole],
-        t.mini_batches,
-        n_ranks,
-        t.micro_batch_tokens,
-    )[rank]
+    mine = sample_plans(whole, t.mini_batches, n_ranks, t.micro_batch_tokens)[rank]
     n_replay = sum(s.replay_count > 0 for s in whole)
     b = Batch(batch_id, 0, whole, len(whole) - n_replay, n_replay)
     return p.decode(p.encode(wire.batch_message(b, mine)))

@@ -25,7 +25,7 @@ import os
 import signal
 import time
 
-from tests.helpers import REPO, reflow
+from tests.helpers import REPO, reflow, running, switched_to
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
@@ -44,22 +44,12 @@ def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
     run_dir = next(runs_dir.iterdir())
     run = run_dir.name
 
-    def running(s: dict) -> dict:
-        assert s["state"] == "RUNNING", s.get("reason")
-        return s
-
-    def switched(rollout_gpus: int):
-        return lambda s: (
-            s["state"] != "RUNNING"
-            or (s["layout"]["rollout_gpus"] == rollout_gpus and not s["layout"]["switching"])
-        )
-
     running(wait_for(run, lambda s: s["step"] >= 3 or s["state"] != "RUNNING", 600))
     reflow("rebalance", "--ratio", "3:1", run, check=True)
-    at = running(wait_for(run, switched(3), 600))["step"]
+    at = running(wait_for(run, switched_to(3), 600))["step"]
     running(wait_for(run, lambda s: s["step"] >= at + 3 or s["state"] != "RUNNING", 600))
     reflow("rebalance", "--ratio", "2:2", run, check=True)
-    at = running(wait_for(run, switched(2), 600))["step"]
+    at = running(wait_for(run, switched_to(2), 600))["step"]
     s = running(wait_for(run, lambda s: s["step"] >= at + 2 or s["state"] != "RUNNING", 600))
     pids = {w["rank"]: w["pid"] for w in s["workers"]}
     os.kill(pids[1], signal.SIGKILL)

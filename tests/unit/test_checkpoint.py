@@ -14,6 +14,7 @@ import torch
 
 from runtime.config.layout import Role
 from runtime.config.recipe import build_config
+from runtime.control.coordinator import Coordinator
 from runtime.control.data_plane import DataPlane
 from runtime.data.sample import Request
 from runtime.engines.synthetic import SyntheticTrainer
@@ -613,14 +614,19 @@ def test_a_stop_before_training_started_does_not_checkpoint(clock):
     assert all(isinstance(m, p.Stop) for _, m in out)
 
 
-def test_a_restored_coordinator_continues_the_run(clock):
+def saved_after_two_steps(clock) -> tuple[Coordinator, dict]:
+    """A coordinator two steps in, and the state its checkpoint at step 2 saved."""
     saves = Saves()
     c = coordinator(clock, saves)
     register_all(c)
     for _ in range(2):
         one_step(c, clock)
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
-    state = saves.calls[-1][2]
+    return c, saves.calls[-1][2]
+
+
+def test_a_restored_coordinator_continues_the_run(clock):
+    c, state = saved_after_two_steps(clock)
     digest = c.buffer_digest()
 
     fresh = coordinator(Clock(), Saves())
@@ -668,12 +674,7 @@ def test_step_version_and_the_batch_in_training_have_one_owner(clock):
 
 
 def test_a_state_whose_step_disagrees_with_its_data_is_refused(clock):
-    saves = Saves()
-    c = coordinator(clock, saves)
-    register_all(c)
-    for _ in range(2):
-        one_step(c, clock)
-    c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
-    state = dict(saves.calls[-1][2], step=5)
+    _, saved = saved_after_two_steps(clock)
+    state = dict(saved, step=5)
     with pytest.raises(ValueError, match="disagrees"):
         coordinator(Clock(), Saves()).load_state_dict(state, source="step-00000002")
