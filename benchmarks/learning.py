@@ -34,9 +34,16 @@ from pathlib import Path
 import yaml
 
 try:  # imported as benchmarks.learning (the tests) or run as a script (benchmarks/ on path)
+    from benchmarks import learning_arms as arms
+    from benchmarks.learning_plan import plan_arms
     from benchmarks.modes import cli, launch_args, mode_overrides
 except ModuleNotFoundError:
+    import learning_arms as arms
+    from learning_plan import plan_arms
     from modes import cli, launch_args, mode_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "docs" / "learning"
 
 DEFAULT_MODES = ("colocated_sync", "one_step_off", "async", "reflow")
 # the order modes are listed in when a folder is reported on (others follow, by name)
@@ -469,13 +476,53 @@ def main(argv: list[str] | None = None) -> None:
         "--set", action="append", default=[], metavar="K=V", help="override for every run"
     )
     ap.add_argument("--report-only", type=Path, metavar="DIR", help="report on DIR's runs")
+    ap.add_argument("--plan", help="run the named plans' arms that have no record yet")
+    ap.add_argument("--records", type=Path, default=RECORDS, help="arm records folder")
+    ap.add_argument("--arm-timeout", type=float, default=3600.0, help="seconds per arm")
+    ap.add_argument("--max-arms", type=int, help="stop after running this many arms")
     args = ap.parse_args(argv)
+    if args.plan:
+        try:
+            run_plan(args)
+        except (ValueError, arms.BadRecord) as exc:
+            raise SystemExit(f"learning.py: {exc}") from None
+        return
     try:
         report, out = (report_only if args.report_only else run_all)(args)
     except BadInput as exc:
         raise SystemExit(f"learning.py: {exc}") from None
     print(report, end="")
     print(f"wrote {out / 'learning.md'} and {out / 'learning.json'}", file=sys.stderr)
+
+
+def run_plan(args) -> None:
+    """Run the planned arms that have no record in ``--records``, one at a time, each
+    record written as its arm ends (commit it: a later session goes on from there)."""
+    todo = [a for a in plan_arms(parse_list(args.plan, "plan")) if not recorded(a, args.records)]
+    if args.max_arms is not None:
+        todo = todo[: args.max_arms]
+    print(f"{len(todo)} arm(s) to run: {', '.join(a.name for a in todo)}", file=sys.stderr)
+    for i, arm in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {arm.name} ...", file=sys.stderr, flush=True)
+        out, records = args.out.resolve(), args.records.resolve()
+        rec = arms.run_arm(arm, repo=REPO, runs=out, records=records, timeout_s=args.arm_timeout)
+        evals = rec["evals"]
+        end = f"final {evals[-1]['reward']:.3f}" if evals else "no eval"
+        print(
+            f"    {rec['machine']['seconds']:.0f} s, {end}, problem: {rec['problem']}, "
+            f"busy: {rec['machine']['busy']}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def recorded(arm, records: Path) -> bool:
+    """Whether ``arm`` has a record already (a record of a failed run counts as none)."""
+    path = records / f"{arm.name}.json"
+    if not path.exists():
+        return False
+    rec = arms.read_record(path)
+    return rec["spec"] == arm and rec["problem"] is None
 
 
 def report_only(args) -> tuple[str, Path]:

@@ -263,12 +263,18 @@ class TorchTrainerSide(BatchConsumer):
             metrics.update(last.metrics())
         if t.step == 1 and self._eval_start is not None:
             metrics.update(eval_names(self._eval_start, "start"))
+        # eval_s: the seconds this step spent in held-out evals; they stall this rank, so a
+        # report of reward against time takes them out (benchmarks/learning.py)
         if eval_now:
+            started = time.perf_counter()
             metrics.update(self.evaluate())
+            metrics["eval_s"] = time.perf_counter() - started
         if final:
             t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
             if self.evaluates():
+                started = time.perf_counter()
                 metrics.update(eval_names(self.evaluate(), "end"))
+                metrics["eval_s"] = time.perf_counter() - started
         self._send(
             p.StepDone(
                 rank=self.rank,

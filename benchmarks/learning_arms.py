@@ -1,0 +1,437 @@
+"""One learning arm (a recipe in one mode, one seed, one set of overrides) run to a record.
+
+An arm runs the way ``reflow launch --local --wait`` runs it, in a runs folder of its own,
+while a sampler thread watches the machine; its run folder is then reduced to a small JSON
+record (``docs/learning/<arm>.json``) that holds everything the learning report uses, so
+that the report is rebuilt from committed records alone, on any clone, and a later session
+(maybe on a new machine) goes on with the arms still missing:
+
+- per step: the reward of the generated samples (``rollout_reward_mean``: every group
+  delivered since the previous step, before a sampler drops any), the batch's own reward,
+  the batch's fresh and replayed sample counts and fresh and trained tokens, its oldest
+  sample's age and the wall seconds since the first step;
+- every held-out eval: its step, its wall seconds, the seconds spent in evals up to it
+  (``eval_s`` in metrics.jsonl: evals stall the trainer leader, so the report's clock
+  takes them out), and the reward;
+- the run's end state and ledger, the commit it ran, the settings, and the load.
+
+**Busy machines.** The figure that decides is the *foreign* load: runnable threads on the
+machine that are not the run's (not the launcher or a descendant of it, nor a process
+carrying the arm's environment marker), sampled every few seconds. An arm whose mean
+foreign load during the run is above ``BUSY_FOREIGN`` (half a core of this 2-core machine)
+is marked busy and left out of every wall-clock figure; its per-step figures still count.
+The 1/5/15-minute load averages before and during the run are recorded too, for the
+reader: they include the run's own ranks, and before an arm the previous arm's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RECORD_FORMAT = 1
+BUSY_FOREIGN = 0.5  # mean runnable threads not the run's, above which an arm is busy
+SAMPLE_EVERY_S = 5.0
+ARM_ENV = "REFLOW_LEARNING_ARM"  # set in the arm's environment: marks its processes
+
+# metrics.jsonl -> the record's per-step columns (a missing key is None for that step)
+STEP_COLUMNS = {
+    "rollout_reward": "rollout_reward_mean",
+    "batch_reward": "reward_mean",
+    "fresh": "batch_unused",
+    "replayed": "batch_replay",
+    "fresh_tokens": "fresh_tokens",
+    "tokens": "tokens",
+    "max_age": "max_sample_age",
+}
+
+
+class BadRecord(ValueError):
+    """A record or run folder the report cannot use; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """What identifies an arm: two runs of the same spec are the same arm."""
+
+    recipe: str  # path relative to the repo, e.g. recipes/demo.yaml
+    mode: str
+    seed: int
+    steps: int
+    eval_every: int
+    sets: tuple[str, ...] = ()  # overrides beyond the mode's own (sorted "key=value")
+
+    @property
+    def variant(self) -> str:
+        """The overrides in a name ("default" without any)."""
+        return ",".join(self.sets) or "default"
+
+    @property
+    def name(self) -> str:
+        """The record's file stem: recipe, mode, variant, seed (filesystem-safe)."""
+        stem = Path(self.recipe).parent.name if Path(self.recipe).name == "recipe.yaml" else ""
+        stem = stem or Path(self.recipe).stem
+        parts = [stem, self.mode]
+        if self.sets:  # "reflow.delta=0" -> "delta0": the field's name and its value
+            short = [k.rpartition(".")[2] + v for k, _, v in (s.partition("=") for s in self.sets)]
+            parts.append(re.sub(r"[^A-Za-z0-9_.+]+", "_", "+".join(short)))
+        return "-".join([*parts, f"s{self.seed}"])
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe,
+            "mode": self.mode,
+            "seed": self.seed,
+            "steps": self.steps,
+            "eval_every": self.eval_every,
+            "sets": list(self.sets),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict, where: str) -> ArmSpec:
+        try:
+            return cls(
+                str(d["recipe"]),
+                str(d["mode"]),
+                int(d["seed"]),
+                int(d["steps"]),
+                int(d["eval_every"]),
+                tuple(str(s) for s in d["sets"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            msg = f"{where}: 'arm' needs recipe, mode, seed, steps, eval_every, sets"
+            raise BadRecord(msg) from None
+
+
+# ---- the machine while an arm runs ------------------------------------------------------
+
+
+def _proc_stat(pid: str) -> tuple[int, str] | None:
+    """(parent pid, state) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text.rsplit(")", 1)[1].split()
+    return int(rest[1]), rest[0]
+
+
+def _marked(pid: str, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _runnable_threads(pid: str) -> int:
+    n = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        n += state == "R"
+    return n
+
+
+def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, int]:
+    """(runnable threads of the run, runnable threads of everything else) right now; the
+    run is ``root_pid``'s process tree plus any process carrying ``marker`` in its
+    environment; this process (the sampler) counts as neither."""
+    stats = {p: s for p in os.listdir("/proc") if p.isdigit() and (s := _proc_stat(p))}
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(int(p))
+    ours: set[int] = set()
+    todo = [root_pid] if root_pid else []
+    while todo:
+        p = todo.pop()
+        if p not in ours:
+            ours.add(p)
+            todo.extend(children.get(p, []))
+    own = foreign = 0
+    for p in stats:
+        if int(p) == me:
+            continue
+        n = _runnable_threads(p)
+        if not n:
+            continue
+        if int(p) in ours or _marked(p, marker):
+            own += n
+        else:
+            foreign += n
+    return own, foreign
+
+
+def load_average() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+@dataclass
+class LoadWatch:
+    """Samples the machine every ``every`` seconds in a thread until stopped."""
+
+    marker: bytes
+    every: float = SAMPLE_EVERY_S
+    root_pid: int | None = None
+    own: list[int] = field(default_factory=list)
+    foreign: list[int] = field(default_factory=list)
+    load_1m: list[float] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            own, foreign = runnable_split(self.root_pid, self.marker, os.getpid())
+            self.own.append(own)
+            self.foreign.append(foreign)
+            self.load_1m.append(load_average()[0])
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        return {
+            "samples": len(self.foreign),
+            "every_s": self.every,
+            "foreign_runnable_mean": _mean(self.foreign),
+            "foreign_runnable_max": max(self.foreign, default=None),
+            "own_runnable_mean": _mean(self.own),
+            "load_1m_mean": _mean(self.load_1m),
+            "load_1m_max": max(self.load_1m, default=None),
+        }
+
+
+def _mean(xs: list) -> float | None:
+    return round(statistics.fmean(xs), 3) if xs else None
+
+
+def machine_before() -> dict:
+    own, foreign = runnable_split(None, b"\0never\0", os.getpid())
+    return {"load_avg": load_average(), "runnable_now": own + foreign, "cores": os.cpu_count()}
+
+
+def busy_reason(machine: dict) -> str | None:
+    """Why an arm's wall clock does not count, or None."""
+    during = machine.get("during") or {}
+    foreign = during.get("foreign_runnable_mean")
+    if foreign is None:
+        return "no load samples during the run"
+    if foreign > BUSY_FOREIGN:
+        return f"foreign load {foreign:.2f} runnable threads on average (> {BUSY_FOREIGN})"
+    return None
+
+
+# ---- run folder -> record ---------------------------------------------------------------
+
+
+def _metrics(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BadRecord(f"{path}: cannot read ({exc.strerror})") from None
+    out = []
+    for i, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            x = json.loads(raw)
+            float(x["wall_s"]), int(x["step"])
+        except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+            raise BadRecord(f"{path}:{i}: not a metrics line with step and wall_s") from None
+        out.append(x)
+    return out
+
+
+def record_from_run(folder: Path, spec: ArmSpec, *, commit: str, machine: dict) -> dict:
+    """The record of one finished (or failed) arm from its run folder."""
+    rec: dict = {
+        "format": RECORD_FORMAT,
+        "arm": spec.to_json(),
+        "name": spec.name,
+        "commit": commit,
+        "run_folder": folder.name,
+        "machine": machine,
+        "problem": None,
+        "steps": {},
+        "evals": [],
+        "summary": None,
+    }
+    summary_path = folder / "summary.json"
+    if summary_path.exists():
+        try:
+            s = json.loads(summary_path.read_text())
+        except json.JSONDecodeError:
+            raise BadRecord(f"{summary_path}: not JSON") from None
+        keep = (
+            "state", "reason", "wall_s", "steps", "samples", "wasted_tokens", "ledger_violations",
+            "held_across_sync", "trainer_idle_ratio", "rollout_idle_ratio",
+            "trainer_idle_by_cause", "rollout_idle_by_cause", "trainer_tokens_per_s",
+        )  # fmt: skip
+        rec["summary"] = {k: s.get(k) for k in keep if k in s}
+    metrics = folder / "metrics.jsonl"
+    lines = _metrics(metrics) if metrics.exists() else []
+    if not lines:
+        rec["problem"] = "no training step in metrics.jsonl"
+        return rec
+    t0 = lines[0]["wall_s"]
+    rec["steps"] = {
+        "step": [x["step"] for x in lines],
+        "wall_s": [round(x["wall_s"] - t0, 3) for x in lines],
+        **{col: [x.get(key) for x in lines] for col, key in STEP_COLUMNS.items()},
+    }
+    eval_s = 0.0
+    for x in lines:
+        if "eval_reward_start" in x:
+            start = float(x["eval_reward_start"])
+            rec["evals"].append({"step": 0, "wall_s": 0.0, "eval_s": 0.0, "reward": start})
+        eval_s += float(x.get("eval_s", 0.0))
+        for key in ("eval_reward", "eval_reward_end"):
+            if key in x:
+                rec["evals"].append(
+                    {
+                        "step": x["step"],
+                        "wall_s": round(x["wall_s"] - t0, 3),
+                        "eval_s": round(eval_s, 3),  # evals' seconds up to this one, its own in
+                        "reward": float(x[key]),
+                    }
+                )
+    rec["problem"] = run_problem(rec, lines, spec)
+    return rec
+
+
+def run_problem(rec: dict, lines: list[dict], spec: ArmSpec) -> str | None:
+    s = rec["summary"]
+    if s is None:
+        return "no summary.json (still running, or killed)"
+    if s.get("state") != "COMPLETED":
+        return f"state {s.get('state')} ({s.get('reason')})"
+    if any(x.get("attempt", 1) != 1 for x in lines):
+        return "resumed: wall_s restarts at each attempt"
+    if lines[-1]["step"] != spec.steps:
+        return f"ended at step {lines[-1]['step']} of {spec.steps}"
+    if not rec["evals"] or rec["evals"][-1]["step"] != spec.steps:
+        return "no held-out eval at the last step"
+    return None
+
+
+def write_record(rec: dict, records: Path) -> Path:
+    records.mkdir(parents=True, exist_ok=True)
+    path = records / f"{rec['name']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_record(path: Path) -> dict:
+    """A committed record, checked for what the report reads."""
+    try:
+        rec = json.loads(path.read_text())
+    except OSError as exc:
+        raise BadRecord(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError:
+        raise BadRecord(f"{path}: not JSON") from None
+    if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
+        raise BadRecord(f"{path}: not a learning record of format {RECORD_FORMAT}")
+    spec = ArmSpec.from_json(rec.get("arm") or {}, str(path))
+    if rec.get("name") != spec.name or path.stem != spec.name:
+        raise BadRecord(f"{path}: its name is not its arm's ({spec.name})")
+    for e in rec.get("evals", []):
+        if not {"step", "wall_s", "eval_s", "reward"} <= set(e):
+            raise BadRecord(f"{path}: an eval without step, wall_s, eval_s and reward")
+    rec["spec"] = spec
+    return rec
+
+
+# ---- running one arm --------------------------------------------------------------------
+
+
+def git_commit(repo: Path) -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "runtime", "jobs")
+    return head + ("+dirty" if dirty else "")
+
+
+def run_arm(spec: ArmSpec, *, repo: Path, runs: Path, records: Path, timeout_s: float) -> dict:
+    """Run one arm to its end and write its record; returns the record."""
+    runs.mkdir(parents=True, exist_ok=True)
+    name = f"learn-{spec.name}"
+    sets = [
+        f"name={name}",
+        f"train.steps={spec.steps}",
+        f"train.seed={spec.seed}",
+        f"train.eval_every={spec.eval_every}",
+        *mode_sets(spec.mode),
+        *spec.sets,
+    ]
+    cmd = [os.sys.executable, "-m", "reflow_cli.main", "launch", str(repo / spec.recipe), "--local"]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd.append("--wait")
+    marker = f"{ARM_ENV}={spec.name}"
+    env = {
+        **os.environ,
+        "REFLOW_RUNS_DIR": str(runs),
+        ARM_ENV: spec.name,
+        # the arm runs the code of ``repo`` (a snapshot, so that work beside it changes
+        # nothing under a running arm), whatever the venv's editable install points at
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    before = set(runs.glob(f"{name}-*"))
+    machine = {"before": machine_before()}
+    watch = LoadWatch(marker=marker.encode())
+    started = time.time()
+    with open(runs / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+        watch.root_pid = proc.pid
+        watch.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+    machine["during"] = watch.stop()
+    machine["seconds"] = round(time.time() - started, 1)
+    machine["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    machine["busy"] = busy_reason(machine)
+    made = sorted(set(runs.glob(f"{name}-*")) - before)
+    made = [d for d in made if d.is_dir()]
+    if not made:
+        raise BadRecord(f"{spec.name}: no run folder (see {runs / f'{name}.log'})")
+    rec = record_from_run(made[-1], spec, commit=git_commit(repo), machine=machine)
+    if code is None:
+        rec["problem"] = f"killed after {timeout_s:.0f} s"
+    elif code != 0 and rec["problem"] is None:
+        rec["problem"] = f"reflow launch exited {code}"
+    write_record(rec, records)
+    return rec
+
+
+def mode_sets(mode: str) -> list[str]:
+    """The recipe as ``mode`` (benchmarks/modes.py's rule: the demo's sigma 0.5 is reflow's,
+    0 in every mode that does not replay; a colocated mode has no split)."""
+    from runtime.config.modes import policy
+
+    p = policy(mode)
+    sets = [f"reflow.mode={mode}", *([] if p.replay else ["reflow.sigma=0"])]
+    return sets + (["resources.initial_ratio=null"] if p.colocated else [])

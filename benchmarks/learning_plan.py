@@ -1,0 +1,73 @@
+"""The arms of the learning report (issue "Time to reward, measured"), declared once.
+
+Each plan is a list of arms; ``benchmarks/learning.py --plan NAME`` runs those of its arms
+that have no record yet, one at a time, and the report lists every planned arm as
+recorded, busy (wall clock left out) or missing (never averaged over).
+
+- ``equivalence``: reflow with ``sigma = 0`` and ``delta = 0`` against
+  ``disaggregated_sync`` (a mode asynchronous in name only must be synchronous in effect);
+- ``modes``: the four modes users compare, the demo at its full length;
+- ``variants``: one change at a time from reflow's default (the age rule, sigma, delta),
+  seeds 0-2 choose; ``confirm``: the same on seeds 3-5 with the default beside them;
+- ``multiturn``: the age rule and delta on ``examples/arith_retry``, whose episodes
+  cross syncs.
+"""
+
+from __future__ import annotations
+
+try:  # imported as benchmarks.learning_plan (tests) or run beside it (benchmarks/ on path)
+    from benchmarks.learning_arms import ArmSpec
+except ModuleNotFoundError:
+    from learning_arms import ArmSpec
+
+DEMO = "recipes/demo.yaml"
+RETRY = "examples/arith_retry/recipe.yaml"
+DEMO_STEPS, DEMO_EVAL_EVERY = 400, 25
+RETRY_STEPS, RETRY_EVAL_EVERY = 200, 50
+MODES = ("colocated_sync", "one_step_off", "async", "reflow")
+SYNC_IN_EFFECT = ("reflow.delta=0", "reflow.sigma=0")
+VARIANTS = (("reflow.age_from=newest_span",), ("reflow.sigma=0.25",), ("reflow.delta=2",))
+CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
+
+
+def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
+    return ArmSpec(DEMO, mode, seed, DEMO_STEPS, DEMO_EVAL_EVERY, tuple(sorted(sets)))
+
+
+def retry(seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
+    return ArmSpec(RETRY, "reflow", seed, RETRY_STEPS, RETRY_EVAL_EVERY, tuple(sorted(sets)))
+
+
+def _plans() -> dict[str, list[ArmSpec]]:
+    return {
+        "equivalence": [
+            arm
+            for seed in CHOOSE_SEEDS
+            for arm in (demo("disaggregated_sync", seed), demo("reflow", seed, SYNC_IN_EFFECT))
+        ],
+        # seed-major, so that a session that stops part way leaves whole seeds
+        "modes": [demo(m, seed) for seed in CHOOSE_SEEDS for m in MODES],
+        "variants": [demo("reflow", seed, v) for seed in CHOOSE_SEEDS for v in VARIANTS],
+        "confirm": [demo("reflow", seed, v) for seed in CONFIRM_SEEDS for v in ((), *VARIANTS)],
+        "multiturn": [
+            retry(seed, v)
+            for seed in CHOOSE_SEEDS
+            for v in ((), ("reflow.age_from=newest_span",), ("reflow.delta=2",))
+        ],
+    }
+
+
+PLANS = _plans()
+
+
+def plan_arms(names: list[str]) -> list[ArmSpec]:
+    """The arms of the named plans, each once, seed-major (a session that stops part way
+    leaves whole seeds of every plan named), in plan order within a seed."""
+    unknown = [n for n in names if n not in PLANS]
+    if unknown:
+        raise ValueError(f"--plan: {', '.join(unknown)} not a plan ({', '.join(PLANS)})")
+    seen: dict[str, ArmSpec] = {}
+    for n in names:
+        for arm in PLANS[n]:
+            seen.setdefault(arm.name, arm)
+    return sorted(seen.values(), key=lambda a: a.seed)  # stable: plan order within a seed
