@@ -148,7 +148,7 @@ def _runnable_threads(pid: str) -> int:
 def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, int]:
     """(runnable threads of the run, runnable threads of everything else) right now; the
     run is ``root_pid``'s process tree plus any process carrying ``marker`` in its
-    environment; this process (the sampler) counts as neither."""
+    environment; this process (the sampler) and kernel threads count as neither."""
     stats = {p: s for p in os.listdir("/proc") if p.isdigit() and (s := _proc_stat(p))}
     children: dict[int, list[int]] = {}
     for p, (ppid, _) in stats.items():
@@ -161,8 +161,10 @@ def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, i
             ours.add(p)
             todo.extend(children.get(p, []))
     own = foreign = 0
-    for p in stats:
-        if int(p) == me:
+    for p, (ppid, _) in stats.items():
+        # kernel threads (kthreadd, pid 2, and its children) are left out: the run's own
+        # loopback traffic keeps ksoftirqd and kworkers runnable, which is not another load
+        if int(p) == me or p == "2" or ppid == 2:
             continue
         n = _runnable_threads(p)
         if not n:
@@ -258,14 +260,36 @@ def _metrics(path: Path) -> list[dict]:
     return out
 
 
-def record_from_run(folder: Path, spec: ArmSpec, *, commit: str, machine: dict) -> dict:
-    """The record of one finished (or failed) arm from its run folder."""
+def held_out_figures(line: dict, when: str) -> dict[str, float]:
+    """A metrics line's held-out figures under one name whenever they were taken: the
+    arith kind's ``eval_reward`` (``eval_reward_start`` / ``_end``) and each set's
+    ``eval/<set>/<figure>`` (``eval_start/...`` on step 1's line for the eval before it);
+    ``when`` is ``start`` (the policy before training) or ``after`` (this line's step)."""
+    out = {}
+    for key, value in line.items():
+        if when == "start" and key == "eval_reward_start":
+            out["eval_reward"] = float(value)
+        elif when == "start" and key.startswith("eval_start/"):
+            out["eval/" + key.removeprefix("eval_start/")] = float(value)
+        elif when == "after" and key in ("eval_reward", "eval_reward_end"):
+            out["eval_reward"] = float(value)
+        elif when == "after" and key.startswith("eval/"):
+            out[key] = float(value)
+    return out
+
+
+def record_from_run(
+    folder: Path, spec: ArmSpec, *, commit: str, machine: dict, held_out: str = "eval_reward"
+) -> dict:
+    """The record of one finished (or failed) arm from its run folder; ``held_out`` names
+    the figure the report reads as the held-out reward (each eval's ``reward``)."""
     rec: dict = {
         "format": RECORD_FORMAT,
         "arm": spec.to_json(),
         "name": spec.name,
         "commit": commit,
         "run_folder": folder.name,
+        "held_out": held_out,
         "machine": machine,
         "problem": None,
         "steps": {},
@@ -297,20 +321,22 @@ def record_from_run(folder: Path, spec: ArmSpec, *, commit: str, machine: dict) 
     }
     eval_s = 0.0
     for x in lines:
-        if "eval_reward_start" in x:
-            start = float(x["eval_reward_start"])
-            rec["evals"].append({"step": 0, "wall_s": 0.0, "eval_s": 0.0, "reward": start})
         eval_s += float(x.get("eval_s", 0.0))
-        for key in ("eval_reward", "eval_reward_end"):
-            if key in x:
-                rec["evals"].append(
-                    {
-                        "step": x["step"],
-                        "wall_s": round(x["wall_s"] - t0, 3),
-                        "eval_s": round(eval_s, 3),  # evals' seconds up to this one, its own in
-                        "reward": float(x[key]),
-                    }
-                )
+        start = held_out_figures(x, "start")
+        if start:
+            rec["evals"].append({"step": 0, "wall_s": 0.0, "eval_s": 0.0, "figures": start})
+        after = held_out_figures(x, "after")
+        if after:
+            rec["evals"].append(
+                {
+                    "step": x["step"],
+                    "wall_s": round(x["wall_s"] - t0, 3),
+                    "eval_s": round(eval_s, 3),  # evals' seconds up to this one, its own in
+                    "figures": after,
+                }
+            )
+    for e in rec["evals"]:  # the figure the report reads; the others stay for the reader
+        e["reward"] = e["figures"].get(held_out)
     rec["problem"] = run_problem(rec, lines, spec)
     return rec
 
@@ -327,6 +353,8 @@ def run_problem(rec: dict, lines: list[dict], spec: ArmSpec) -> str | None:
         return f"ended at step {lines[-1]['step']} of {spec.steps}"
     if not rec["evals"] or rec["evals"][-1]["step"] != spec.steps:
         return "no held-out eval at the last step"
+    if any(e["reward"] is None for e in rec["evals"]):
+        return f"an eval without {rec['held_out']}"
     return None
 
 
@@ -355,6 +383,7 @@ def read_record(path: Path) -> dict:
     for e in rec.get("evals", []):
         if not {"step", "wall_s", "eval_s", "reward"} <= set(e):
             raise BadRecord(f"{path}: an eval without step, wall_s, eval_s and reward")
+    rec.setdefault("held_out", "eval_reward")  # the records of the first arms name none
     rec["spec"] = spec
     return rec
 
@@ -372,7 +401,15 @@ def git_commit(repo: Path) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def run_arm(spec: ArmSpec, *, repo: Path, runs: Path, records: Path, timeout_s: float) -> dict:
+def run_arm(
+    spec: ArmSpec,
+    *,
+    repo: Path,
+    runs: Path,
+    records: Path,
+    timeout_s: float,
+    held_out: str = "eval_reward",
+) -> dict:
     """Run one arm to its end and write its record; returns the record."""
     runs.mkdir(parents=True, exist_ok=True)
     name = f"learn-{spec.name}"
@@ -418,7 +455,8 @@ def run_arm(spec: ArmSpec, *, repo: Path, runs: Path, records: Path, timeout_s: 
     made = [d for d in made if d.is_dir()]
     if not made:
         raise BadRecord(f"{spec.name}: no run folder (see {runs / f'{name}.log'})")
-    rec = record_from_run(made[-1], spec, commit=git_commit(repo), machine=machine)
+    commit = git_commit(repo)
+    rec = record_from_run(made[-1], spec, commit=commit, machine=machine, held_out=held_out)
     if code is None:
         rec["problem"] = f"killed after {timeout_s:.0f} s"
     elif code != 0 and rec["problem"] is None:

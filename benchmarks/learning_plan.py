@@ -28,6 +28,10 @@ MODES = ("colocated_sync", "one_step_off", "async", "reflow")
 SYNC_IN_EFFECT = ("reflow.delta=0", "reflow.sigma=0")
 VARIANTS = (("reflow.age_from=newest_span",), ("reflow.sigma=0.25",), ("reflow.delta=2",))
 CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
+# the held-out figure each recipe's arms are judged by: the arith kind's greedy accuracy on
+# its 512 embedded problems; arith_retry's greedy reward on its draws set (64 sums of the
+# training distribution, played by its two-try environment)
+HELD_OUT = {DEMO: "eval_reward", RETRY: "eval/draws/greedy"}
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:

@@ -1,0 +1,387 @@
+"""The learning report, built from arm records alone (benchmarks/learning_arms.py).
+
+Arms group by what they ran (recipe, mode, overrides, steps); a group's figures are over
+its seeds: the mean and the min-max, never more than the seeds support. Per group: final
+held-out reward, the area under the reward-step curve (the mean held-out reward over the
+run, trapezoids between evals), steps and seconds to two common levels, the fresh share of
+the trained samples. Seconds are the **training clock**: wall seconds since the first
+training step minus the seconds the trainer leader spent in held-out evals up to then
+(``eval_s``), the same rule for every mode; an arm marked busy is left out of every
+seconds figure (its count says so). A planned arm without a record is listed as missing
+and is in no figure.
+
+Sections: the four modes at the demo's length; the equivalence check (reflow with
+``sigma = 0, delta = 0`` against ``disaggregated_sync``); the setting variants against the
+default (choosing seeds, confirming seeds); the multi-turn variants; the projection to
+cluster scale (learning_projection.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    from benchmarks import learning_arms as arms
+    from benchmarks import learning_plan as plan
+except ModuleNotFoundError:
+    import learning_arms as arms
+    import learning_plan as plan
+
+
+class BadInput(ValueError):
+    """Records the report cannot use; the message names the file or field."""
+
+
+@dataclass
+class Arm:
+    spec: arms.ArmSpec
+    name: str
+    commit: str
+    evals: list[tuple[int, float, float]]  # (step, training-clock seconds, held-out reward)
+    fresh: int  # fresh samples trained over the run
+    replayed: int
+    max_age: int  # the oldest sample any batch took, in versions
+    train_s: float  # training clock of the whole run (first to last step, evals out)
+    stale_tokens: int | None  # generated tokens evicted as stale, never trained
+    busy: str | None
+    problem: str | None
+
+    @property
+    def group(self) -> tuple[str, str, str, int]:
+        return (self.spec.recipe, self.spec.mode, self.spec.variant, self.spec.steps)
+
+    @property
+    def trained(self) -> list[tuple[int, float, float]]:
+        """The evals after training began: only these count as reaching a level."""
+        return [e for e in self.evals if e[0] >= 1]
+
+    @property
+    def final(self) -> float:
+        return self.evals[-1][2]
+
+    @property
+    def area(self) -> float:
+        """Mean held-out reward over steps 0..last (trapezoids between evals)."""
+        pts = self.evals
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return pts[-1][2]
+        total = sum((b[0] - a[0]) * (a[2] + b[2]) / 2 for a, b in itertools.pairwise(pts))
+        return total / (pts[-1][0] - pts[0][0])
+
+
+def arm_from_record(rec: dict) -> Arm:
+    steps = rec.get("steps") or {}
+    evals = []
+    for e in rec.get("evals", []):
+        if e.get("reward") is None:
+            continue
+        evals.append((int(e["step"]), float(e["wall_s"]) - float(e["eval_s"]), float(e["reward"])))
+    wall = steps.get("wall_s") or [0.0]
+    eval_total = rec["evals"][-1]["eval_s"] if rec.get("evals") else 0.0
+    summary = rec.get("summary") or {}
+    wasted = summary.get("wasted_tokens") or {}
+    return Arm(
+        spec=rec["spec"],
+        name=rec["name"],
+        commit=rec.get("commit", "unknown"),
+        evals=evals,
+        fresh=sum(x or 0 for x in steps.get("fresh", [])),
+        replayed=sum(x or 0 for x in steps.get("replayed", [])),
+        max_age=max((x or 0 for x in steps.get("max_age", [])), default=0),
+        train_s=wall[-1] - eval_total,
+        stale_tokens=wasted.get("stale_unused"),
+        busy=(rec.get("machine") or {}).get("busy"),
+        problem=rec.get("problem") or (None if evals else "no held-out eval"),
+    )
+
+
+def load_arms(records: Path) -> list[Arm]:
+    if not records.is_dir():
+        raise BadInput(f"{records}: not a folder")
+    paths = sorted(records.glob("*.json"))
+    out = []
+    for path in paths:
+        try:
+            out.append(arm_from_record(arms.read_record(path)))
+        except arms.BadRecord as exc:
+            raise BadInput(str(exc)) from None
+    return out
+
+
+# ---- figures over seeds -----------------------------------------------------------------
+
+
+def spread(values: list[float]) -> dict | None:
+    """Mean, min and max over seeds (what the seeds support, no more)."""
+    if not values:
+        return None
+    return {
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def ranges_overlap(a: dict, b: dict) -> bool:
+    return a["min"] <= b["max"] and b["min"] <= a["max"]
+
+
+def first_reach(arm: Arm, level: float) -> tuple[int, float] | None:
+    """(step, training-clock seconds) of the arm's first eval after training began at or
+    above ``level``."""
+    return next(((s, t) for s, t, v in arm.trained if v >= level), None)
+
+
+def levels(arms_: list[Arm]) -> tuple[float, float]:
+    """The lowest level every arm reached (the lowest of their best held-out rewards after
+    training began) and a higher one: the median of those bests (half the arms reach it)."""
+    bests = [max(v for _, _, v in a.trained) for a in arms_]
+    return min(bests), statistics.median(bests)
+
+
+def group_figures(members: list[Arm], lv: tuple[float, float]) -> dict:
+    """A group's figures at two levels; wall-clock ones from the arms not marked busy."""
+    quiet = [a for a in members if not a.busy]
+    out: dict = {
+        "arms": len(members),
+        "seeds": sorted(a.spec.seed for a in members),
+        "busy": sorted(a.spec.seed for a in members if a.busy),
+        "final": spread([a.final for a in members]),
+        "area": spread([a.area for a in members]),
+        "train_s": spread([a.train_s for a in quiet]),
+        "fresh_share": spread([a.fresh / max(a.fresh + a.replayed, 1) for a in members]),
+        "max_age": max(a.max_age for a in members),
+        "replayed": sum(a.replayed for a in members),
+        "stale_tokens": spread([a.stale_tokens for a in members if a.stale_tokens is not None]),
+    }
+    for i, level in enumerate(lv, 1):
+        reach = [first_reach(a, level) for a in members]
+        quiet_reach = [first_reach(a, level) for a in quiet]
+        out[f"level{i}"] = {
+            "level": level,
+            "reached": sum(x is not None for x in reach),
+            "steps": spread([x[0] for x in reach if x is not None]),
+            "seconds": spread([x[1] for x in quiet_reach if x is not None]),
+            "seconds_complete": all(x is not None for x in quiet_reach) and bool(quiet),
+        }
+    return out
+
+
+def compare(
+    a: str, fa: dict | None, b: str, fb: dict | None, what: str, fmt: str, better: str
+) -> str:
+    """One sentence on two groups' ranges of ``what``: indistinguishable when they overlap,
+    otherwise which is ahead (``better``: "higher" for rewards, "faster" for steps and
+    seconds, where the lower range is ahead); a group with fewer than 2 arms is not
+    compared (one run has no spread)."""
+    if fa is None or fb is None:
+        return f"{a} and {b}: not compared on {what} (not every arm has the figure)."
+    ra = f"{a} {fa['min']:{fmt}}-{fa['max']:{fmt}}"
+    rb = f"{b} {fb['min']:{fmt}}-{fb['max']:{fmt}}"
+    n = f"{fa['n']} and {fb['n']} arms"
+    if min(fa["n"], fb["n"]) < 2:
+        return f"{a} and {b}: not compared on {what}, one arm has no spread ({ra}, {rb}; {n})."
+    if ranges_overlap(fa, fb):
+        return f"{a} and {b}: indistinguishable on {what} ({ra}, {rb}; {n})."
+    lead, other = (a, b) if fa["min"] > fb["max"] else (b, a)
+    if better == "faster":
+        lead, other = other, lead
+    return f"{lead} {better} than {other} on {what}: the ranges do not overlap ({ra}, {rb}; {n})."
+
+
+def band(series: list[list[tuple[float, float]]]) -> dict:
+    """Mean and min-max of step functions: each arm's value at x is its latest eval at or
+    before x (after its last, its final one), on the union of the arms' xs."""
+    xs = sorted({x for s in series for x, _ in s})
+    mean, lo, hi = [], [], []
+    for x in xs:
+        ys = [next(y for xi, y in reversed(s) if xi <= x) for s in series if s[0][0] <= x]
+        mean.append(statistics.fmean(ys))
+        lo.append(min(ys))
+        hi.append(max(ys))
+    return {"x": xs, "mean": mean, "min": lo, "max": hi}
+
+
+# ---- the plan's sections ----------------------------------------------------------------
+
+
+def label(spec: arms.ArmSpec) -> str:
+    """A group's name in the report: the mode, and the overrides when there are any."""
+    return spec.mode if not spec.sets else f"{spec.mode} {spec.variant}"
+
+
+def status(planned: list[arms.ArmSpec], by_name: dict[str, Arm]) -> dict[str, list[str]]:
+    """Each planned arm as recorded, busy (seconds left out), failed or missing."""
+    out: dict[str, list[str]] = {"recorded": [], "busy": [], "failed": [], "missing": []}
+    for spec in planned:
+        arm = by_name.get(spec.name)
+        if arm is None:
+            out["missing"].append(spec.name)
+        elif arm.problem:
+            out["failed"].append(f"{spec.name} ({arm.problem})")
+        else:
+            out["busy" if arm.busy else "recorded"].append(spec.name)
+    return out
+
+
+def usable(specs: list[arms.ArmSpec], by_name: dict[str, Arm]) -> list[Arm]:
+    return [by_name[s.name] for s in specs if s.name in by_name and not by_name[s.name].problem]
+
+
+def section_modes(by_name: dict[str, Arm]) -> dict:
+    specs = plan.PLANS["modes"]
+    members = usable(specs, by_name)
+    out: dict = {"status": status(specs, by_name), "groups": {}, "comparisons": []}
+    if not members:
+        return out
+    lv = levels(members)
+    out["levels"] = lv
+    groups = _grouped(members)
+    for ms in groups.values():
+        out["groups"][label(ms[0].spec)] = {
+            **group_figures(ms, lv),
+            "vs_step": band([[(s, v) for s, _, v in a.evals] for a in ms]),
+            # seconds only from the arms not marked busy (None: every arm was)
+            "vs_time": band([[(t, v) for _, t, v in a.evals] for a in ms if not a.busy])
+            if any(not a.busy for a in ms)
+            else None,
+        }
+    names = list(out["groups"])
+    for a, b in itertools.combinations(names, 2):
+        ga, gb = out["groups"][a], out["groups"][b]
+        out["comparisons"] += [
+            compare(a, ga["final"], b, gb["final"], "final reward", ".3f", "higher"),
+            compare(a, ga["area"], b, gb["area"], "area under reward-step", ".3f", "higher"),
+            _level_compare(a, ga, b, gb, "steps", ".0f"),
+            _level_compare(a, ga, b, gb, "seconds", ".0f"),
+        ]
+    return out
+
+
+def _level_compare(a: str, ga: dict, b: str, gb: dict, what: str, fmt: str) -> str:
+    la, lb = ga["level1"], gb["level1"]
+    complete = (
+        la["reached"] == ga["arms"] and lb["reached"] == gb["arms"]
+        if what == "steps"
+        else la["seconds_complete"] and lb["seconds_complete"]
+    )
+    if not complete:
+        return f"{a} and {b}: not compared on {what} to {la['level']:.3f} (not every arm has it)."
+    return compare(a, la[what], b, lb[what], f"{what} to {la['level']:.3f}", fmt, "faster")
+
+
+def _grouped(members: list[Arm]) -> dict[tuple, list[Arm]]:
+    groups: dict[tuple, list[Arm]] = {}
+    for a in members:
+        groups.setdefault(a.group, []).append(a)
+    return groups
+
+
+def section_equivalence(by_name: dict[str, Arm]) -> dict:
+    """Reflow with sigma = 0 and delta = 0 against disaggregated_sync: synchronous in
+    effect (every batch of age 0, nothing replayed: read off every step) and in learning
+    (final reward and area ranges overlap; the eval steps whose ranges overlap, counted)."""
+    specs = plan.PLANS["equivalence"]
+    members = usable(specs, by_name)
+    sync = [a for a in members if a.spec.mode != "reflow"]
+    flow = [a for a in members if a.spec.mode == "reflow"]
+    out: dict = {"status": status(specs, by_name)}
+    if not sync or not flow:
+        out["verdict"] = "not run: both sides need at least one arm"
+        return out
+    lv = levels(members)
+    gs, gf = group_figures(sync, lv), group_figures(flow, lv)
+    out["disaggregated_sync"], out["reflow_sync_in_effect"] = gs, gf
+    steps = sorted({s for a in members for s, _, _ in a.evals})
+    overlap = 0
+    for s in steps:
+        ra = [v for a in sync for st, _, v in a.evals if st == s]
+        rb = [v for a in flow for st, _, v in a.evals if st == s]
+        if ra and rb and ranges_overlap(spread(ra), spread(rb)):
+            overlap += 1
+    out["eval_steps_overlapping"] = (overlap, len(steps))
+    mechanics = gf["max_age"] == 0 and gf["replayed"] == 0
+    learning = ranges_overlap(gs["final"], gf["final"]) and ranges_overlap(gs["area"], gf["area"])
+    enough = min(len(sync), len(flow)) >= 2
+    out["mechanics_ok"], out["learning_ok"] = mechanics, learning
+    if not mechanics:
+        out["verdict"] = (
+            f"FAILS in mechanics: reflow took samples up to {gf['max_age']} versions old and "
+            f"replayed {gf['replayed']} with sigma = 0, delta = 0"
+        )
+    elif not enough:
+        out["verdict"] = "synchronous in mechanics; learning not compared (one arm a side)"
+    elif learning:
+        out["verdict"] = "holds: synchronous in mechanics, and learns within the spread"
+    else:
+        out["verdict"] = "FAILS in learning: the final or area ranges do not overlap"
+    return out
+
+
+def section_variants(by_name: dict[str, Arm], recipe: str, variants, seed_sets) -> dict:
+    """Each variant against the default at equal steps, on each seed set: no worse when
+    the variant's mean area under the reward-step curve is at least the default's on the
+    same seeds (the area weighs every eval, the final one alone is one noisy point)."""
+    out: dict = {}
+    for v in variants:
+        rows = []
+        for seeds in seed_sets:
+            base = [by_name.get(_spec(recipe, s, ()).name) for s in seeds]
+            var = [by_name.get(_spec(recipe, s, v).name) for s in seeds]
+            ok = [x for x in base + var if x is not None and not x.problem]
+            if len(ok) < 2 * len(seeds):
+                rows.append({"seeds": list(seeds), "verdict": "missing arms", "have": len(ok)})
+                continue
+            fb, fv = spread([a.area for a in base]), spread([a.area for a in var])
+            rows.append(
+                {
+                    "seeds": list(seeds),
+                    "default_area": fb,
+                    "variant_area": fv,
+                    "default_final": spread([a.final for a in base]),
+                    "variant_final": spread([a.final for a in var]),
+                    "default_stale_tokens": spread([a.stale_tokens or 0 for a in base]),
+                    "variant_stale_tokens": spread([a.stale_tokens or 0 for a in var]),
+                    "verdict": "no worse" if fv["mean"] >= fb["mean"] else "worse",
+                }
+            )
+        changes = all(r["verdict"] == "no worse" for r in rows)
+        out[",".join(v)] = {"rows": rows, "default_may_change": changes}
+    return out
+
+
+def _spec(recipe: str, seed: int, sets: tuple[str, ...]) -> arms.ArmSpec:
+    return plan.demo("reflow", seed, sets) if recipe == plan.DEMO else plan.retry(seed, sets)
+
+
+def build(records: Path, grid: dict | None = None) -> dict:
+    """Everything the report says, from the records in ``records`` (and the projection
+    from ``grid``, the simulated step times, when given)."""
+    all_arms = load_arms(records)
+    if not all_arms:
+        raise BadInput(f"{records}: no arm records (*.json)")
+    by_name = {a.name: a for a in all_arms}
+    planned = {a.name for specs in plan.PLANS.values() for a in specs}
+    report = {
+        "commits": sorted({a.commit for a in all_arms}),
+        "modes": section_modes(by_name),
+        "equivalence": section_equivalence(by_name),
+        "variants": section_variants(
+            by_name, plan.DEMO, plan.VARIANTS, (plan.CHOOSE_SEEDS, plan.CONFIRM_SEEDS)
+        ),
+        "multiturn": section_variants(
+            by_name, plan.RETRY, plan.VARIANTS[::2], (plan.CHOOSE_SEEDS,)
+        ),
+        "unplanned": sorted(a.name for a in all_arms if a.name not in planned),
+    }
+    if grid is not None:
+        try:
+            from benchmarks.learning_projection import project
+        except ModuleNotFoundError:
+            from learning_projection import project
+        report["projection"] = project(report["modes"], grid)
+    return report
