@@ -45,15 +45,15 @@ demo: install
 # The benchmark report: the five modes on the CPU demo, 200 steps each (real engines, ~30
 # min here: fewer steps leave the reward where it started), each run simulated with
 # parameters fitted from it; the paper's grid in simulation, with the recipes' staleness
-# bound (delta = 1) and with delta = 2; and learning quality over 3 seeds per mode (12 demo
-# runs of 60 steps, an eval every 10: 1.5-2 h here; 200 steps would take 5-6 h on 2 cores);
-# tables and plots go to reports/.
+# bound (delta = 1) and with delta = 2; and time to reward over 3 seeds per mode (12 demo
+# runs of 400 steps, an eval every 25: about 1.5-2 h here); tables and plots go to reports/.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --out reports/sim
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --set reflow.delta=2 --out reports/sim-delta2
-	$(BIN)/python benchmarks/learning.py --steps 60 --set train.eval_every=10 --out reports/learning
+	$(BIN)/python benchmarks/learning.py --plan modes --dir reports/learning --out reports/learning/runs
+	$(BIN)/python benchmarks/learning.py --report-only reports/learning
 
 test: install
 	$(BIN)/pytest -m "not gpu and not slow" --durations=15

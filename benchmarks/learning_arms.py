@@ -26,9 +26,11 @@ reader: they include the run's own ranks, and before an arm the previous arm's t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import threading
@@ -145,14 +147,21 @@ def _runnable_threads(pid: str) -> int:
     return n
 
 
-def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, int]:
-    """(runnable threads of the run, runnable threads of everything else) right now; the
-    run is ``root_pid``'s process tree plus any process carrying ``marker`` in its
-    environment; this process (the sampler) and kernel threads count as neither."""
-    stats = {p: s for p in os.listdir("/proc") if p.isdigit() and (s := _proc_stat(p))}
+def _processes() -> dict[int, int]:
+    """Every process's parent pid, right now."""
+    return {int(p): s[0] for p in os.listdir("/proc") if p.isdigit() and (s := _proc_stat(p))}
+
+
+def run_processes(
+    root_pid: int | None, marker: bytes, procs: dict[int, int] | None = None
+) -> set[int]:
+    """The run's processes: ``root_pid``'s tree and every process carrying ``marker`` in
+    its environment (submitit's local ranks outlive a killed launcher, so the tree alone
+    is not enough)."""
+    procs = _processes() if procs is None else procs
     children: dict[int, list[int]] = {}
-    for p, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(int(p))
+    for p, ppid in procs.items():
+        children.setdefault(ppid, []).append(p)
     ours: set[int] = set()
     todo = [root_pid] if root_pid else []
     while todo:
@@ -160,20 +169,32 @@ def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, i
         if p not in ours:
             ours.add(p)
             todo.extend(children.get(p, []))
+    return ours | {p for p in procs if p != os.getpid() and _marked(str(p), marker)}
+
+
+def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, int]:
+    """(runnable threads of the run, runnable threads of everything else) right now (the
+    run as :func:`run_processes` finds it); this process (the sampler) and kernel threads
+    count as neither."""
+    procs = _processes()
+    ours = run_processes(root_pid, marker, procs)
     own = foreign = 0
-    for p, (ppid, _) in stats.items():
+    for p, ppid in procs.items():
         # kernel threads (kthreadd, pid 2, and its children) are left out: the run's own
         # loopback traffic keeps ksoftirqd and kworkers runnable, which is not another load
-        if int(p) == me or p == "2" or ppid == 2:
+        if p == me or p == 2 or ppid == 2:
             continue
-        n = _runnable_threads(p)
-        if not n:
-            continue
-        if int(p) in ours or _marked(p, marker):
-            own += n
-        else:
-            foreign += n
+        n = _runnable_threads(str(p))
+        if n:
+            own, foreign = (own + n, foreign) if p in ours else (own, foreign + n)
     return own, foreign
+
+
+def kill_tree(root_pid: int, marker: bytes) -> None:
+    """SIGKILL every process of the run (an arm past its time limit)."""
+    for p in run_processes(root_pid, marker):
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
 
 
 def load_average() -> list[float]:
@@ -445,7 +466,8 @@ def run_arm(
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            kill_tree(proc.pid, marker.encode())
+            proc.wait(timeout=60)
             code = None
     machine["during"] = watch.stop()
     machine["seconds"] = round(time.time() - started, 1)

@@ -99,8 +99,18 @@ def modes_section(m: dict) -> list[str]:
             ]
         cells += [fmt(g["fresh_share"], ".2f"), fmt(g["train_s"], ".0f")]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "What the spread supports:", ""]
-    out += [f"- {c}" for c in m["comparisons"]]
+    out += [
+        "",
+        f"What the spread supports, pair by pair (the ranges over seeds overlap: "
+        f"indistinguishable; levels: the first, {l1:.3f}; sentences with both ranges in "
+        "learning.json):",
+        "",
+        "| pair | final reward | area | steps to the level | seconds to it |",
+        "|---|---|---|---|---|",
+    ]
+    for p in m["pairs"]:
+        a, b = p["pair"]
+        out.append(f"| {a} / {b} | {p['final']} | {p['area']} | {p['steps']} | {p['seconds']} |")
     return out
 
 

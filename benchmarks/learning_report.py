@@ -171,25 +171,37 @@ def group_figures(members: list[Arm], lv: tuple[float, float]) -> dict:
     return out
 
 
+def verdict(a: str, fa: dict | None, b: str, fb: dict | None, better: str) -> str:
+    """Two groups' ranges in a few words: ``not compared`` (a figure missing, or a group
+    of one arm: one run has no spread), ``indistinguishable`` (the ranges overlap), or
+    which is ahead (``better``: "higher" for rewards, "faster" for steps and seconds,
+    where the lower range is ahead)."""
+    if fa is None or fb is None or min(fa["n"], fb["n"]) < 2:
+        return "not compared"
+    if ranges_overlap(fa, fb):
+        return "indistinguishable"
+    lead = a if fa["min"] > fb["max"] else b
+    if better == "faster":
+        lead = b if lead == a else a
+    return f"{lead} {better}"
+
+
 def compare(
     a: str, fa: dict | None, b: str, fb: dict | None, what: str, fmt: str, better: str
 ) -> str:
-    """One sentence on two groups' ranges of ``what``: indistinguishable when they overlap,
-    otherwise which is ahead (``better``: "higher" for rewards, "faster" for steps and
-    seconds, where the lower range is ahead); a group with fewer than 2 arms is not
-    compared (one run has no spread)."""
+    """:func:`verdict` as a sentence, both ranges quoted."""
+    v = verdict(a, fa, b, fb, better)
     if fa is None or fb is None:
         return f"{a} and {b}: not compared on {what} (not every arm has the figure)."
     ra = f"{a} {fa['min']:{fmt}}-{fa['max']:{fmt}}"
     rb = f"{b} {fb['min']:{fmt}}-{fb['max']:{fmt}}"
     n = f"{fa['n']} and {fb['n']} arms"
-    if min(fa["n"], fb["n"]) < 2:
+    if v == "not compared":
         return f"{a} and {b}: not compared on {what}, one arm has no spread ({ra}, {rb}; {n})."
-    if ranges_overlap(fa, fb):
+    if v == "indistinguishable":
         return f"{a} and {b}: indistinguishable on {what} ({ra}, {rb}; {n})."
-    lead, other = (a, b) if fa["min"] > fb["max"] else (b, a)
-    if better == "faster":
-        lead, other = other, lead
+    lead = v.rsplit(" ", 1)[0]
+    other = b if lead == a else a
     return f"{lead} {better} than {other} on {what}: the ranges do not overlap ({ra}, {rb}; {n})."
 
 
@@ -251,6 +263,7 @@ def section_modes(by_name: dict[str, Arm]) -> dict:
             else None,
         }
     names = list(out["groups"])
+    out["pairs"] = []
     for a, b in itertools.combinations(names, 2):
         ga, gb = out["groups"][a], out["groups"][b]
         out["comparisons"] += [
@@ -259,19 +272,36 @@ def section_modes(by_name: dict[str, Arm]) -> dict:
             _level_compare(a, ga, b, gb, "steps", ".0f"),
             _level_compare(a, ga, b, gb, "seconds", ".0f"),
         ]
+        out["pairs"].append(
+            {
+                "pair": (a, b),
+                "final": verdict(a, ga["final"], b, gb["final"], "higher"),
+                "area": verdict(a, ga["area"], b, gb["area"], "higher"),
+                "steps": verdict(
+                    a, level_range(ga, "steps"), b, level_range(gb, "steps"), "faster"
+                ),
+                "seconds": verdict(
+                    a, level_range(ga, "seconds"), b, level_range(gb, "seconds"), "faster"
+                ),
+            }
+        )
     return out
 
 
+def level_range(g: dict, what: str) -> dict | None:
+    """A group's steps or seconds to the first level, None unless every arm that counts
+    for it (every arm for steps, every quiet arm for seconds) reached the level."""
+    lv = g["level1"]
+    complete = lv["reached"] == g["arms"] if what == "steps" else lv["seconds_complete"]
+    return lv[what] if complete else None
+
+
 def _level_compare(a: str, ga: dict, b: str, gb: dict, what: str, fmt: str) -> str:
-    la, lb = ga["level1"], gb["level1"]
-    complete = (
-        la["reached"] == ga["arms"] and lb["reached"] == gb["arms"]
-        if what == "steps"
-        else la["seconds_complete"] and lb["seconds_complete"]
-    )
-    if not complete:
-        return f"{a} and {b}: not compared on {what} to {la['level']:.3f} (not every arm has it)."
-    return compare(a, la[what], b, lb[what], f"{what} to {la['level']:.3f}", fmt, "faster")
+    level = ga["level1"]["level"]
+    ra, rb = level_range(ga, what), level_range(gb, what)
+    if ra is None or rb is None:
+        return f"{a} and {b}: not compared on {what} to {level:.3f} (not every arm has it)."
+    return compare(a, ra, b, rb, f"{what} to {level:.3f}", fmt, "faster")
 
 
 def _grouped(members: list[Arm]) -> dict[tuple, list[Arm]]:

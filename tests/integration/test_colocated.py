@@ -79,6 +79,10 @@ def test_colocated_sync_generates_and_trains_on_every_rank(runs_dir):
     # a held-out eval every 2 steps (gathered from the shards), the last one at the end
     assert [x["step"] for x in lines if "eval_reward" in x] == [2]
     assert "eval_reward_start" in lines[0] and "eval_reward_end" in lines[-1]
+    # the seconds those evals took, on their steps' lines alone (a report of reward against
+    # time takes them out: benchmarks/learning.py)
+    assert [x["step"] for x in lines if "eval_s" in x] == [2, steps]
+    assert all(x["eval_s"] > 0 for x in lines if "eval_s" in x)
     assert sorted(summary["delivered_by_rank"]) == ["0", "1"]
     assert summary["samples"]["lost"] == 0 and summary["held_across_sync"] == 0
     # each phase change is a timed role switch of both ranks; back to rollout it loads

@@ -1,218 +1,374 @@
-"""benchmarks/learning.py's report, from fake run folders: the spread over seeds, the
-common level, steps and seconds to it, and wording that says no more than the spread."""
+"""benchmarks/learning.py's report, from arm records written here: figures over seeds, the
+training clock, busy and missing arms, the equivalence check, the variants' verdicts and
+the projection; and the record made from a run folder as the runtime writes it."""
 
-import importlib.util
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
-import yaml
 
-from benchmarks import learning
+from benchmarks import learning, learning_arms, learning_plan, learning_projection
+from benchmarks import learning_report as report
 
 pytestmark = pytest.mark.unit
 
-START = 0.2
-# mode -> seed -> (seconds per step, held-out reward at steps 5 and 10). async s2 peaks
-# mid-run; reflow s1's best (0.37) is above its final (0.33) and below its start (0.5), so
-# the common level (0.37), the lowest final (0.33) and a level that counted the start (0.40)
-# all differ.
-RUNS = {
-    "async": {0: (2.0, 0.30, 0.40), 1: (2.0, 0.35, 0.45), 2: (2.0, 0.50, 0.38)},
-    "reflow": {0: (1.0, 0.32, 0.42), 1: (1.0, 0.37, 0.33), 2: (1.0, 0.41, 0.44)},
+EVALS = (0, 100, 200, 300, 400)
+
+
+def write_record(
+    folder,
+    spec,
+    rewards,
+    *,
+    dt=1.0,
+    eval_s=2.0,
+    busy=None,
+    problem=None,
+    replayed=0,
+    max_age=1,
+    stale=100,
+):
+    """An arm's record as learning_arms.record_from_run writes it: rewards at EVALS, each
+    step ``dt`` wall seconds, each eval after training ``eval_s`` seconds."""
+    steps = list(range(1, spec.steps + 1))
+    evals, spent = [], 0.0
+    for s, r in zip(EVALS, rewards, strict=True):
+        spent += eval_s if s else 0.0
+        wall = 0.0 if s == 0 else (s - 1) * dt + spent
+        evals.append({"step": s, "wall_s": wall, "eval_s": spent, "reward": r, "figures": {}})
+    rec = {
+        "format": learning_arms.RECORD_FORMAT,
+        "arm": spec.to_json(),
+        "name": spec.name,
+        "commit": "abc123",
+        "run_folder": "x",
+        "held_out": "eval_reward",
+        "machine": {"busy": busy},
+        "problem": problem,
+        "steps": {
+            "step": steps,
+            "wall_s": [(s - 1) * dt for s in steps],
+            "fresh": [32 - replayed] * len(steps),
+            "replayed": [replayed] * len(steps),
+            "max_age": [max_age] * len(steps),
+        },
+        "evals": evals,
+        "summary": {"state": "COMPLETED", "wasted_tokens": {"stale_unused": stale}},
+    }
+    learning_arms.write_record(rec, folder)
+    return rec
+
+
+# mode -> seed -> held-out reward at EVALS; seconds per step
+CURVES = {
+    "colocated_sync": ({0: (0.2, 0.25, 0.30, 0.32, 0.34), 1: (0.2, 0.24, 0.29, 0.33, 0.35)}, 2.0),
+    "one_step_off": ({0: (0.2, 0.26, 0.31, 0.33, 0.36), 1: (0.2, 0.25, 0.30, 0.34, 0.37)}, 1.0),
+    "async": ({0: (0.2, 0.27, 0.30, 0.35, 0.36), 1: (0.2, 0.26, 0.31, 0.35, 0.38)}, 1.0),
+    "reflow": ({0: (0.2, 0.30, 0.36, 0.40, 0.42), 1: (0.2, 0.31, 0.35, 0.41, 0.44)}, 0.8),
 }
-
-
-def make_run(root, mode, seed, dt, r5, r10, *, start=START, state="COMPLETED", name=None):
-    """A run folder as the runtime writes it: 10 steps, rank 0's clock at 100 s at step 0,
-    the start eval on step 1's line, a periodic eval at step 5, the end eval at step 10."""
-    d = root / (name or f"learn-{mode}-s{seed}-20260101-000000")
-    d.mkdir()
-    cfg = {"reflow": {"mode": mode}, "train": {"seed": seed}}
-    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    lines = []
-    for step in range(1, 11):
-        x = {"step": step, "wall_s": 100.0 + dt * step, "attempt": 1, "reward_mean": 0.1}
-        if step == 1:
-            x["eval_reward_start"] = start
-        if step == 5:
-            x["eval_reward"] = r5
-        if step == 10:
-            x["eval_reward_end"] = r10
-        lines.append(json.dumps(x))
-    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (d / "summary.json").write_text(json.dumps({"state": state, "reason": "test"}))
-    return d
 
 
 @pytest.fixture
 def folder(tmp_path):
-    for mode, seeds in RUNS.items():
-        for seed, (dt, r5, r10) in seeds.items():
-            make_run(tmp_path, mode, seed, dt, r5, r10, start=0.5 if mode == "reflow" else START)
+    arms = tmp_path / "arms"
+    for mode, (seeds, dt) in CURVES.items():
+        for seed, rewards in seeds.items():
+            busy = "foreign load 1.20 runnable threads" if (mode, seed) == ("async", 1) else None
+            write_record(arms, learning_plan.demo(mode, seed), rewards, dt=dt, busy=busy)
     return tmp_path
 
 
-def aggregate(folder, level=None):
-    runs, _ = learning.find_runs(folder)
-    return learning.aggregate(runs, level)
+def test_the_training_clock_takes_the_evals_out(tmp_path):
+    spec = learning_plan.demo("reflow", 0)
+    rec = write_record(tmp_path, spec, (0.2, 0.3, 0.3, 0.4, 0.5), dt=1.0, eval_s=5.0)
+    arm = report.arm_from_record({**rec, "spec": spec})
+    # step 100's eval: wall 99 + 5 s of its own eval, clock 99
+    assert arm.evals[1] == (100, 99.0, 0.3)
+    assert arm.evals[-1] == (400, 399.0, 0.5)
+    assert arm.area == pytest.approx((0.25 + 0.3 + 0.35 + 0.45) / 4)
 
 
-def test_reads_evals_with_the_first_step_as_time_zero(folder):
-    run = learning.read_run(folder / "learn-async-s2-20260101-000000")
-    assert (run.mode, run.seed, run.steps, run.problem) == ("async", 2, 10, None)
-    # step 0 is the start eval at 0 s; steps 5 and 10 at 2 s per step after step 1
-    assert run.evals == [(0, 0.0, START), (5, 8.0, 0.50), (10, 18.0, 0.38)]
-    assert run.final == 0.38
-    assert run.train_wall_s == pytest.approx(18.0)
+def test_missing_and_busy_arms(folder):
+    rep = report.build(folder / "arms")
+    m = rep["modes"]
+    st = m["status"]
+    # seed 2 of every mode was never run: listed as missing, in no figure
+    assert sorted(st["missing"]) == sorted(f"demo-{x}-s2" for x in CURVES)
+    assert st["busy"] == ["demo-async-s1"]
+    a = m["groups"]["async"]
+    assert a["arms"] == 2 and a["busy"] == [1]
+    # its steps and rewards count; its seconds do not
+    assert a["final"]["n"] == 2 and a["level1"]["steps"]["n"] == 2
+    assert a["level1"]["seconds"]["n"] == 1 and a["train_s"]["n"] == 1
+    md = learning.render.render(rep, plot_note="p")
+    assert "- missing: demo-colocated_sync-s2" in md
+    assert "busy: demo-async-s1" in md
+    assert "| async | 2 (0, 1; busy 1) |" in md
 
 
-def test_final_reward_mean_min_max_per_mode(folder):
-    modes = aggregate(folder)["modes"]
-    assert list(modes) == ["async", "reflow"]
-    a, r = modes["async"]["final_reward"], modes["reflow"]["final_reward"]
-    assert a["mean"] == pytest.approx((0.40 + 0.45 + 0.38) / 3)
-    assert (a["min"], a["max"], a["n"]) == (0.38, 0.45, 3)
-    assert r["mean"] == pytest.approx((0.42 + 0.33 + 0.44) / 3)
-    assert (r["min"], r["max"]) == (0.33, 0.44)
-    assert modes["reflow"]["seeds"] == [0, 1, 2]
+def test_levels_and_steps_to_them(folder):
+    m = report.build(folder / "arms")["modes"]
+    l1, l2 = m["levels"]
+    # the bests: 0.34 0.35 0.36 0.37 0.36 0.38 0.42 0.44 -> lowest 0.34, median 0.365
+    assert l1 == 0.34 and l2 == pytest.approx(0.365)
+    r, c = m["groups"]["reflow"], m["groups"]["colocated_sync"]
+    assert r["level1"]["steps"]["mean"] == 200  # 0.36 and 0.35 at step 200
+    assert c["level1"]["steps"]["mean"] == 400  # 0.34 and 0.35 at 400; 0.33 at 300 misses
+    assert m["groups"]["one_step_off"]["level1"]["steps"]["min"] == 300  # 0.34 at 300
+    assert c["level2"]["reached"] == 0 and c["level2"]["steps"] is None
+    # reflow's seconds: step 200 at 0.8 s per step, evals out
+    assert r["level1"]["seconds"]["mean"] == pytest.approx(199 * 0.8)
 
 
-def test_common_level_is_the_lowest_best_after_training_began(folder):
-    agg = aggregate(folder)
-    # not the lowest final (0.33), not counting reflow's start of 0.5 (0.40)
-    assert agg["level"] == 0.37
-    assert all(s["reached"] == 3 for s in agg["modes"].values())
+def test_comparisons_say_no_more_than_the_spread(folder):
+    comps = report.build(folder / "arms")["modes"]["comparisons"]
+    final = [c for c in comps if "colocated_sync" in c and "reflow" in c and "final" in c]
+    assert final == [
+        "reflow higher than colocated_sync on final reward: the ranges do not overlap "
+        "(colocated_sync 0.340-0.350, reflow 0.420-0.440; 2 and 2 arms)."
+    ]
+    osf = [c for c in comps if "one_step_off and async" in c and "final" in c]
+    assert "indistinguishable" in osf[0]
+    # async's seconds come from one quiet arm: not compared
+    secs = [c for c in comps if "async and reflow" in c and "seconds" in c]
+    assert "one arm has no spread" in secs[0]
+    rep = report.build(folder / "arms")
+    pairs = {p["pair"]: p for p in rep["modes"]["pairs"]}
+    assert pairs["colocated_sync", "reflow"] == {
+        "pair": ("colocated_sync", "reflow"),
+        "final": "reflow higher",
+        "area": "reflow higher",
+        "steps": "reflow faster",  # 400 against 200 steps
+        "seconds": "reflow faster",
+    }
+    assert pairs["async", "reflow"]["seconds"] == "not compared"
+    md = learning.render.render(rep, plot_note="p")
+    assert "| one_step_off / async | indistinguishable | async higher |" in md
 
 
-def test_steps_and_seconds_to_the_level_are_the_first_eval_at_or_above_it(folder):
-    modes = aggregate(folder)["modes"]
-    a, r = modes["async"], modes["reflow"]
-    # async: s0 and s1 at step 10 (18 s), s2 at step 5 (8 s)
-    assert [x["to_level"] for x in a["per_run"]] == [(10, 18.0), (10, 18.0), (5, 8.0)]
-    assert a["steps_to_level"]["mean"] == pytest.approx(25 / 3)
-    assert (a["time_to_level"]["min"], a["time_to_level"]["max"]) == (8.0, 18.0)
-    # reflow: s1's 0.37 at step 5 reaches it exactly (at or above)
-    assert [x["to_level"] for x in r["per_run"]] == [(10, 9.0), (5, 4.0), (5, 4.0)]
-    assert r["time_to_level"]["mean"] == pytest.approx(17 / 3)
+def test_equivalence_checks_mechanics_and_learning(tmp_path):
+    arms = tmp_path / "arms"
+    for seed in (0, 1, 2):
+        base = (0.2, 0.25, 0.3, 0.32, 0.34 + 0.01 * seed)
+        write_record(arms, learning_plan.demo("disaggregated_sync", seed), base, max_age=0)
+        flow = learning_plan.demo("reflow", seed, learning_plan.SYNC_IN_EFFECT)
+        write_record(arms, flow, (0.2, 0.25, 0.3, 0.32, 0.35 - 0.01 * seed), max_age=0)
+    e = report.build(arms)["equivalence"]
+    assert e["verdict"].startswith("holds")
+    assert e["eval_steps_overlapping"] == (5, 5)
+    # a batch that took a sample one version old: not synchronous, whatever it learned
+    flow = learning_plan.demo("reflow", 1, learning_plan.SYNC_IN_EFFECT)
+    write_record(arms, flow, (0.2, 0.26, 0.3, 0.33, 0.34), max_age=1)
+    e = report.build(arms)["equivalence"]
+    assert e["verdict"].startswith("FAILS in mechanics: reflow took samples up to 1")
+    # synchronous, but learning apart
+    for seed in (0, 1, 2):
+        flow = learning_plan.demo("reflow", seed, learning_plan.SYNC_IN_EFFECT)
+        write_record(arms, flow, (0.2, 0.1, 0.1, 0.1, 0.1), max_age=0)
+    assert report.build(arms)["equivalence"]["verdict"].startswith("FAILS in learning")
 
 
-def test_a_given_level_not_every_run_reached(folder):
-    agg = aggregate(folder, level=0.43)
-    a, r = agg["modes"]["async"], agg["modes"]["reflow"]
-    assert (a["reached"], r["reached"]) == (2, 1)
-    assert a["steps_to_level"]["n"] == 2
-    report = learning.render(agg, settings="s", notes=[], plot_note="p")
-    assert "Not every run reached 0.430 in: async, reflow." in report
-    assert "not compared on time to level" in report
+def test_a_variant_changes_the_default_only_when_confirmed(tmp_path):
+    arms = tmp_path / "arms"
+    v = ("reflow.sigma=0.25",)
+    for seed in (0, 1, 2, 3, 4, 5):
+        write_record(arms, learning_plan.demo("reflow", seed), (0.2, 0.3, 0.3, 0.3, 0.3))
+        better = seed < 3  # chosen on 0-2, worse on 3-5
+        rewards = (0.2, 0.31, 0.31, 0.31, 0.31) if better else (0.2, 0.29, 0.29, 0.29, 0.29)
+        write_record(arms, learning_plan.demo("reflow", seed, v), rewards)
+    sig = report.build(arms)["variants"]["reflow.sigma=0.25"]
+    assert [r["verdict"] for r in sig["rows"]] == ["no worse", "worse"]
+    assert sig["default_may_change"] is False
+    other = report.build(arms)["variants"]["reflow.delta=2"]
+    assert [r["verdict"] for r in other["rows"]] == ["missing arms", "missing arms"]
+    assert other["default_may_change"] is False
 
 
-def test_bands_hold_each_runs_latest_eval(folder):
-    modes = aggregate(folder)["modes"]
-    b = modes["async"]["vs_step"]
-    assert b["x"] == [0, 5, 10]
-    assert b["mean"][1] == pytest.approx((0.30 + 0.35 + 0.50) / 3)
-    assert (b["min"][1], b["max"][1]) == (0.30, 0.50)
-    t = modes["reflow"]["vs_time"]
-    assert t["x"] == [0.0, 4.0, 9.0]
-    assert t["min"][0] == t["max"][0] == 0.5
-    # two runs of different lengths: after the short one ends it holds its final value
-    ragged = learning.band([[(0, 0.1), (10, 0.5)], [(0, 0.2), (4, 0.3)]])
-    assert ragged["x"] == [0, 4, 10]
-    assert ragged["mean"] == pytest.approx([0.15, 0.2, 0.4])
-    assert (ragged["min"], ragged["max"]) == ([0.1, 0.1, 0.3], [0.2, 0.3, 0.5])
+def test_projection_multiplies_steps_by_simulated_step_time(folder):
+    rows = [
+        {
+            "workload": "math",
+            "model": "qwen3-8b",
+            "gpus": 16,
+            "mode": m,
+            "protocol": {"step_s_mean": s},
+        }
+        for m, s in (
+            ("colocated_sync", 10.0),
+            ("one_step_off", 8.0),
+            ("async", 6.0),
+            ("reflow", 5.0),
+        )
+    ]
+    rows.append(  # the best placement's row wins over the default's
+        {"workload": "math", "model": "qwen3-8b", "gpus": 16, "mode": "async, best placement",
+         "protocol": {"step_s_mean": 4.0}, "placement_search": {"best": "12:4"}}
+    )  # fmt: skip
+    rows.append(  # an ablation is left out
+        {"workload": "math", "model": "qwen3-8b", "gpus": 16, "mode": "reflow, replay off",
+         "protocol": {"step_s_mean": 1.0}}
+    )  # fmt: skip
+    grid = learning_projection.distill(rows, source="t", commit="c")
+    assert grid["cells"]["math:qwen3-8b:16"]["async"]["step_s"] == 4.0
+    assert grid["cells"]["math:qwen3-8b:16"]["reflow"]["step_s"] == 5.0
+    rep = report.build(folder / "arms", grid)
+    (cell,) = rep["projection"]["cells"]
+    # steps to 0.34: colocated 400 x 10 s, one_step_off 350 x 8 s, async 300 x 4 s (its
+    # best placement), reflow 200 x 5 s
+    steps = {m: s["mean"] for m, s in rep["projection"]["steps"].items()}
+    assert steps == {"colocated_sync": 400, "one_step_off": 350, "async": 300, "reflow": 200}
+    assert cell["best_baseline"] == "async"
+    assert cell["ratio"] == pytest.approx(1000 / 1200)
+    assert cell["steps_ratio"] == pytest.approx(200 / 300)
+    assert cell["step_time_ratio"] == pytest.approx(5 / 4)
+    md = learning.render.render(rep, plot_note="p")
+    assert "**A projection, not a measurement**" in md and "| math:qwen3-8b:16 |" in md
 
 
-def test_overlapping_ranges_are_indistinguishable(folder):
-    agg = aggregate(folder)
-    (final,) = agg["comparisons"]["final_reward"]
-    assert final.startswith("async and reflow: indistinguishable at this spread")
-    assert "async 0.380-0.450, reflow 0.330-0.440" in final
-    (times,) = agg["comparisons"]["time_to_level"]  # 8-18 s and 4-9 s overlap
-    assert "indistinguishable at this spread" in times
-
-
-def test_separate_ranges_say_which_is_ahead(tmp_path):
-    for seed, (r5, r10) in enumerate([(0.3, 0.30), (0.3, 0.32), (0.3, 0.31)]):
-        make_run(tmp_path, "async", seed, 2.0, r5, r10)
-    for seed, (r5, r10) in enumerate([(0.5, 0.60), (0.5, 0.70), (0.5, 0.65)]):
-        make_run(tmp_path, "reflow", seed, 1.0, r5, r10)
-    agg = aggregate(tmp_path)
-    assert agg["level"] == 0.30  # async seed 0's best, reached at step 5
-    (final,) = agg["comparisons"]["final_reward"]
-    assert final.startswith("reflow higher than async: the ranges do not overlap")
-    assert "indistinguishable" not in final
-    (times,) = agg["comparisons"]["time_to_level"]  # step 5: async 8 s, reflow 4 s
-    assert times.startswith("reflow faster than async")
-
-
-def test_single_runs_are_not_compared():
-    one, other = {"mean": 0.3, "min": 0.3, "max": 0.3, "n": 1}, learning.spread([0.5, 0.6])
-    sentence = learning.compare("async", one, "reflow", other, "final reward", ".3f", "higher")
-    assert sentence.startswith("async and reflow: not compared, a single run has no spread")
-
-
-def test_ranges_overlap_edges():
-    def r(lo, hi):
-        return {"min": lo, "max": hi}
-
-    assert learning.ranges_overlap(r(0.1, 0.3), r(0.3, 0.5))  # touching counts
-    assert learning.ranges_overlap(r(0.1, 0.6), r(0.3, 0.5))  # inside
-    assert not learning.ranges_overlap(r(0.1, 0.29), r(0.3, 0.5))
-    assert not learning.ranges_overlap(r(0.6, 0.7), r(0.3, 0.5))
-
-
-def test_failed_and_replaced_runs_are_left_out(folder):
-    make_run(folder, "async", 3, 2.0, 0.9, 0.9, state="FAILED", name="learn-async-s3-x")
-    old = make_run(folder, "reflow", 0, 1.0, 0.9, 0.9, name="learn-reflow-s0-older")
-    os.utime(old, (1, 1))  # older than the fixture's reflow seed 0
-    runs, notes = learning.find_runs(folder)
-    agg = learning.aggregate(runs)
-    assert agg["modes"]["async"]["runs"] == 3 and agg["level"] == 0.37
-    assert agg["modes"]["reflow"]["final_reward"]["max"] == 0.44
-    assert any("learn-reflow-s0-older: replaced by" in n for n in notes)
-    report = learning.render(agg, settings="s", notes=notes, plot_note="p")
-    assert "learn-async-s3-x: state FAILED (test)" in report
-
-
-def test_a_run_that_failed_before_its_first_step_is_left_out(folder):
-    dead = make_run(folder, "async", 4, 2.0, 0.9, 0.9, state="FAILED", name="learn-async-s4-x")
-    (dead / "metrics.jsonl").unlink()  # e.g. its engines could not start
-    run = learning.read_run(dead)  # what a run just launched gives: no crash, left out
-    assert run.problem == "no metrics.jsonl: the run ended before its first step"
-    runs, _ = learning.find_runs(folder)  # and a report on the folder skips it
-    assert all(r.seed != 4 for r in runs)
-
-
-def test_report_only_writes_the_report(folder, capsys):
+def test_report_only_rebuilds_from_records_alone(folder, capsys):
     learning.main(["--report-only", str(folder)])
     md = (folder / "learning.md").read_text()
     assert md == capsys.readouterr().out
-    assert "Common level: **0.370**" in md
-    assert "| async | 3 (0, 1, 2) | 0.200 | 0.410 [0.380-0.450] |" in md
+    assert "## The four modes" in md and "Levels: **0.340**" in md
     data = json.loads((folder / "learning.json").read_text())
-    assert data["level"] == 0.37 and len(data["runs"]) == 6
-    if importlib.util.find_spec("matplotlib"):
-        assert (folder / "reward_vs_step.png").stat().st_size > 0
-        assert (folder / "reward_vs_time.png").exists()
-    else:
-        assert "No plots: matplotlib is not importable" in md
+    assert data["modes"]["groups"]["reflow"]["arms"] == 2
 
 
-def test_bad_input_names_the_file(folder):
-    path = folder / "learn-async-s0-20260101-000000" / "metrics.jsonl"
-    path.write_text(path.read_text() + "{not json\n")
-    with pytest.raises(SystemExit, match=r"metrics.jsonl:11: not a metrics line"):
+def test_a_bad_record_is_one_line_naming_the_file(folder):
+    (folder / "arms" / "demo-reflow-s0.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exc:
         learning.main(["--report-only", str(folder)])
-    with pytest.raises(SystemExit, match="no run folders"):
-        learning.main(["--report-only", str(folder / "learn-async-s0-20260101-000000")])
+    assert str(exc.value) == f"learning.py: {folder / 'arms' / 'demo-reflow-s0.json'}: not JSON"
+    renamed = folder / "arms" / "demo-async-s0.json"
+    rec = json.loads(renamed.read_text())
+    rec["arm"]["seed"] = 7  # a record whose file name is not its arm's
+    renamed.write_text(json.dumps(rec))
+    with pytest.raises(learning_arms.BadRecord, match="its name is not its arm's"):
+        learning_arms.read_record(renamed)
 
 
-def test_baselines_get_no_replay():
-    assert learning.mode_sets("async", 2, 6) == [
-        "train.steps=6",
-        "train.seed=2",
-        "reflow.mode=async",
-        "reflow.sigma=0",
+def test_record_from_a_run_folder(tmp_path):
+    """A run folder as the runtime writes it: the start eval on step 1's line, eval_s on
+    the lines whose step ran an eval, the end eval on the last."""
+    spec = learning_arms.ArmSpec("recipes/demo.yaml", "reflow", 0, 4, 2)
+    d = tmp_path / "run"
+    d.mkdir()
+    lines = [
+        {"step": 1, "wall_s": 50.0, "eval_reward_start": 0.2, "batch_unused": 32},
+        {"step": 2, "wall_s": 53.0, "eval_reward": 0.3, "eval_s": 1.5, "batch_unused": 16,
+         "batch_replay": 16, "max_sample_age": 1, "rollout_reward_mean": 0.25},
+        {"step": 3, "wall_s": 54.0, "batch_unused": 20, "batch_replay": 12},
+        {"step": 4, "wall_s": 57.0, "eval_reward_end": 0.4, "eval_s": 1.0, "eval/gsm/greedy": 0.1},
+    ]  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / "summary.json").write_text(json.dumps({"state": "COMPLETED", "samples": {"lost": 0}}))
+    rec = learning_arms.record_from_run(d, spec, commit="c", machine={"busy": None})
+    assert rec["problem"] is None
+    assert [(e["step"], e["wall_s"], e["eval_s"], e["reward"]) for e in rec["evals"]] == [
+        (0, 0.0, 0.0, 0.2),
+        (2, 3.0, 1.5, 0.3),
+        (4, 7.0, 2.5, 0.4),
     ]
-    assert "reflow.sigma=0" not in learning.mode_sets("reflow", 0, 6)
+    assert rec["evals"][-1]["figures"] == {"eval_reward": 0.4, "eval/gsm/greedy": 0.1}
+    assert rec["steps"]["fresh"] == [32, 16, 20, None]
+    assert rec["steps"]["rollout_reward"] == [None, 0.25, None, None]
+    # resumed, short, or failed: a problem, and the arm runs again
+    lines[2]["attempt"] = 2
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rec = learning_arms.record_from_run(d, spec, commit="c", machine={})
+    assert rec["problem"] == "resumed: wall_s restarts at each attempt"
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:3]))
+    (d / "summary.json").write_text(json.dumps({"state": "FAILED", "reason": "x"}))
+    assert learning_arms.record_from_run(d, spec, commit="c", machine={})["problem"] == (
+        "state FAILED (x)"
+    )
+
+
+def test_recorded_arms_are_skipped_and_failed_ones_run_again(tmp_path):
+    spec = learning_plan.demo("async", 0)
+    assert not learning.recorded(spec, tmp_path)
+    write_record(tmp_path, spec, (0.2, 0.3, 0.3, 0.3, 0.3))
+    assert learning.recorded(spec, tmp_path)
+    write_record(tmp_path, spec, (0.2, 0.3, 0.3, 0.3, 0.3), problem="state FAILED (x)")
+    assert not learning.recorded(spec, tmp_path)
+
+
+def test_plans_name_each_arm_once_and_seed_major():
+    arms = learning_plan.plan_arms(["equivalence", "modes"])
+    assert len(arms) == 18 and len({a.name for a in arms}) == 18
+    assert [a.seed for a in arms] == sorted(a.seed for a in arms)
+    assert arms[1].name == "demo-reflow-delta0+sigma0-s0"
+    with pytest.raises(ValueError, match="not a plan"):
+        learning_plan.plan_arms(["nope"])
+
+
+def test_a_foreign_busy_process_counts_as_foreign_and_a_child_as_the_runs(tmp_path):
+    spin = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 20: pass"]
+    proc = subprocess.Popen(spin)
+    try:
+        seen_foreign = seen_own = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (seen_foreign and seen_own):
+            own, foreign = learning_arms.runnable_split(None, b"\0nothing\0", os.getpid())
+            seen_foreign += foreign >= 1
+            own, _ = learning_arms.runnable_split(proc.pid, b"\0nothing\0", os.getpid())
+            seen_own += own >= 1
+            time.sleep(0.05)
+        assert seen_foreign and seen_own
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_busy_reason():
+    assert learning_arms.busy_reason({"during": {"foreign_runnable_mean": 0.2}}) is None
+    assert "foreign load 0.90" in learning_arms.busy_reason(
+        {"during": {"foreign_runnable_mean": 0.9}}
+    )
+    assert learning_arms.busy_reason({"during": {}}) == "no load samples during the run"
+
+
+def test_arm_names():
+    spec = learning_plan.retry(1, ("reflow.age_from=newest_span",))
+    assert spec.name == "arith_retry-reflow-age_fromnewest_span-s1"
+    assert learning_plan.demo("async", 2).name == "demo-async-s2"
+
+
+def test_an_arm_past_its_time_is_killed_with_its_whole_tree(tmp_path):
+    """The launcher's grandchildren and a process that left the tree but carries the arm's
+    marker (as submitit's local ranks do) are all killed."""
+    pidfile = tmp_path / "pids"
+    script = (
+        "import os, subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(g.pid))\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, learning_arms.ARM_ENV: "t-arm"}
+    marked = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True
+    )
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 20
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grandchild = int(pidfile.read_text())
+        marker = f"{learning_arms.ARM_ENV}=t-arm".encode()
+        assert {child.pid, grandchild, marked.pid} <= learning_arms.run_processes(child.pid, marker)
+        learning_arms.kill_tree(child.pid, marker)
+        assert child.wait(timeout=10) == -9 and marked.wait(timeout=10) == -9
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+            if learning_arms._proc_stat(str(grandchild))[1] == "Z":
+                break  # killed, a zombie until its reaper (init) collects it
+            time.sleep(0.05)
+        stat = learning_arms._proc_stat(str(grandchild))
+        assert stat is None or stat[1] == "Z"
+    finally:
+        for p in (child, marked):
+            p.kill()
+            p.wait()
