@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arm-timeout", type=float, default=3600.0, help="seconds per arm")
     ap.add_argument("--max-arms", type=int, help="stop after running this many arms")
     ap.add_argument(
+        "--rerun-busy",
+        action="store_true",
+        help="run again the arms whose record is marked busy (their seconds left out)",
+    )
+    ap.add_argument(
         "--report-only",
         type=Path,
         nargs="?",
@@ -92,7 +97,8 @@ def run_plan(args) -> None:
     if args.max_arms is not None and args.max_arms < 1:
         raise ValueError("--max-arms: must be at least 1")
     records = (args.dir / ARMS).resolve()
-    todo = [a for a in plan_arms(parse_list(args.plan, "plan")) if not recorded(a, records)]
+    planned = plan_arms(parse_list(args.plan, "plan"))
+    todo = [a for a in planned if not recorded(a, records, rerun_busy=args.rerun_busy)]
     if args.max_arms is not None:
         todo = todo[: args.max_arms]
     print(f"{len(todo)} arm(s) to run: {', '.join(a.name for a in todo)}", file=sys.stderr)
@@ -117,14 +123,16 @@ def run_plan(args) -> None:
         )
 
 
-def recorded(arm: arms.ArmSpec, records: Path) -> bool:
+def recorded(arm: arms.ArmSpec, records: Path, *, rerun_busy: bool = False) -> bool:
     """Whether ``arm`` has a usable record already (a failed run's record counts as none:
-    the arm runs again and its new record replaces it)."""
+    the arm runs again and its new record replaces it; with ``rerun_busy`` a busy one
+    too, so that a quiet machine can measure its seconds)."""
     path = records / f"{arm.name}.json"
     if not path.exists():
         return False
     rec = arms.read_record(path)
-    return rec["spec"] == arm and rec["problem"] is None
+    busy = rerun_busy and bool((rec.get("machine") or {}).get("busy"))
+    return rec["spec"] == arm and rec["problem"] is None and not busy
 
 
 def write_report(folder: Path) -> str:

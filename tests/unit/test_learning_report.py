@@ -294,6 +294,9 @@ def test_recorded_arms_are_skipped_and_failed_ones_run_again(tmp_path):
     assert learning.recorded(spec, tmp_path)
     write_record(tmp_path, spec, (0.2, 0.3, 0.3, 0.3, 0.3), problem="state FAILED (x)")
     assert not learning.recorded(spec, tmp_path)
+    write_record(tmp_path, spec, (0.2, 0.3, 0.3, 0.3, 0.3), busy="foreign load 0.9")
+    assert learning.recorded(spec, tmp_path)  # its steps count; its seconds are left out
+    assert not learning.recorded(spec, tmp_path, rerun_busy=True)
 
 
 def test_plans_name_each_arm_once_and_seed_major():
