@@ -54,6 +54,8 @@ def write_record(
             "fresh": [32 - replayed] * len(steps),
             "replayed": [replayed] * len(steps),
             "max_age": [max_age] * len(steps),
+            # the generated samples' reward: the curve's last value over the last tenth
+            "rollout_reward": [None] * (len(steps) - 40) + [rewards[-1]] * 40,
         },
         "evals": evals,
         "summary": {"state": "COMPLETED", "wasted_tokens": {"stale_unused": stale}},
@@ -119,6 +121,7 @@ def test_levels_and_steps_to_them(folder):
     assert c["level1"]["steps"]["mean"] == 400  # 0.34 and 0.35 at 400; 0.33 at 300 misses
     assert m["groups"]["one_step_off"]["level1"]["steps"]["min"] == 300  # 0.34 at 300
     assert c["level2"]["reached"] == 0 and c["level2"]["steps"] is None
+    assert c["late_rollout_reward"]["min"] == 0.34 and c["late_rollout_reward"]["max"] == 0.35
     # reflow's seconds: step 200 at 0.8 s per step, evals out
     assert r["level1"]["seconds"]["mean"] == pytest.approx(199 * 0.8)
 
@@ -168,7 +171,9 @@ def test_equivalence_checks_mechanics_and_learning(tmp_path):
     for seed in (0, 1, 2):
         flow = learning_plan.demo("reflow", seed, learning_plan.SYNC_IN_EFFECT)
         write_record(arms, flow, (0.2, 0.1, 0.1, 0.1, 0.1), max_age=0)
-    assert report.build(arms)["equivalence"]["verdict"].startswith("FAILS in learning")
+    e = report.build(arms)["equivalence"]
+    assert e["verdict"].startswith("FAILS in learning: the ranges of final, area")
+    assert e["apart"] == ["final", "area", "late_rollout_reward"]
 
 
 def test_a_variant_changes_the_default_only_when_confirmed(tmp_path):
