@@ -40,13 +40,13 @@ from runtime.engines.torch.shard_handoff import (
     transfer,
 )
 from runtime.engines.torch.trainer import TorchTrainer
-from runtime.engines.torch.weight_stream import WeightStreamer
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer, StepAborted
 from runtime.store.run_dir import RunPaths
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import GONE_ROLE
+from runtime.weights.send import WeightStreamer
 from runtime.workloads.kinds import workload_kind
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class TorchTrainerSide(BatchConsumer):
         self._eval_start: dict[str, float] | None = None
         self._reward_pool = None  # for the eval's rewards and tools, started on first use
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
-        # gathers each bucket of its shards; runtime/engines/torch/weight_stream.py); the
+        # gathers each bucket of its shards; runtime/weights/send.py); the
         # whole model is gathered once, at the last step, for the final policy and eval.
         self.streamer = WeightStreamer(cfg, collective) if collective is not None else None
         self._gathered: dict[str, torch.Tensor] | None = None
@@ -335,7 +335,7 @@ class TorchTrainerSide(BatchConsumer):
         time (collective over the trainer group: every rank calls this together)."""
         from torch.distributed.tensor import DTensor
 
-        from runtime.engines import lora_format
+        from runtime.weights import lora_format
 
         t = self.trainer
         # a LoRA run's adapter sync: the adapters only, not a copy of the whole model

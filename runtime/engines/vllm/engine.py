@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config
-from runtime.engines import lora_format
-from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.devices import replica_devices, visible_devices
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
-from runtime.rank.collective import WeightsHeader
+from runtime.weights import lora_format
+from runtime.weights import nccl as weight_transfer
+from runtime.weights.wire import WeightsHeader
 from runtime.workloads.agents.base import Generation
 
 

@@ -7,9 +7,9 @@ goes in, finished samples (scored by the workload's reward) come out through the
 outbox, emptied on the worker's thread, which owns the socket.
 
 Weights (:meth:`VLLMRolloutSide._receive_weights`): the leader's header says how the
-buckets come (runtime/rank/collective.py). Over gloo (CPU) they are assembled here, written
+buckets come (runtime/weights/). Over gloo (CPU) they are assembled here, written
 to /dev/shm and reloaded (pause keep -> reload -> version -> resume); over NCCL (CUDA) they
-go straight into the engine's workers, runtime/engines/vllm/weight_transfer.py (pause keep
+go straight into the engine's workers, runtime/weights/nccl.py (pause keep
 -> receive and load each bucket -> version -> resume). Each sync leaves a record in
 ``sync_records`` (bytes, seconds, GB/s).
 
@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import ParkedRollout, Request, Sample
-from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.engine import VLLMEngine
-from runtime.rank.collective import Collective, WeightsHeader
+from runtime.rank.collective import Collective
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
 from runtime.transport import protocol as p
+from runtime.weights import nccl, p2p
+from runtime.weights.wire import WeightsHeader
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.pool import RewardPool
@@ -276,12 +277,12 @@ class VLLMRolloutSide(RolloutSide[Future]):
         if self.collective is None:
             return
         start = time.perf_counter()
-        header = self.collective.receive_weights_header()
+        header = p2p.receive_weights_header(self.collective)
         if header.transport == "nccl":
             self._settle()  # one update at a time, in version order
             self._updating = self._call(self._update_nccl(header, self.collective.epoch))
         else:
-            weights = self.collective.receive_weights_from(header)
+            weights = p2p.receive_all(self.collective, header)
             received_s = time.perf_counter() - start
             self._settle()
             nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -333,7 +334,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         Face ``model.safetensors``, or a LoRA run's adapter as a peft folder."""
         from safetensors.torch import save_file
 
-        from runtime.engines import lora_format
+        from runtime.weights import lora_format
 
         folder = self.weights_root / f"v{version}"
         folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
@@ -399,7 +400,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         nbytes = sum(map(header.bucket_nbytes, range(len(header.buckets))))
         start = time.perf_counter()
         if not self._needs(header.version):
-            await weight_transfer.drain(eng.engine, header, timeout)
+            await nccl.drain(eng.engine, header, timeout)
             self._record(header, nbytes, time.perf_counter() - start, 0.0, loaded=False)
             return
         paused, finish_s = await eng.update_weights_nccl(header, timeout)

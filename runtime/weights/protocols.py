@@ -1,0 +1,47 @@
+"""What a weight-transfer strategy implements, and what it needs of the process group."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class SyncGroup(Protocol):
+    """The sync group of the current layout (runtime/rank/collective.py ``Collective``):
+    the trainer leader and the rollout driver of each replica, point to point. A receiver
+    that fails or hangs is dropped by the leader for the rest of the epoch."""
+
+    rank: int
+    epoch: int
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def send_to_receivers(self, tensor: torch.Tensor, what: str) -> None:
+        """Leader: ``tensor`` to every reachable receiver (``what`` names it in a drop)."""
+        ...
+
+    def receive_from_leader(self, tensor: torch.Tensor) -> None:
+        """Receiver: ``tensor`` (allocated by the caller) from the leader, bounded."""
+        ...
+
+
+class BucketSender(Protocol):
+    """How the buckets of a transfer leave the leader (the header always goes over the
+    sync group first, runtime/weights/p2p.py): ``rendezvous`` gives the header's fields of
+    a new group (None: none, or the current one stands), ``open`` joins it once the header
+    is out, ``send`` takes one flat bucket, ``flush`` returns once all sent has left."""
+
+    name: str  # the header's transport
+    device: torch.device  # where the buckets it sends are made
+
+    def rendezvous(self) -> dict[str, Any] | None: ...
+
+    def open(self) -> None: ...
+
+    def send(self, flat: torch.Tensor) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
