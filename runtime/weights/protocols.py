@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from runtime.weights.wire import WeightsHeader
 
 
 class SyncGroup(Protocol):
@@ -45,3 +48,34 @@ class BucketSender(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class PolicyTarget(Protocol):
+    """What a rollout engine offers the weight path (runtime/weights/receive.py): the
+    policy it holds, and its hooks to take a new one. Each hook pauses generation keeping
+    the requests in flight, loads, sets the version, and resumes (partial rollout)."""
+
+    version: int  # the policy version the engine generates with
+    weights_valid: bool  # False after a sleep that dropped the weights
+    serves_adapter: bool  # a LoRA engine: the policy is an adapter over a fixed base
+    model_path: str
+
+    async def update_weights(self, path: str, version: int) -> float:
+        """Load the policy folder ``path`` (a model, or an adapter); seconds paused."""
+        ...
+
+    async def join_transfer_group(
+        self, header: WeightsHeader, rank: int, epoch: int, timeout_s: float
+    ) -> None:
+        """Join the NCCL group the header announces (once per layout epoch)."""
+        ...
+
+    async def update_weights_nccl(
+        self, header: WeightsHeader, timeout_s: float
+    ) -> tuple[float, float]:
+        """Receive the header's buckets into the model: (seconds paused, finishing)."""
+        ...
+
+    async def drain_transfer(self, header: WeightsHeader, timeout_s: float) -> None:
+        """Take part in an NCCL transfer of a version held already: received, dropped."""
+        ...

@@ -247,6 +247,11 @@ class VLLMEngine:
         await weight_transfer.join_group(self.engine, info, timeout_s)
         self.transfer_epoch = epoch
 
+    async def drain_transfer(self, header: WeightsHeader, timeout_s: float) -> None:
+        """Take part in an NCCL transfer of a version this engine has: received, dropped,
+        generation not paused."""
+        await weight_transfer.drain(self.engine, header, timeout_s)
+
     async def leave_transfer_group(self, timeout_s: float) -> None:
         if self.transfer_epoch is not None:
             self.transfer_epoch = None
