@@ -218,9 +218,9 @@ def _checkpoint_adapter(folder: Path, rank: int, config: Path) -> dict[str, Any]
     frozen base and the optimizer state are not read."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from runtime.weights.lora_format import is_adapter_name
     from runtime.engines.torch import sharded_state as ss
     from runtime.store.checkpoint import CheckpointError, trainer_dir
+    from runtime.weights.lora_format import is_adapter_name
 
     where = trainer_dir(folder)
     try:
@@ -292,8 +292,8 @@ def _write_merged(
     one safetensors file written a tensor at a time; a tied ``lm_head`` left out."""
     import torch
 
-    from runtime.weights.lora_format import base_name, merged_weight
     from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES, stream_safetensors
+    from runtime.weights.lora_format import base_name, merged_weight
 
     by_name = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     tied = _tied(base)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -100,6 +101,19 @@ def eval_names(figures: dict[str, float], when: str) -> dict[str, float]:
         else:
             out[key] = value
     return out
+
+
+def eval_generators(cfg: Config, model: torch.nn.Module, version: int) -> tuple[Any, Any]:
+    """The eval sets' generators over ``model``: greedy, and at ``eval.temperature``."""
+    from runtime.data.codec import codec_for
+    from runtime.embedded.resolve import resolve_model_path
+    from runtime.engines.torch.generate import ModelGenerator
+
+    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    return (
+        ModelGenerator(model, codec, 0.0, version),
+        ModelGenerator(model, codec, cfg.eval.temperature, version),
+    )
 
 
 def _sources(change: LayoutChange, group_size: int) -> dict[int, int]:
@@ -208,9 +222,11 @@ class TorchTrainerSide(BatchConsumer):
 
                     timeout_s = self.cfg.workload.reward_timeout_s + 30
                     self._reward_pool = RewardPool(self.cfg.sandbox.reward_workers, timeout_s)
+                version = self.trainer.version
+                generators = eval_generators(self.cfg, model, version)
                 out.update(
                     eval_sets.evaluate(
-                        self.cfg, model, self.trainer.version, self._reward_pool, self.keepalive
+                        self.cfg, generators, version, self._reward_pool, self.keepalive
                     )
                 )
             return out
