@@ -30,9 +30,7 @@ MAX_CLASS_LINES = 400
 # its longest matching prefix; every module of the packages must have one.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime.embedded",),  # tiny models, warm starts, the arithmetic task
-    # the typed config; workloads.kinds names each kind's agent loop by a "module:attr"
-    # string, so it sits with the config it describes and imports nothing above it
-    ("runtime.config", "runtime.workloads.kinds"),
+    ("runtime.config",),  # workload_kinds names each kind's agent loop as a string
     ("runtime.data",),
     ("runtime.transport",),
     ("runtime.store",),

@@ -459,7 +459,7 @@ def check_feasible(cfg: Config) -> None:
             "(the leader waiting on a hung receiver would be declared dead first)",
         )
     if train.eval_every:
-        from runtime.workloads.kinds import workload_kind
+        from runtime.config.workload_kinds import workload_kind
 
         if not workload_kind(cfg.workload.kind).trainer_eval and not cfg.data.eval:
             raise _FieldError(

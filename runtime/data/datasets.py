@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.workloads.kinds import KINDS
+from runtime.config.workload_kinds import KINDS
 
 # What each workload reads from a record (before the mapping).
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {name: k.fields for name, k in KINDS.items()}

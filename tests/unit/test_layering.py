@@ -80,7 +80,7 @@ def test_a_new_folder_must_be_placed_in_a_layer(layout, tree):
 
 
 def test_layers_are_the_longest_prefix(layout):
-    assert layout.layer_of("runtime.workloads.kinds") == layout.layer_of("runtime.config")
+    assert layout.layer_of("runtime.config.workload_kinds") == layout.layer_of("runtime.config")
     assert layout.layer_of("runtime.workloads.eval_sets") > layout.layer_of(
         "runtime.workloads.agents.base"
     )

@@ -32,6 +32,7 @@ import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.config.workload_kinds import workload_kind
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
@@ -48,7 +49,6 @@ from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import GONE_ROLE
 from runtime.weights.send import WeightStreamer
-from runtime.workloads.kinds import workload_kind
 
 log = logging.getLogger(__name__)
 

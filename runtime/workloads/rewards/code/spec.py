@@ -269,6 +269,6 @@ def check_code_tests(records: list[dict[str, Any]], path: str | Path) -> None:
 def record_check(kind: str) -> Callable[[list[dict[str, Any]], str], None] | None:
     """The dataset check of a workload kind's records (``check_dataset``'s hook):
     :func:`check_code_tests` for a kind whose records carry tests, else none."""
-    from runtime.workloads.kinds import workload_kind
+    from runtime.config.workload_kinds import workload_kind
 
     return check_code_tests if "tests" in workload_kind(kind).fields else None
