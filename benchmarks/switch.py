@@ -7,8 +7,8 @@ real ``TorchTrainerSide`` over ``embedded:small-qwen3`` (25M parameters) or ``--
 exists), ranks 2-3 are rollout drivers; then ``--warmup`` + ``--repeats`` rounds of:
 
 1. **Weight sync** (T T R R): streamed from the replica group (``stream_weights``, a
-   bucket of gathered tensors at a time) to ranks 2-3 (``Collective.receive_weights``),
-   against ``gather_weights()`` (the whole dict on the leader) + ``send_weights``. Seconds
+   bucket of gathered tensors at a time) to ranks 2-3 (``p2p.receive_whole``), against
+   ``gather_weights()`` (the whole dict on the leader) + ``p2p.send_whole``. Seconds
    from a barrier until the leader and both receivers are done, bytes, GB/s, peak
    gathered bytes (the baseline's: its fp32 state dict and rollout-dtype copy, alive
    together, from the shapes), and whether both delivered the same tensors.
@@ -142,6 +142,7 @@ class Rank:
         """One role switch in the worker's order (runtime/rank/worker.py ``_switch``); a
         rank joining the rollout pool then receives the weights, as its rollout side does."""
         from runtime.config.layout import LayoutChange
+        from runtime.weights import p2p
 
         before, side, rank = self.c.roles, self.side, self.rank
         self.epoch += 1
@@ -157,14 +158,15 @@ class Rank:
         out = {"enter_s": t1 - t0, "regroup_s": t2 - t1, "on_layout_s": t3 - t2}
         out |= {"wall_s": t3 - t0, **side.last_switch}
         if rank in change.joined("rollout"):
-            _, weights = self.c.receive_weights()
+            _, weights = p2p.receive_whole(self.c)
             out["weights_s"], out["weights_bytes"] = self.now() - t3, nbytes(weights.values())
         return out
 
 
 def weight_sync_round(r: Rank) -> dict:
     """Streamed, then gathered whole and sent; layout ONE."""
-    from runtime.engines.torch.weight_stream import stream_weights
+    from runtime.weights import p2p
+    from runtime.weights.send import stream_weights
 
     t, c, out, streamed = r.side.trainer, r.c, {}, None
     r.sync()
@@ -176,7 +178,7 @@ def weight_sync_round(r: Rank) -> dict:
             bucket_bytes=r.side.streamer.bucket_bytes, tied_lm_head=tied,
         ).as_dict()  # fmt: skip
     else:
-        _, streamed = c.receive_weights()
+        _, streamed = p2p.receive_whole(c)
     out["stream_s"] = r.now() - start
     r.sync()
     start = r.now()
@@ -187,10 +189,10 @@ def weight_sync_round(r: Rank) -> dict:
             fp32 = nbytes(t.model.state_dict().values())  # DTensors: their global sizes
             out["held_bytes"] = fp32 + nbytes(weights.values())
             out["sent_bytes"] = nbytes(weights.values())
-            out["send_s"] = c.send_weights(t.version, weights)
+            out["send_s"] = p2p.send_whole(c, t.version, weights, c.bucket_bytes)
         del weights
     else:
-        _, whole = c.receive_weights()
+        _, whole = p2p.receive_whole(c)
         same = streamed.keys() == whole.keys()
         out["identical"] = same and all(r.torch.equal(streamed[k], whole[k]) for k in whole)
     out["baseline_s"] = r.now() - start
@@ -222,10 +224,10 @@ def full_state(r: Rank, gather: bool) -> list:
 def broadcast_on_device(r: Rank, tensors: list, group: object) -> None:
     """``Collective.broadcast_tensors``, its buckets, with every buffer on the trainer's
     device (its receivers allocate on the CPU, which NCCL does not take)."""
-    from runtime.rank.collective import _buckets
+    from runtime.rank.collective import tensor_buckets
 
     torch, device = r.torch, r.side.trainer.device
-    for idx in _buckets(tensors, r.c.bucket_bytes):
+    for idx in tensor_buckets(tensors, r.c.bucket_bytes):
         part = [tensors[i] for i in idx]
         if r.rank == 0:
             flat = torch.cat([x.reshape(-1).to(device) for x in part])
@@ -478,7 +480,7 @@ def measures(ranks: list[dict], warmup: int) -> dict[str, dict[str, float]]:
 
 SECTIONS = {
     "sync.stream": "weight sync, streamed (new)",
-    "sync.base": "weight sync, gather_weights + send_weights (baseline)",
+    "sync.base": "weight sync, gather_weights + p2p.send_whole (baseline)",
     "join": "replica group joins, shard to shard in on_layout (new)",
     "bcast": "replica group joins, full-state gather + broadcast (baseline)",
     "dcp": "replica group joins, DCP save + rebuild + load (baseline)",

@@ -41,7 +41,7 @@ _MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
 def _is_version(folder: Path) -> bool:
     """A whole published version: full weights, or a LoRA run's adapter (whose config is
     written last)."""
-    from runtime.engines.lora_format import ADAPTER_CONFIG, ADAPTER_FILE
+    from runtime.weights.lora_format import ADAPTER_CONFIG, ADAPTER_FILE
 
     if (folder / "model.safetensors").is_file():
         return True
@@ -137,7 +137,7 @@ def export(
                 dtype = getattr(torch, cfg.model.dtype)
                 _write_merged(base, adapter, lora.scale, dtype, tmp / "model.safetensors")
             else:
-                from runtime.engines.lora_format import to_peft, write_adapter
+                from runtime.weights.lora_format import to_peft, write_adapter
 
                 write_adapter(tmp, to_peft(adapter), lora, str(base))
             source["lora"] = "merged" if merged else "adapter"
@@ -178,7 +178,7 @@ def _tied(base: Path) -> bool:
 
 def _check_version_kind(folder: Path, rank: int, config: Path) -> None:
     """A LoRA run's version must be an adapter folder, another run's full weights."""
-    from runtime.engines.lora_format import ADAPTER_CONFIG
+    from runtime.weights.lora_format import ADAPTER_CONFIG
 
     has_adapter = (folder / ADAPTER_CONFIG).is_file()
     if rank and not has_adapter:
@@ -193,7 +193,7 @@ def _check_version_kind(folder: Path, rank: int, config: Path) -> None:
 def _published_adapter(folder: Path, rank: int, alpha: float, config: Path) -> dict[str, Any]:
     """A published adapter's tensors under the model's names, checked against the run's
     ``model.lora``."""
-    from runtime.engines.lora_format import ADAPTER_CONFIG, from_peft, read_adapter
+    from runtime.weights.lora_format import ADAPTER_CONFIG, from_peft, read_adapter
 
     try:
         adapter_cfg, tensors = read_adapter(folder)
@@ -218,9 +218,9 @@ def _checkpoint_adapter(folder: Path, rank: int, config: Path) -> dict[str, Any]
     frozen base and the optimizer state are not read."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from runtime.engines.lora_format import is_adapter_name
     from runtime.engines.torch import sharded_state as ss
     from runtime.store.checkpoint import CheckpointError, trainer_dir
+    from runtime.weights.lora_format import is_adapter_name
 
     where = trainer_dir(folder)
     try:
@@ -292,8 +292,8 @@ def _write_merged(
     one safetensors file written a tensor at a time; a tied ``lm_head`` left out."""
     import torch
 
-    from runtime.engines.lora_format import base_name, merged_weight
     from runtime.engines.torch.sharded_state import SAFETENSORS_DTYPES, stream_safetensors
+    from runtime.weights.lora_format import base_name, merged_weight
 
     by_name = {v: k for k, v in SAFETENSORS_DTYPES.items()}
     tied = _tied(base)

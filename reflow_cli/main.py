@@ -37,6 +37,7 @@ from runtime.sim.parameters import ProfileError
 from runtime.transport import protocol as p
 from runtime.workloads.agents import environment
 from runtime.workloads.rewards import custom as custom_reward
+from runtime.workloads.rewards.code.spec import record_check
 from runtime.workloads.sandbox import SandboxError, check_sandbox
 from runtime.workloads.user_code import UserCodeError
 
@@ -139,7 +140,7 @@ def launch(
     if not no_memory_check:  # a recipe that cannot fit its GPUs fails here, not at step 1
         memory.check_fits(cfg, str(recipe), backend, gpu_memory_gib)
     try:  # a missing file, column or sandbox should fail here, not after the engines started
-        check_dataset(cfg)
+        check_dataset(cfg, record_check(cfg.workload.kind))
         check_sandbox(cfg)
         if cfg.workload.reward_fn is not None:  # loaded once here; its path made absolute
             cfg.workload.reward_fn = custom_reward.check(cfg.workload.reward_fn)

@@ -22,8 +22,7 @@ from runtime.config.layout import is_rollout_driver
 from runtime.config.recipe import load_recipe
 from runtime.config.schema import Config, needs_collective
 from runtime.control.coordinator import Coordinator
-from runtime.embedded.resolve import vocab_size
-from runtime.engines.registry import build_prompts, build_sides
+from runtime.engines.registry import build_prompts, build_sides, vocab_size
 from runtime.rank.auto_restart import restart_job, restarts_so_far
 from runtime.rank.orphans import guard_process_group
 from runtime.rank.worker import HybridWorker, WorkerError, node_name

@@ -88,7 +88,7 @@ def lora_plan(
 ) -> LoraPlan | None:
     """``model.lora`` of ``cfg`` in numbers, None without LoRA. ``sync_dtype_bytes`` is
     the size of ``model.dtype``: a LoRA run's weight sync sends the adapters in the rollout
-    dtype, as every weight (runtime/engines/torch/weight_stream.py; vLLM casts them to its
+    dtype, as every weight (runtime/weights/send.py; vLLM casts them to its
     LoRA dtype anyway); ``model.lora.sync: merged`` sends the model."""
     lora = cfg.model.lora
     if not lora.enabled:

@@ -459,7 +459,7 @@ def check_feasible(cfg: Config) -> None:
             "(the leader waiting on a hung receiver would be declared dead first)",
         )
     if train.eval_every:
-        from runtime.workloads.kinds import workload_kind
+        from runtime.config.workload_kinds import workload_kind
 
         if not workload_kind(cfg.workload.kind).trainer_eval and not cfg.data.eval:
             raise _FieldError(
@@ -500,7 +500,7 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.workload.max_response_tokens} leaves no room for the prompt within "
             f"model.max_seq_len={cfg.model.max_seq_len}",
         )
-    from runtime.engines.registry import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
+    from runtime.config.engine_names import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
 
     if cfg.data.embedded and cfg.data.train not in PROMPT_SOURCES:
         raise _FieldError(
@@ -534,8 +534,6 @@ def check_feasible(cfg: Config) -> None:
             f"{cfg.control.heartbeat_timeout_s} must exceed twice heartbeat_interval_s="
             f"{cfg.control.heartbeat_interval_s}",
         )
-    from runtime.store.metrics_sinks import missing_packages
-
     for switch, package in missing_packages(cfg):
         raise _FieldError(
             f"logging.{switch}", f"true needs the {package!r} package (pip install {package})"
@@ -551,3 +549,19 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as YAML; it loads back to an equal :class:`Config`."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# logging.<switch> -> the package its backend needs (runtime/store/metrics_sinks.py
+# BACKENDS opens them; a switch on without its package is a recipe error, not a crash)
+METRIC_PACKAGES: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def missing_packages(cfg: Config) -> list[tuple[str, str]]:
+    """(switch, package) for each ``logging.<switch>`` that is on without its package."""
+    import importlib.util
+
+    return [
+        (switch, package)
+        for switch, package in METRIC_PACKAGES.items()
+        if getattr(cfg.logging, switch) and importlib.util.find_spec(package) is None
+    ]

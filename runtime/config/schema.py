@@ -18,7 +18,7 @@ from typing import Any
 from runtime.config import modes
 from runtime.config.modes import BASELINES as BASELINES
 from runtime.config.modes import DEFAULT_MODE, MODES, ModePolicy
-from runtime.workloads.kinds import KIND_NAMES
+from runtime.config.workload_kinds import KIND_NAMES
 
 
 def opt(default: Any, doc: str, **checks: Any) -> Any:

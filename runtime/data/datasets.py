@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.workloads.kinds import KINDS
+from runtime.config.workload_kinds import KINDS
 
 # What each workload reads from a record (before the mapping).
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {name: k.fields for name, k in KINDS.items()}
@@ -242,22 +242,14 @@ def check_template(template: str, record: dict[str, Any], path: str | Path) -> N
         )
 
 
-def check_code_tests(records: list[dict[str, Any]], path: str | Path) -> None:
-    """Every record's tests parse into a form the code grader grades under its guarantees,
-    or one line names the record and the field (a run on tests it cannot grade would train
-    on a reward of 0, silently)."""
-    from runtime.workloads.rewards.code.spec import TestSpecError, parse_tests, tests_of
-
-    for i, record in enumerate(records):
-        try:
-            parse_tests(tests_of(record), fn_name=record.get("fn_name") or None)
-        except TestSpecError as exc:
-            raise DatasetError(f"{path}: record {i}: {exc} (data.fields.tests)") from None
-
-
-def check_dataset(cfg: Any) -> int | None:
+def check_dataset(
+    cfg: Any, check_records: Callable[[list[dict[str, Any]], str], None] | None = None
+) -> int | None:
     """Validate ``data.train`` (and ``data.eval``) of a config before a launch; returns the
-    number of training records, None for an embedded source."""
+    number of training records, None for an embedded source. ``check_records``: what the
+    workload checks of every file's records besides (the code kinds: that each record's
+    tests parse into a form the grader grades, runtime/workloads/rewards/code/spec.py
+    ``check_code_tests``); it raises :class:`DatasetError`."""
     d = cfg.data
     required = REQUIRED_FIELDS.get(cfg.workload.kind, ())
     count = None
@@ -269,8 +261,8 @@ def check_dataset(cfg: Any) -> int | None:
             raise DatasetError(f"data.{name}: {source}: an eval set is a file or folder")
         records = load_records(source, d.format, d.fields, required)
         check_template(d.prompt_template, records[0], source)
-        if "tests" in required:
-            check_code_tests(records, source)
+        if check_records is not None:
+            check_records(records, source)
         if name.startswith("train"):
             count = (count or 0) + len(records)
     return count

@@ -1,7 +1,8 @@
 """Registry of the engines behind the two roles, by the names recipes use.
 
-Values are ``module:attribute`` strings imported on first use, so validating a recipe (or
-``--dry-run``) never imports heavy engine code. Each factory is called as
+The tables (runtime/config/engine_names.py, where the recipe check reads them) hold
+``module:attribute`` strings imported here on first use, so validating a recipe (or
+``--dry-run``) never imports engine code. Each factory is called as
 ``factory(cfg, rank, paths, collective)`` and returns a :class:`runtime.rank.sides.RoleSide`;
 ``collective`` is the rank's process group (:mod:`runtime.rank.collective`) for the engines
 that move tensors between ranks (:data:`runtime.config.schema.WEIGHT_TRANSPORT`), else None.
@@ -17,22 +18,12 @@ from __future__ import annotations
 
 import importlib
 
+from runtime.config.engine_names import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
 from runtime.config.layout import is_rollout_driver
 from runtime.config.schema import Config
 from runtime.rank.sides import RoleSide
 from runtime.rank.tp_member import tensor_parallel_member
 from runtime.store.run_dir import RunPaths
-
-ROLLOUT_ENGINES: dict[str, str] = {
-    "placeholder": "runtime.rank.sides:placeholder_rollout",
-    "synthetic": "runtime.engines.synthetic:synthetic_rollout",
-    "vllm": "runtime.engines.vllm.rollout:VLLMRolloutSide",
-}
-TRAINER_ENGINES: dict[str, str] = {
-    "placeholder": "runtime.rank.sides:placeholder_trainer",
-    "synthetic": "runtime.engines.synthetic:synthetic_trainer",
-    "torch": "runtime.engines.torch.trainer_side:TorchTrainerSide",
-}
 
 
 class EngineUnavailable(RuntimeError):
@@ -68,13 +59,6 @@ def build_sides(
     return {"rollout": rollout, "trainer": trainer}
 
 
-PROMPT_SOURCES: dict[str, str] = {
-    "embedded:synthetic": "runtime.engines.synthetic:synthetic_prompts",
-    "embedded:arith": "runtime.embedded.arith:arith_prompts",
-    "embedded:arith-drift": "runtime.embedded.arith:arith_drift_prompts",
-}
-
-
 def build_prompts(cfg: Config):
     """The prompt stream of ``data.train``: an embedded source, or a dataset file."""
     if not cfg.data.embedded:
@@ -85,3 +69,36 @@ def build_prompts(cfg: Config):
     if name not in PROMPT_SOURCES:
         raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
     return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)
+
+
+def vocab_size(cfg: Config) -> int | None:
+    """The rollout model's vocabulary size, the bound rank 0 puts on every token id a
+    sample brings, read without building or loading a model (rank 0 needs it before its
+    ranks register). None where rollout has no model (placeholder engines)."""
+    import json
+    from pathlib import Path
+
+    if cfg.engine.rollout == "synthetic":
+        from runtime.engines.synthetic import VOCAB
+
+        return VOCAB
+    if cfg.engine.rollout == "placeholder":
+        return None
+    from runtime.embedded.resolve import EMBEDDED, EMBEDDED_CHAT, EMBEDDED_SMALL
+
+    if cfg.model.path in (EMBEDDED, EMBEDDED_SMALL):
+        from runtime.embedded.tiny_qwen3 import VOCAB as CHARS
+
+        return len(CHARS)
+    if cfg.model.path == EMBEDDED_CHAT:
+        from runtime.embedded.tiny_chat import VOCAB_SIZE
+
+        return VOCAB_SIZE
+    try:
+        config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.path: cannot read {cfg.model.path}/config.json ({exc})") from None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"model.path: {cfg.model.path}/config.json has no vocab_size")
+    return size

@@ -17,9 +17,9 @@ name of the epoch's own (:func:`epoch_group`), so a rank that has left the run (
 A trainer group whose ranks do not change (a rollout rank lost) is kept as it is: the
 trainer's model is built over its mesh.
 
-Tensors travel in fixed-size buckets (one flat tensor per bucket, per dtype). Metadata
-(names, shapes, dtypes, versions) travels as a JSON header in a ``uint8`` tensor, never
-pickled: a process group's peers are not authenticated the way the control plane is.
+What travels over the sync group, and in what format, is the weight path's
+(runtime/weights/: ``p2p.py`` sends through :meth:`Collective.send_to_receivers` and
+:meth:`Collective.receive_from_leader`); this module forms the groups and moves tensors.
 
 Rendezvous: rank 0 hosts a ``TCPStore``. Under submitit (Slurm or local) its address comes
 from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port derived from
@@ -43,9 +43,7 @@ between the nodes is trusted.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import json
 import logging
 import os
 import socket
@@ -59,21 +57,35 @@ import torch
 import torch.distributed as dist
 
 from runtime.config.layout import ranks_with, rollout_drivers
-from runtime.rank.weights_wire import (  # noqa: F401  (re-exported: the rank's transfer API)
-    MAX_HEADER_BYTES,
-    TRANSPORTS,
-    BucketTransport,
-    CollectiveError,
-    TensorSpec,
-    WeightsHeader,
-    _buckets,
-    plan_buckets,
-)
 from runtime.store.run_dir import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 LEADER = 0  # global rank of the trainer leader: the trainer pool starts at rank 0
+
+
+class CollectiveError(RuntimeError):
+    """The process group could not be formed or a transfer was malformed."""
+
+
+def bucket_indices(items: Sequence[tuple[torch.dtype, int]], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``(dtype, nbytes)`` items grouped into consecutive buckets of one dtype and
+    at most ``bucket_bytes`` (an item larger than a bucket gets one of its own)."""
+    out: list[list[int]] = []
+    size = 0
+    for i, (dtype, nbytes) in enumerate(items):
+        if out and items[out[-1][0]][0] == dtype and size + nbytes <= bucket_bytes:
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            size = nbytes
+    return out
+
+
+def tensor_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """:func:`bucket_indices` of tensors (gradients, broadcast state)."""
+    return bucket_indices([(t.dtype, t.numel() * t.element_size()) for t in tensors], bucket_bytes)
 
 
 def epoch_group(ranks: Sequence[int], name: str, timeout: timedelta) -> Any:
@@ -303,7 +315,7 @@ class Collective:
         self._reported |= set(new)
         return new
 
-    def _send_to_receivers(self, tensor: torch.Tensor, what: str) -> None:
+    def send_to_receivers(self, tensor: torch.Tensor, what: str) -> None:
         """Leader: ``tensor`` to every reachable receiver at once. One that fails, or does
         not take it within ``peer_timeout``, is dropped for the rest of the epoch; the
         others go on (a dead or hung receiver never holds up the sync)."""
@@ -324,7 +336,7 @@ class Collective:
         log.warning("weight sync: receiver rank %d dropped (%s)", peer, why[:300])
         self.lost_peers[peer] = why[:1000]
 
-    def _receive(self, tensor: torch.Tensor) -> None:
+    def receive_from_leader(self, tensor: torch.Tensor) -> None:
         """Receiver: ``tensor`` from the leader, within the group's timeout."""
         try:
             group = self.sync_pairs[self.rank]
@@ -343,7 +355,7 @@ class Collective:
         if len(self.trainer_ranks) <= 1:
             return
         grads = [p.grad for p in params if p.grad is not None]
-        for idx in _buckets(grads, self.bucket_bytes):
+        for idx in tensor_buckets(grads, self.bucket_bytes):
             flat = torch.cat([grads[i].reshape(-1) for i in idx])
             dist.all_reduce(flat, group=self.trainer_group)
             self._unflatten(flat, [grads[i] for i in idx])
@@ -377,7 +389,7 @@ class Collective:
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], *, group: Any) -> None:
         """Broadcast ``tensors`` from the leader in place (receivers pass tensors of the same
         shapes and dtypes, in the same order)."""
-        for idx in _buckets(tensors, self.bucket_bytes):
+        for idx in tensor_buckets(tensors, self.bucket_bytes):
             if self.is_leader:
                 flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
             else:
@@ -387,103 +399,6 @@ class Collective:
             dist.broadcast(flat, src=LEADER, group=group)
             if not self.is_leader:
                 self._unflatten(flat, [tensors[i] for i in idx])
-
-    def send_header(self, header: dict[str, Any]) -> None:
-        """Leader: a JSON header to every reachable receiver (length first, then bytes)."""
-        raw = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
-        self._send_to_receivers(torch.tensor([raw.numel()], dtype=torch.int64), "header size")
-        self._send_to_receivers(raw, "header")
-
-    def receive_header(self) -> dict[str, Any]:
-        """Receiver: the leader's JSON header."""
-        size = torch.zeros(1, dtype=torch.int64)
-        self._receive(size)
-        n = int(size.item())
-        if not 0 < n <= MAX_HEADER_BYTES:
-            raise CollectiveError(f"malformed transfer header: {n} bytes")
-        raw = torch.empty(n, dtype=torch.uint8)
-        self._receive(raw)
-        try:
-            out = json.loads(bytes(raw.numpy()).decode())
-        except ValueError as exc:
-            raise CollectiveError(f"malformed transfer header: {exc}") from None
-        if not isinstance(out, dict):
-            raise CollectiveError("malformed transfer header: not an object")
-        return out
-
-    def send_weights(self, version: int, weights: dict[str, torch.Tensor]) -> float:
-        """Leader: broadcast whole weights held here to the sync group (the wire format of
-        :meth:`send_weights_stream`). Returns seconds taken."""
-        start = time.perf_counter()
-        names = list(weights)
-        spec = [TensorSpec(n, weights[n].dtype, tuple(weights[n].shape)) for n in names]
-        header = WeightsHeader(version, tuple(spec), tuple(plan_buckets(spec, self.bucket_bytes)))
-        flats = (
-            torch.cat([weights[names[i]].detach().reshape(-1) for i in r]) for r in header.ranges()
-        )
-        self.send_weights_stream(header, flats)
-        return time.perf_counter() - start
-
-    def send_weights_stream(
-        self,
-        header: WeightsHeader,
-        buckets: Iterable[torch.Tensor],
-        transport: BucketTransport | None = None,
-    ) -> int:
-        """Leader: the header over the sync group, then each bucket (one flat tensor, made
-        by ``buckets`` as it is asked for) over the gloo sync group or ``transport``.
-        Returns the bytes sent. The receivers validate every size against the header."""
-        if transport is not None:
-            header = dataclasses.replace(
-                header, transport=transport.name, nccl=transport.rendezvous()
-            )
-        self.send_header(header.to_json())
-        if transport is not None:
-            transport.open()
-        sent = count = 0
-        for flat in buckets:
-            if count >= len(header.buckets):
-                raise CollectiveError(f"more than the {len(header.buckets)} buckets announced")
-            header.check_bucket(count, flat)
-            if transport is not None:
-                transport.send(flat)
-            else:  # raw bytes: gloo needs no support for the dtype
-                self._send_to_receivers(flat.view(torch.uint8), f"bucket {count}")
-            sent += flat.numel() * flat.element_size()
-            count += 1
-            del flat  # before the next bucket is made: one bucket at a time
-        if count != len(header.buckets):
-            raise CollectiveError(f"{count} buckets sent, {len(header.buckets)} announced")
-        if transport is not None:
-            transport.flush()
-        return sent
-
-    def receive_weights_header(self) -> WeightsHeader:
-        """Rollout driver: the header of the leader's next weight transfer."""
-        return WeightsHeader.from_json(self.receive_header())
-
-    def receive_bucket(self, header: WeightsHeader, index: int) -> torch.Tensor:
-        """Rollout driver: bucket ``index`` of a gloo transfer, as one flat tensor."""
-        if header.transport != "gloo":
-            raise CollectiveError(f"a {header.transport} transfer goes to the engine itself")
-        raw = torch.empty(header.bucket_nbytes(index), dtype=torch.uint8)
-        self._receive(raw)
-        return raw.view(header.tensors[header.ranges()[index].start].dtype)
-
-    def receive_weights_from(self, header: WeightsHeader) -> dict[str, torch.Tensor]:
-        """Rollout driver: every bucket of a gloo transfer, as named tensors (each its own
-        storage, as a safetensors file wants them; one bucket more held meanwhile)."""
-        out: dict[str, torch.Tensor] = {}
-        for i in range(len(header.buckets)):
-            flat = self.receive_bucket(header, i)
-            out.update((name, view.clone()) for name, view in header.split(i, flat))
-            del flat
-        return out
-
-    def receive_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """Rollout driver: the leader's next policy version, as named tensors (gloo)."""
-        header = self.receive_weights_header()
-        return header.version, self.receive_weights_from(header)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, targets: Sequence[torch.Tensor]) -> None:

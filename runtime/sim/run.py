@@ -10,10 +10,10 @@ from typing import Any
 from runtime.config.modes import POLICIES
 from runtime.config.recipe import RecipeError, rebuild
 from runtime.config.schema import Config
+from runtime.config.workload_kinds import KINDS
 from runtime.sim.cluster import SimCluster, SimResult
 from runtime.sim.lora import lora_profile, sync_bytes
 from runtime.sim.parameters import DEFAULT_PROFILES, ProfileError, Profiles, load_profiles
-from runtime.workloads.kinds import KINDS
 
 # The workload model a recipe's agent loop maps to, when --workload is not given.
 WORKLOAD_OF_KIND = {name: k.sim_workload for name, k in KINDS.items() if k.sim_workload}

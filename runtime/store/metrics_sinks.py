@@ -13,7 +13,6 @@ with one warning: the run and ``metrics.jsonl`` go on, nothing is lost from the 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -106,20 +105,12 @@ class WandbSink:
         self._run.finish()
 
 
-# recipe switch -> (the package it needs, how to open it)
-BACKENDS: dict[str, tuple[str, Callable[[Config, RunPaths], MetricsSink]]] = {
-    "tensorboard": ("tensorboard", lambda cfg, paths: TensorBoardSink(paths.root / "tensorboard")),
-    "wandb": ("wandb", WandbSink),
+# recipe switch -> how to open it (the package each needs, which the recipe check asks
+# for: runtime/config/recipe.py METRIC_PACKAGES)
+BACKENDS: dict[str, Callable[[Config, RunPaths], MetricsSink]] = {
+    "tensorboard": lambda cfg, paths: TensorBoardSink(paths.root / "tensorboard"),
+    "wandb": WandbSink,
 }
-
-
-def missing_packages(cfg: Config) -> list[tuple[str, str]]:
-    """(switch, package) for each ``logging.<switch>`` that is on without its package."""
-    return [
-        (switch, package)
-        for switch, (package, _) in BACKENDS.items()
-        if getattr(cfg.logging, switch) and importlib.util.find_spec(package) is None
-    ]
 
 
 class MetricsWriter:
@@ -127,7 +118,7 @@ class MetricsWriter:
 
     def __init__(self, cfg: Config, paths: RunPaths) -> None:
         self.sinks: list[MetricsSink] = [JsonlSink(paths.metrics)]
-        for switch, (_, opener) in BACKENDS.items():
+        for switch, opener in BACKENDS.items():
             if not getattr(cfg.logging, switch):
                 continue
             try:

@@ -144,23 +144,23 @@ async def score_set(
 
 
 def evaluate(
-    cfg: Config, model: Any, version: int, pool: Any, keepalive: Callable[[], None]
+    cfg: Config,
+    generators: tuple[Any, Any],
+    version: int,
+    pool: Any,
+    keepalive: Callable[[], None],
 ) -> dict[str, float]:
-    """Every ``data.eval`` set played with ``model`` (the trainer leader's): figures as
+    """Every ``data.eval`` set played by ``generators`` (greedy, then sampled at
+    ``eval.temperature``: the caller's, over the policy of ``version``): figures as
     ``eval/<set>/<figure>``. The torch RNG is seeded (``train.seed`` and ``version``) and
     given back after: an eval neither depends on nor moves the training's random stream."""
     import asyncio
 
     import torch
 
-    from runtime.data.codec import codec_for
-    from runtime.embedded.resolve import resolve_model_path
-    from runtime.engines.torch.generate import ModelGenerator
     from runtime.workloads.agents import registry
 
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
-    greedy = ModelGenerator(model, codec, 0.0, version)
-    sampled = ModelGenerator(model, codec, cfg.eval.temperature, version)
+    greedy, sampled = generators
     agent = registry.agent(cfg.workload.kind)
     out: dict[str, float] = {}
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []

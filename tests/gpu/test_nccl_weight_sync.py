@@ -131,7 +131,7 @@ def rank_script(rank: int, world: int, group: int, strategy: str, model: str, ou
     result: dict = {}
     if rank < rollout:
         from runtime.engines.torch.trainer import TorchTrainer
-        from runtime.engines.torch.weight_stream import WeightStreamer
+        from runtime.weights.send import WeightStreamer
 
         trainer = TorchTrainer(cfg, model, rank, c)
         trainer.train_step(train_batch(), c, rank, rollout)

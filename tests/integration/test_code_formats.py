@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runtime.config.schema import SandboxConfig
-from runtime.data.datasets import check_code_tests, load_records
+from runtime.data.datasets import load_records
 from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
 from runtime.workloads.rewards.code import tests_of as record_tests
+from runtime.workloads.rewards.code.spec import check_code_tests
 from tests.helpers import DATA_SLICES, SHARED_DATA, needs_full_data
 
 pytestmark = pytest.mark.skipif(

@@ -23,6 +23,7 @@ from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretr
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
 from runtime.store.run_dir import RunPaths
+from runtime.weights import p2p
 
 EPOCH0 = ("trainer", "trainer", "rollout")
 EPOCH1 = ("trainer", "rollout", "trainer")
@@ -100,14 +101,14 @@ def rank_script(rank: int, world: int, model_dir: str, out_dir: str) -> None:
         result["after1"] = snapshot(side.trainer)
         result["spread1"] = c.replica_spread(side.trainer.checksum())
     if rank == 0:
-        c.send_weights(side.trainer.version, side.trainer.export_weights())
+        p2p.send_whole(c, side.trainer.version, side.trainer.export_weights(), c.bucket_bytes)
     elif rank == 2:
-        result["received_v"], result["received"] = c.receive_weights()
+        result["received_v"], result["received"] = p2p.receive_whole(c)
     change = LayoutChange(1, EPOCH0, EPOCH1)
     c.regroup(1, EPOCH1)
     side.on_layout(change)  # trainer state to rank 2; weights to the rollout pool (rank 1)
     if rank == 1:
-        result["received_v"], result["received"] = c.receive_weights()
+        result["received_v"], result["received"] = p2p.receive_whole(c)
     if EPOCH1[rank] == "trainer":
         result["joined"] = snapshot(side.trainer)
         idx = c.trainer_ranks.index(rank)

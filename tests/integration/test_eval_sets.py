@@ -14,6 +14,7 @@ from runtime.config.recipe import load_recipe
 from runtime.data.codec import codec_for
 from runtime.embedded.resolve import resolve_model_path
 from runtime.engines.torch.generate import ModelGenerator
+from runtime.engines.torch.trainer_side import eval_generators
 from runtime.workloads import eval_sets
 from tests.helpers import REPO
 
@@ -47,7 +48,8 @@ def test_the_figures_follow_what_the_model_answers(tmp_path, monkeypatch):
         [f"data.eval={{{files}}}", "eval.k=3", "eval.max_prompts=4"],
     )
     beats: list[int] = []
-    out = eval_sets.evaluate(cfg, model, 7, None, lambda: beats.append(1))
+    generators = eval_generators(cfg, model, 7)
+    out = eval_sets.evaluate(cfg, generators, 7, None, lambda: beats.append(1))
     assert out["eval/agreed/greedy"] == 1.0 and out["eval/agreed/prompts"] == 4.0
     assert out["eval/never/greedy"] == 0.0
     assert out["eval/never/mean@3"] == 0.0 and out["eval/never/pass@3"] == 0.0
@@ -58,5 +60,5 @@ def test_the_figures_follow_what_the_model_answers(tmp_path, monkeypatch):
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
-    again = eval_sets.evaluate(cfg, model, 7, None, lambda: None)
+    again = eval_sets.evaluate(cfg, eval_generators(cfg, model, 7), 7, None, lambda: None)
     assert again == out and torch.equal(torch.rand(1), before)

@@ -14,12 +14,12 @@ from jobs.errors import UserError
 from jobs.export import available_versions, export
 from runtime.config.recipe import build_config, dump_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
-from runtime.engines import lora_format
 from runtime.engines.torch import sharded_state
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store import checkpoint as ck
 from runtime.store.run_dir import RunPaths
 from runtime.transport.auth import create_run_keys
+from runtime.weights import lora_format
 from tests.helpers import reflow
 from tests.unit.test_trainer import batch
 

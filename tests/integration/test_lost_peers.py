@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from runtime.rank.collective import Collective
+from runtime.weights import p2p
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +61,10 @@ def rank_script(rank: int, out: str, fault: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)  # hung: the test kills it at the end
         start = time.monotonic()
         if rank == 0:
-            c.send_weights(epoch, weights(epoch))
+            p2p.send_whole(c, epoch, weights(epoch), c.bucket_bytes)
             result["lost"][epoch] = c.take_lost_peers()
         else:
-            version, got = c.receive_weights()
+            version, got = p2p.receive_whole(c)
             result["received"][epoch] = version == epoch and all(
                 torch.equal(got[k], v) for k, v in weights(epoch).items()
             )

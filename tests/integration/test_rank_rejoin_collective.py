@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.weights import p2p
 from tests.integration.test_fsdp_trainer import join
 
 pytestmark = pytest.mark.integration
@@ -42,9 +43,9 @@ def rank_script(rank: int, again: bool, out: str) -> None:
     c.regroup(2, E0)
     result: dict = {"receivers": c.receivers() if rank == 0 else None}
     if rank == 0:
-        c.send_weights(5, {"w": torch.arange(6.0)})
+        p2p.send_whole(c, 5, {"w": torch.arange(6.0)}, c.bucket_bytes)
     else:
-        result["weights"] = c.receive_weights()
+        result["weights"] = p2p.receive_whole(c)
     torch.save(result, f"{out}/rank{rank}{'.again' if again else ''}.pt")
     c.close()
 

@@ -26,6 +26,7 @@ from runtime.config.layout import LayoutChange
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.offload import local_tensor
 from runtime.engines.torch.shard_handoff import training_tensors
+from runtime.weights import p2p
 from tests.integration.test_fsdp_trainer import batch, cfg_for, join
 
 pytestmark = pytest.mark.integration
@@ -92,7 +93,7 @@ def handoff_script(rank: int, model_dir: str, out: str, lora: dict | None = None
 
     r["switch2"] = switch(side, c, rank, 2, TWO, ONE)
     if rank >= 2:  # what the rollout side does on joining the pool
-        r["weights_v"], weights = c.receive_weights()
+        r["weights_v"], weights = p2p.receive_whole(c)
         r["weights_sum"] = float(sum(w.double().sum() for w in weights.values()))
     elif rank == 0:
         r["weights_sum"] = float(sum(w.double().sum() for w in side._gathered.values()))

@@ -11,9 +11,9 @@ import torch
 
 from runtime.config.recipe import build_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
-from runtime.engines import lora_format
 from runtime.engines.torch.lora import LoraLinear
 from runtime.engines.torch.trainer import TorchTrainer
+from runtime.weights import lora_format
 from tests.unit.test_trainer import batch
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Weight sync streamed from the trainer (runtime/engines/torch/weight_stream.py) over real
+"""Weight sync streamed from the trainer (runtime/weights/send.py) over real
 gloo process groups on loopback, and into a real vLLM engine (CPU build).
 
 Streaming: the ranks of the leader's replica group gather the model bucket by bucket and
@@ -30,7 +30,8 @@ from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.trainer import TorchTrainer
-from runtime.engines.torch.weight_stream import WeightStreamer, streaming_ranks
+from runtime.weights import p2p
+from runtime.weights.send import WeightStreamer, streaming_ranks
 from tests.integration.test_fsdp_trainer import batch, join
 
 pytestmark = pytest.mark.integration
@@ -78,9 +79,9 @@ def stream_script(rank: int, world: int, group: int, strategy: str, model_dir: s
         if rank == 0:
             result["expected"] = expected
     else:
-        header = c.receive_weights_header()
+        header = p2p.receive_weights_header(c)
         result["header"] = header.to_json()
-        result["received"] = c.receive_weights_from(header)
+        result["received"] = p2p.receive_all(c, header)
     dist.barrier()  # the ranks that do not stream wait here meanwhile
     torch.save(result, f"{out}/rank{rank}.pt")
     c.close()

@@ -11,9 +11,11 @@ import zlib
 
 import pytest
 
-from runtime.data.datasets import DatasetError, check_code_tests
+from runtime.config.recipe import build_config
+from runtime.data.datasets import DatasetError, check_dataset
 from runtime.workloads.rewards.code import TestSpecError, parse_tests
 from runtime.workloads.rewards.code import tests_of as record_tests
+from runtime.workloads.rewards.code.spec import check_code_tests, record_check
 
 PYTEST_FILE = """import pytest
 from solution import add
@@ -129,3 +131,16 @@ def test_launch_refuses_tests_it_cannot_grade_naming_the_record():
     ]
     with pytest.raises(DatasetError, match=r"data.jsonl: record 1: tests: entry_point"):
         check_code_tests(records, "data.jsonl")
+
+
+def test_the_launch_check_of_a_kind_with_tests_is_the_graders(tmp_path):
+    """``reflow launch`` hands check_dataset the kind's record check: the code kind's
+    refuses a file whose tests it cannot grade; a kind without tests has none."""
+    assert record_check("code_agent") is check_code_tests
+    assert record_check("math") is None and record_check("custom") is None
+    bad = {"prompt": "p", "tests": "def check(c):\n    assert c(1)\n", "entry_point": "S(x).f"}
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(bad) + "\n")
+    cfg = build_config({"workload": {"kind": "code_agent"}, "data": {"train": str(path)}})
+    with pytest.raises(DatasetError, match=r"record 0: tests: entry_point"):
+        check_dataset(cfg, record_check(cfg.workload.kind))

@@ -10,9 +10,9 @@ from safetensors.torch import load_file
 from runtime.config.recipe import RecipeError, build_config
 from runtime.config.schema import LoraConfig
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
-from runtime.engines import lora_format
 from runtime.engines.torch.lora import LoraLinear
 from runtime.engines.torch.trainer import TorchTrainer
+from runtime.weights import lora_format
 from tests.unit.test_trainer import batch
 
 LORA = {"rank": 4, "alpha": 8.0}

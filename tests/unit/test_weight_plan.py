@@ -8,16 +8,14 @@ the header. The transfers themselves are in tests/integration/test_weight_stream
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from runtime.rank.collective import (
-    Collective,
-    CollectiveError,
-    TensorSpec,
-    WeightsHeader,
-    plan_buckets,
-)
+from runtime.rank.collective import Collective, CollectiveError
+from runtime.weights import p2p
+from runtime.weights.wire import TensorSpec, WeightsHeader, plan_buckets
 
 pytestmark = pytest.mark.unit
 
@@ -97,26 +95,26 @@ class RecordingTransport:
         self.events.append("flush")
 
 
-def leader_without_a_group() -> tuple[Collective, list[dict]]:
+def leader_without_a_group(monkeypatch) -> tuple[Collective, list[dict]]:
     c = Collective(0, 1, bucket_bytes=1 << 20, timeout_s=5)
     headers: list[dict] = []
-    c.send_header = headers.append  # type: ignore[method-assign]
+    monkeypatch.setattr(p2p, "send_header", lambda group, header: headers.append(header))
     return c, headers
 
 
-def test_the_header_goes_first_with_the_transports_rendezvous_then_the_buckets():
-    c, headers = leader_without_a_group()
+def test_the_header_goes_first_with_the_transports_rendezvous_then_the_buckets(monkeypatch):
+    c, headers = leader_without_a_group(monkeypatch)
     t = RecordingTransport()
     header = WeightsHeader(2, tuple(spec((2,), (3,))), (1, 1))
-    sent = c.send_weights_stream(header, iter([torch.ones(2), torch.zeros(3)]), t)
+    sent = p2p.send_stream(c, header, iter([torch.ones(2), torch.zeros(3)]), t)
     assert sent == 20
     assert headers[0]["transport"] == "nccl" and headers[0]["nccl"] == {"world_size": 2}
     assert t.events[:2] == ["rendezvous", "open"] and t.events[-1] == "flush"
     assert [e.tolist() for e in t.events[2:4]] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
     with pytest.raises(CollectiveError, match="1 buckets sent, 2 announced"):
-        c.send_weights_stream(header, iter([torch.ones(2)]), RecordingTransport())
+        p2p.send_stream(c, header, iter([torch.ones(2)]), RecordingTransport())
     with pytest.raises(CollectiveError, match="bucket 1"):
-        c.send_weights_stream(header, iter([torch.ones(2), torch.ones(4)]), RecordingTransport())
+        p2p.send_stream(c, header, iter([torch.ones(2), torch.ones(4)]), RecordingTransport())
 
 
 def tiny_model(tied: bool):
@@ -142,29 +140,32 @@ def tiny_model(tied: bool):
 
 
 class CapturingLeader:
-    """The leader's end of a collective: keeps the buckets it would send."""
+    """The leader's end of the sync group (runtime/weights/protocols.py ``SyncGroup``):
+    keeps what it would send, the header and each bucket's tensors, by the gloo path."""
 
     is_leader = True
+    rank = epoch = 0
 
     def __init__(self) -> None:
         self.got: dict[str, torch.Tensor] = {}
+        self.header: WeightsHeader | None = None
         self.buckets = 0
 
-    def send_weights_stream(self, header, buckets, transport=None) -> int:
-        sent = 0
-        # not enumerate(): its cached result tuple would hold each bucket until the next
-        for flat in buckets:
-            pairs = header.split(self.buckets, flat)
+    def send_to_receivers(self, tensor: torch.Tensor, what: str) -> None:
+        if what == "header":
+            self.header = WeightsHeader.from_json(json.loads(bytes(tensor.numpy()).decode()))
+        elif what.startswith("bucket"):
+            assert self.header is not None and what == f"bucket {self.buckets}"
+            dtype = self.header.bucket_specs(self.buckets)[0].dtype
+            pairs = self.header.split(self.buckets, tensor.view(dtype))
             self.got.update((name, view.clone()) for name, view in pairs)
-            sent += flat.numel() * flat.element_size()
             self.buckets += 1
-            del flat, pairs  # as Collective.send_weights_stream: dropped before the next
-        return sent
+            del pairs  # as the real sends: nothing of a bucket kept past it
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied-head", "untied-head"])
 def test_the_walk_sends_checkpoint_names_in_the_rollout_dtype(tied):
-    from runtime.engines.torch.weight_stream import stream_weights
+    from runtime.weights.send import stream_weights
 
     model, hf_names = tiny_model(tied)
     leader = CapturingLeader()
@@ -182,7 +183,7 @@ def test_the_walk_sends_checkpoint_names_in_the_rollout_dtype(tied):
 
 
 def test_nccl_rendezvous_and_update_infos_follow_the_header():
-    from runtime.engines.vllm.weight_transfer import update_infos, worker_init_info
+    from runtime.weights.nccl import update_infos, worker_init_info
 
     s = [TensorSpec("a", BF16, (2, 3)), TensorSpec("b", BF16, (4,)), TensorSpec("c", BF16, (9,))]
     nccl = {

@@ -1,4 +1,4 @@
-"""The workload kinds (runtime/workloads/kinds.py): one record per ``workload.kind``, and
+"""The workload kinds (runtime/config/workload_kinds.py): one record per ``workload.kind``, and
 every per-kind table elsewhere read from it."""
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.config.schema import WorkloadConfig
-from runtime.workloads.kinds import KIND_NAMES, KINDS, WorkloadKind, workload_kind
+from runtime.config.workload_kinds import KIND_NAMES, KINDS, WorkloadKind, workload_kind
 from tests.helpers import REPO
 
 

@@ -4,7 +4,7 @@ Our own small wrapper rather than peft's: the adapted layer stays an ``nn.Linear
 its Hugging Face name with two child layers ``lora_A``/``lora_B``, so the state dict keeps
 the checkpoint's names (FSDP2's per-block sharding, the weight stream, checkpoints and the
 shard handoff walk it unchanged) and the adapter tensors already carry peft's names minus
-its prefix (runtime/engines/lora_format.py). peft's wrapper would add ``base_model.model``
+its prefix (runtime/weights/lora_format.py). peft's wrapper would add ``base_model.model``
 and ``base_layer`` to every name and pull in a dependency for a 30-line layer.
 
 ``y = x W^T + b + (alpha / r) * dropout(x) A^T B^T``: ``A`` starts as peft starts it

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from runtime.config.schema import Config
-from runtime.engines import lora_format
 from runtime.store.run_dir import write_json_atomic
+from runtime.weights import lora_format
 
 
 def for_rollout(weights: dict[str, torch.Tensor], cfg: Config) -> dict[str, torch.Tensor]:

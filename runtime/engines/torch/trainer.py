@@ -36,7 +36,6 @@ from runtime.config.schema import Config
 from runtime.data import micro_batches
 from runtime.data.micro_batches import UpdatePlan
 from runtime.data.sample import Sample
-from runtime.engines import lora_format
 from runtime.engines.torch import logprobs, policy_files
 from runtime.engines.torch.lora import adapter_dropout_off, apply_lora, trainable
 from runtime.engines.torch.loss import (
@@ -55,6 +54,7 @@ from runtime.engines.torch.parallelize import (
     trainer_device,
 )
 from runtime.rank.collective import Collective
+from runtime.weights import lora_format
 
 log = logging.getLogger(__name__)
 PAD = 0

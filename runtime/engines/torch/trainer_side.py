@@ -26,11 +26,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.config.workload_kinds import workload_kind
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
@@ -40,14 +42,13 @@ from runtime.engines.torch.shard_handoff import (
     transfer,
 )
 from runtime.engines.torch.trainer import TorchTrainer
-from runtime.engines.torch.weight_stream import WeightStreamer
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer, StepAborted
 from runtime.store.run_dir import RunPaths
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import GONE_ROLE
-from runtime.workloads.kinds import workload_kind
+from runtime.weights.send import WeightStreamer
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,19 @@ def eval_names(figures: dict[str, float], when: str) -> dict[str, float]:
     return out
 
 
+def eval_generators(cfg: Config, model: torch.nn.Module, version: int) -> tuple[Any, Any]:
+    """The eval sets' generators over ``model``: greedy, and at ``eval.temperature``."""
+    from runtime.data.codec import codec_for
+    from runtime.embedded.resolve import resolve_model_path
+    from runtime.engines.torch.generate import ModelGenerator
+
+    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    return (
+        ModelGenerator(model, codec, 0.0, version),
+        ModelGenerator(model, codec, cfg.eval.temperature, version),
+    )
+
+
 def _sources(change: LayoutChange, group_size: int) -> dict[int, int]:
     """Who receives trainer state from whom in ``change`` (``{receiver: source}``): the
     joining ranks from ranks that stay; after a trainer rank was lost (``"gone"`` now),
@@ -132,7 +146,7 @@ class TorchTrainerSide(BatchConsumer):
         self._eval_start: dict[str, float] | None = None
         self._reward_pool = None  # for the eval's rewards and tools, started on first use
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
-        # gathers each bucket of its shards; runtime/engines/torch/weight_stream.py); the
+        # gathers each bucket of its shards; runtime/weights/send.py); the
         # whole model is gathered once, at the last step, for the final policy and eval.
         self.streamer = WeightStreamer(cfg, collective) if collective is not None else None
         self._gathered: dict[str, torch.Tensor] | None = None
@@ -208,9 +222,11 @@ class TorchTrainerSide(BatchConsumer):
 
                     timeout_s = self.cfg.workload.reward_timeout_s + 30
                     self._reward_pool = RewardPool(self.cfg.sandbox.reward_workers, timeout_s)
+                version = self.trainer.version
+                generators = eval_generators(self.cfg, model, version)
                 out.update(
                     eval_sets.evaluate(
-                        self.cfg, model, self.trainer.version, self._reward_pool, self.keepalive
+                        self.cfg, generators, version, self._reward_pool, self.keepalive
                     )
                 )
             return out
@@ -335,7 +351,7 @@ class TorchTrainerSide(BatchConsumer):
         time (collective over the trainer group: every rank calls this together)."""
         from torch.distributed.tensor import DTensor
 
-        from runtime.engines import lora_format
+        from runtime.weights import lora_format
 
         t = self.trainer
         # a LoRA run's adapter sync: the adapters only, not a copy of the whole model

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config
-from runtime.engines import lora_format
-from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.devices import replica_devices, visible_devices
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
-from runtime.rank.collective import WeightsHeader
+from runtime.weights import lora_format
+from runtime.weights import nccl as weight_transfer
+from runtime.weights.wire import WeightsHeader
 from runtime.workloads.agents.base import Generation
 
 
@@ -246,6 +246,11 @@ class VLLMEngine:
         await self.leave_transfer_group(timeout_s)
         await weight_transfer.join_group(self.engine, info, timeout_s)
         self.transfer_epoch = epoch
+
+    async def drain_transfer(self, header: WeightsHeader, timeout_s: float) -> None:
+        """Take part in an NCCL transfer of a version this engine has: received, dropped,
+        generation not paused."""
+        await weight_transfer.drain(self.engine, header, timeout_s)
 
     async def leave_transfer_group(self, timeout_s: float) -> None:
         if self.transfer_epoch is not None:

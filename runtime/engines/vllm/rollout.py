@@ -6,12 +6,11 @@ hybrid worker, behind the rollout pull loop (runtime/rank/rollout_loop.py): work
 goes in, finished samples (scored by the workload's reward) come out through the loop's
 outbox, emptied on the worker's thread, which owns the socket.
 
-Weights (:meth:`VLLMRolloutSide._receive_weights`): the leader's header says how the
-buckets come (runtime/rank/collective.py). Over gloo (CPU) they are assembled here, written
-to /dev/shm and reloaded (pause keep -> reload -> version -> resume); over NCCL (CUDA) they
-go straight into the engine's workers, runtime/engines/vllm/weight_transfer.py (pause keep
--> receive and load each bucket -> version -> resume). Each sync leaves a record in
-``sync_records`` (bytes, seconds, GB/s).
+Weights: the side's :class:`runtime.weights.receive.PolicyReceiver` takes part in each
+transfer the leader's header announces (over gloo on CPU: written to /dev/shm and reloaded;
+over NCCL on CUDA: straight into the engine's workers) and hands the engine's part to this
+side, which runs it on the engine's loop, one update in flight at a time. Each sync leaves
+a record in ``sync_records`` (bytes, seconds, GB/s).
 
 Sleep levels on a role switch: ``deactivate`` sleeps at level 2 (KV cache and weights
 dropped) when the rank has a process group, because a rank joining the rollout pool always
@@ -43,12 +42,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import ParkedRollout, Request, Sample
-from runtime.engines.vllm import weight_transfer
 from runtime.engines.vllm.engine import VLLMEngine
-from runtime.rank.collective import Collective, WeightsHeader
+from runtime.rank.collective import Collective
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
 from runtime.transport import protocol as p
+from runtime.weights.receive import PolicyReceiver
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.pool import RewardPool
@@ -85,13 +84,11 @@ class VLLMRolloutSide(RolloutSide[Future]):
         self.weights_root = fresh_private_dir(base / f"reflow-{paths.name}-rank{rank}")
         self.agent = registry.agent(cfg.workload.kind)
         self.slots = cfg.scheduler.max_concurrency
-        self._updating: Future | None = None
+        self._updating: Future | None = None  # the engine's part of a weight update
         # a weight transfer waits as long as the leader's collectives may
         self._transfer_timeout_s = (
             collective.timeout.total_seconds() if collective is not None else 600.0
         )
-        # one record per weight sync received (bytes, seconds, GB/s), for metrics/status
-        self.sync_records: collections.deque[dict[str, float]] = collections.deque(maxlen=64)
         # the last role switch of this side: sleep or wake seconds, weights on joining
         self.last_switch: dict[str, float] = {}
         self._loop = asyncio.new_event_loop()
@@ -104,6 +101,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
         # bounded like registration: a rank whose engine never comes up is not ready
         start_s = cfg.control.register_timeout_s
         self._await(self.engine.start(0), start_s, "engine start (control.register_timeout_s)")
+        self.receiver = PolicyReceiver(
+            cfg, rank, self.engine, collective, self.weights_root, self._transfer_timeout_s
+        )
         from runtime.data.codec import codec_for
 
         record = None
@@ -270,85 +270,30 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     # --- internals ---------------------------------------------------------------------
 
+    @property
+    def sync_records(self) -> collections.deque[dict[str, float]]:
+        """One record per weight sync received (bytes, seconds, GB/s)."""
+        return self.receiver.records
+
     def _receive_weights(self, *, wait: bool) -> None:
         """Take part in the leader's weight transfer and load it into the engine (requests
         in flight are held and resumed). ``wait``: until the engine has the weights."""
-        if self.collective is None:
-            return
-        start = time.perf_counter()
-        header = self.collective.receive_weights_header()
-        if header.transport == "nccl":
-            self._settle()  # one update at a time, in version order
-            self._updating = self._call(self._update_nccl(header, self.collective.epoch))
-        else:
-            weights = self.collective.receive_weights_from(header)
-            received_s = time.perf_counter() - start
-            self._settle()
-            nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-            if not self._needs(header.version):
-                self._record(header, nbytes, received_s, 0.0, loaded=False)
-                return
-            written = time.perf_counter()
-            folder = self._write_policy(header.version, weights)
-            del weights
-            write_s = time.perf_counter() - written
-            log.debug("weights v%d received in %.3f s", header.version, received_s)
-            update = self._update(str(folder), header, nbytes, received_s, write_s)
-            self._updating = self._call(update)
+        update = self.receiver.receive(self._settle)
+        if update is not None:
+            self._updating = self._call(self._paused(update))
         if wait:
             self._settle()
+
+    async def _paused(self, update: Coroutine[Any, Any, float]) -> None:
+        self.paused_s += await update  # the seconds the engine held requests
 
     def load_in_place(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Mode colocated_sync: this rank's trainer's weights (host memory) into its own
         engine, as a file in memory then a reload; no process group, nothing in flight."""
         self._settle()
-        if not self._needs(version):
-            return
-        start = time.perf_counter()
-        folder = self._write_policy(version, weights)
-        write_s = time.perf_counter() - start
-        took = self._await(
-            self.engine.update_weights(str(folder), version),
-            ENGINE_CALL_TIMEOUT_S,
-            f"in-place load of version {version}",
+        self.receiver.load_in_place(
+            version, weights, lambda coro, what: self._await(coro, ENGINE_CALL_TIMEOUT_S, what)
         )
-        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.sync_records.append(
-            {
-                "version": float(version),
-                "bytes": float(nbytes),
-                "receive_s": 0.0,
-                "load_s": write_s + took,
-                "gb_per_s": 0.0,
-                "loaded": 1.0,
-                "nccl": 0.0,
-            }
-        )
-        for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
-            if old.name != folder.name:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def _write_policy(self, version: int, weights: dict[str, torch.Tensor]) -> Path:
-        """``weights`` as the folder the engine loads version ``version`` from: a Hugging
-        Face ``model.safetensors``, or a LoRA run's adapter as a peft folder."""
-        from safetensors.torch import save_file
-
-        from runtime.engines import lora_format
-
-        folder = self.weights_root / f"v{version}"
-        folder.mkdir(mode=0o700, exist_ok=True)  # inside our private root
-        if self.engine.serves_adapter:
-            if not all(map(lora_format.is_adapter_name, weights)):
-                raise ValueError(f"weights v{version}: a LoRA engine was sent non-adapter tensors")
-            lora_format.write_adapter(folder, weights, self.cfg.model.lora, self.engine.model_path)
-        else:
-            save_file(weights, str(folder / "model.safetensors"))
-        return folder
-
-    def _needs(self, version: int) -> bool:
-        """Whether the engine should load ``version`` (not if it has it, unless a level-2
-        sleep dropped its weights)."""
-        return version > self.engine.version or not self.engine.weights_valid
 
     def _settle(self) -> None:
         """Until the weight update in flight (if any) is done; its error raised here."""
@@ -363,49 +308,6 @@ class VLLMRolloutSide(RolloutSide[Future]):
                 raise TimeoutError(
                     f"vLLM weight update in flight did not finish within {bound:g} s"
                 ) from None
-
-    def _record(
-        self, header: WeightsHeader, nbytes: int, receive_s: float, load_s: float, loaded: bool
-    ) -> None:
-        self.sync_records.append(
-            {
-                "version": float(header.version),
-                "bytes": float(nbytes),
-                "receive_s": receive_s,
-                "load_s": load_s,
-                "gb_per_s": nbytes / receive_s / 1e9 if receive_s > 0 else 0.0,
-                "loaded": float(loaded),
-                "nccl": float(header.transport == "nccl"),
-            }
-        )
-
-    async def _update(
-        self, path: str, header: WeightsHeader, nbytes: int, received_s: float, write_s: float
-    ) -> None:
-        took = await self.engine.update_weights(path, header.version)
-        self.paused_s += took  # paused, reloaded, resumed: requests held meanwhile
-        self._record(header, nbytes, received_s, write_s + took, loaded=True)
-        log.debug("weights v%d loaded in %.3f s", header.version, took)
-        for old in self.weights_root.glob("v*"):  # the engine holds its own copy now
-            if old.name != f"v{header.version}":
-                shutil.rmtree(old, ignore_errors=True)
-
-    async def _update_nccl(self, header: WeightsHeader, epoch: int) -> None:
-        """The NCCL transfer: join the group if the header announces one, then receive
-        into the model (paused) or, with this version loaded already, receive and drop."""
-        eng, timeout = self.engine, self._transfer_timeout_s
-        if header.nccl is not None:
-            await eng.join_transfer_group(header, self.rank, epoch, timeout)
-        nbytes = sum(map(header.bucket_nbytes, range(len(header.buckets))))
-        start = time.perf_counter()
-        if not self._needs(header.version):
-            await weight_transfer.drain(eng.engine, header, timeout)
-            self._record(header, nbytes, time.perf_counter() - start, 0.0, loaded=False)
-            return
-        paused, finish_s = await eng.update_weights_nccl(header, timeout)
-        self.paused_s += paused
-        # the buckets' receive includes their load_weights: one operation on this path
-        self._record(header, nbytes, paused - finish_s, finish_s, loaded=True)
 
     async def _run(self, req: Request) -> bool:
         """One episode; True once its sample is in the outbox."""

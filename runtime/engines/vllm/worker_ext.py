@@ -24,7 +24,7 @@ class ReflowWorkerExtension:
 
     def reflow_drain_weights(self, sizes: list[int]) -> int:
         """Take part in the leader's NCCL weight broadcast without loading it: this engine
-        has the version already (runtime/engines/vllm/weight_transfer.py). ``sizes``: the
+        has the version already (runtime/weights/nccl.py). ``sizes``: the
         bytes of each bucket. CUDA only."""
         import torch
 

@@ -5,5 +5,5 @@ An agent drives the engine turn by turn through
 process pool), builds an :class:`~runtime.workloads.agents.base.Episode` whose environment
 tokens (test feedback, tool output) carry loss mask 0, and scores it. Agents are chosen by
 ``workload.kind`` from :data:`runtime.workloads.agents.registry.AGENTS`, which reads them
-from the kinds' records (:mod:`runtime.workloads.kinds`).
+from the kinds' records (:mod:`runtime.config.workload_kinds`).
 """

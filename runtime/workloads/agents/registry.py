@@ -1,9 +1,9 @@
-"""Agent loops by ``workload.kind``, as :mod:`runtime.workloads.kinds` records them."""
+"""Agent loops by ``workload.kind``, as :mod:`runtime.config.workload_kinds` records them."""
 
 from __future__ import annotations
 
+from runtime.config.workload_kinds import KINDS
 from runtime.workloads.agents.base import Agent
-from runtime.workloads.kinds import KINDS
 
 AGENTS: dict[str, type] = {name: k.agent_class() for name, k in KINDS.items()}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.workloads.kinds import KINDS
+from runtime.config.workload_kinds import KINDS
 from runtime.workloads.sandbox.limits import SandboxLimits
 from runtime.workloads.sandbox.runner import Sandbox, SandboxError
 

@@ -8,7 +8,9 @@ import ast
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime.workloads.rewards.code import formats
@@ -248,3 +250,25 @@ def extract_program(response: str) -> str:
         return response
     python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
     return (python or [code for _, code in blocks])[-1]
+
+
+def check_code_tests(records: list[dict[str, Any]], path: str | Path) -> None:
+    """Every record's tests parse into a form the code grader grades under its guarantees,
+    or one line names the record and the field (a run on tests it cannot grade would train
+    on a reward of 0, silently). The dataset check's hook for the code kinds
+    (runtime/data/datasets.py ``check_dataset``)."""
+    from runtime.data.datasets import DatasetError
+
+    for i, record in enumerate(records):
+        try:
+            parse_tests(tests_of(record), fn_name=record.get("fn_name") or None)
+        except TestSpecError as exc:
+            raise DatasetError(f"{path}: record {i}: {exc} (data.fields.tests)") from None
+
+
+def record_check(kind: str) -> Callable[[list[dict[str, Any]], str], None] | None:
+    """The dataset check of a workload kind's records (``check_dataset``'s hook):
+    :func:`check_code_tests` for a kind whose records carry tests, else none."""
+    from runtime.config.workload_kinds import workload_kind
+
+    return check_code_tests if "tests" in workload_kind(kind).fields else None

@@ -17,10 +17,10 @@ and the trainer's :class:`runtime.engines.torch.logprobs.TargetLogprobHead` keep
 ``lm_head.weight``; a tied ``lm_head`` is left out, as Hugging Face saves it and as
 ``TorchTrainer.checkpoint_format`` does, since vLLM ties it to ``embed_tokens`` itself.
 
-Transports (the same header and buckets either way, runtime/rank/collective.py): on CPU
-the gloo sync group (the rollout drivers write a file and reload it);
-``resources.device: cuda`` sends the buckets over NCCL straight into the vLLM engines'
-workers (runtime/engines/vllm/weight_transfer.py).
+Senders (the same header and buckets either way, runtime/weights/wire.py; the header
+always over the sync group, runtime/weights/p2p.py): on CPU the buckets too (the rollout
+drivers write a file and reload it); ``resources.device: cuda`` sends them over NCCL
+straight into the vLLM engines' workers (runtime/weights/nccl.py).
 """
 
 from __future__ import annotations
@@ -35,16 +35,10 @@ from typing import Any
 import torch
 
 from runtime.config.schema import Config, LoraConfig
-from runtime.engines import lora_format
-from runtime.rank.collective import (
-    LEADER,
-    BucketTransport,
-    Collective,
-    TensorSpec,
-    WeightsHeader,
-    plan_buckets,
-    trainer_grid,
-)
+from runtime.rank.collective import LEADER, Collective, trainer_grid
+from runtime.weights import lora_format, p2p
+from runtime.weights.protocols import BucketSender
+from runtime.weights.wire import TensorSpec, WeightsHeader, plan_buckets
 
 
 @dataclass
@@ -208,7 +202,7 @@ def stream_weights(
     dtype: torch.dtype,
     bucket_bytes: int,
     tied_lm_head: bool,
-    transport: BucketTransport | None = None,
+    transport: BucketSender | None = None,
     lora: LoraConfig | None = None,
 ) -> SyncRecord:
     """Stream ``model``'s weights as policy ``version`` to the sync group (see the module
@@ -223,7 +217,7 @@ def stream_weights(
     leader = collective.is_leader
     buckets = _buckets(entries, header, device, alive, keep=leader)
     if leader:
-        sent = collective.send_weights_stream(header, buckets, transport)
+        sent = p2p.send_stream(collective, header, buckets, transport)
     else:
         for _ in buckets:  # yields nothing here: this rank takes part in the gathers only
             pass
@@ -267,7 +261,7 @@ class WeightStreamer:
         # An adapter (~1% of the bytes) goes over the gloo group and is loaded from a file
         # by vLLM's LoRA path; NCCL streams straight into load_weights, base weights only.
         self.cuda = cfg.resources.device == "cuda" and not self.lora.syncs_adapter
-        self._transport: BucketTransport | None = None
+        self._transport: BucketSender | None = None
         self.records: collections.deque[SyncRecord] = collections.deque(maxlen=history)
 
     def takes_part(self, sharded: bool) -> bool:
@@ -301,11 +295,11 @@ class WeightStreamer:
     def last(self) -> SyncRecord | None:
         return self.records[-1] if self.records else None
 
-    def _leader_transport(self) -> BucketTransport | None:
+    def _leader_transport(self) -> BucketSender | None:
         if not self.cuda or not self.collective.is_leader:
             return None  # gloo; the leader's group peers only gather
         if self._transport is None:
-            from runtime.engines.vllm.weight_transfer import NcclBucketSender
+            from runtime.weights.nccl import NcclBucketSender
 
             self._transport = NcclBucketSender(
                 self.collective, self.bucket_bytes, self.collective.timeout.total_seconds()

@@ -3,7 +3,9 @@
 A transfer is a header (every tensor's name, dtype and shape, the version, the bucket
 boundaries, the transport) followed by one flat tensor per bucket; receivers check every
 bucket against the header. No pickle: a process group's peers are not authenticated the
-way the control plane is (runtime/rank/collective.py).
+way the control plane is (runtime/rank/collective.py). Every strategy of the package
+shares it: the buckets go over the sync group (runtime/weights/p2p.py) or over NCCL
+(runtime/weights/nccl.py), the header names which.
 """
 
 from __future__ import annotations
@@ -12,36 +14,15 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
+
+from runtime.rank.collective import CollectiveError, bucket_indices
 
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
 TRANSPORTS = ("gloo", "nccl")
 MAX_HEADER_BYTES = 64 * 2**20  # a weights header names every tensor: far below this
-
-
-class CollectiveError(RuntimeError):
-    """The process group could not be formed or a transfer was malformed."""
-
-
-def _bucket_indices(items: Sequence[tuple[torch.dtype, int]], bucket_bytes: int) -> list[list[int]]:
-    """Indices of ``(dtype, nbytes)`` items grouped into consecutive buckets of one dtype and
-    at most ``bucket_bytes`` (an item larger than a bucket gets one of its own)."""
-    out: list[list[int]] = []
-    size = 0
-    for i, (dtype, nbytes) in enumerate(items):
-        if out and items[out[-1][0]][0] == dtype and size + nbytes <= bucket_bytes:
-            out[-1].append(i)
-            size += nbytes
-        else:
-            out.append([i])
-            size = nbytes
-    return out
-
-
-def _buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    return _bucket_indices([(t.dtype, t.numel() * t.element_size()) for t in tensors], bucket_bytes)
 
 
 class TensorSpec(NamedTuple):
@@ -62,7 +43,7 @@ class TensorSpec(NamedTuple):
 
 def plan_buckets(spec: Sequence[TensorSpec], bucket_bytes: int) -> list[int]:
     """How many consecutive tensors of ``spec`` each bucket of a weight transfer holds."""
-    return [len(b) for b in _bucket_indices([(t.dtype, t.nbytes) for t in spec], bucket_bytes)]
+    return [len(b) for b in bucket_indices([(t.dtype, t.nbytes) for t in spec], bucket_bytes)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +51,7 @@ class WeightsHeader:
     """What a weight transfer announces before its first bucket: the policy version, every
     tensor (checkpoint name, dtype, shape), how many consecutive tensors each bucket holds,
     and the transport of the buckets: ``gloo`` (over the sync group) or ``nccl`` (straight
-    into the vLLM engines' workers, runtime/engines/vllm/weight_transfer.py; ``nccl`` then
+    into the vLLM engines' workers, runtime/weights/nccl.py; ``nccl`` then
     holds a new group's rendezvous, or None while the current one stands)."""
 
     version: int
@@ -152,21 +133,3 @@ class WeightsHeader:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CollectiveError(f"malformed weights header: {exc!r}") from None
-
-
-class BucketTransport(Protocol):
-    """Where buckets go when not over the gloo sync group (the header always does):
-    ``rendezvous`` gives a new group's header fields (None: the current one stands),
-    ``open`` joins it once the header is out, ``flush`` returns once all sent has left.
-    runtime/engines/vllm/weight_transfer.py's NCCL sender is one."""
-
-    name: str
-    device: torch.device  # where the buckets it sends are made
-
-    def rendezvous(self) -> dict[str, Any] | None: ...
-
-    def open(self) -> None: ...
-
-    def send(self, flat: torch.Tensor) -> None: ...
-
-    def flush(self) -> None: ...

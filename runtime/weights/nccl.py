@@ -4,7 +4,7 @@ vLLM's weight-transfer API (``vllm/distributed/weight_transfer/``, enabled by th
 argument ``weight_transfer_config={"backend": "nccl"}``) is driven from both ends here:
 
 - the trainer leader (:class:`NcclBucketSender`, a
-  :class:`runtime.rank.collective.BucketTransport`) is rank 0 of an NCCL group with every
+  :class:`runtime.weights.protocols.BucketSender`) is rank 0 of an NCCL group with every
   worker of every rollout engine of the layout; it mints the group's ``ncclUniqueId`` and
   announces it in the weights header, which travels over the gloo sync group like every
   header (no second store to listen on, nothing unpickled: vLLM's unique-id rendezvous,
@@ -44,7 +44,8 @@ from typing import Any, TypeVar
 import torch
 
 from runtime.config.layout import rollout_drivers
-from runtime.rank.collective import Collective, CollectiveError, WeightsHeader
+from runtime.rank.collective import Collective, CollectiveError
+from runtime.weights.wire import WeightsHeader
 
 T = TypeVar("T")
 
