@@ -197,7 +197,8 @@ def plots(rep: dict, out: Path) -> str:
             b = g[key]
             if b is None:  # every arm of the mode busy: no seconds to draw
                 continue
-            (line,) = ax.step(b["x"], b["mean"], where="post", label=f"{mode} ({g['arms']} arms)")
+            n = g["arms"] - (len(g["busy"]) if key == "vs_time" else 0)  # seconds: quiet only
+            (line,) = ax.step(b["x"], b["mean"], where="post", label=f"{mode} ({n} arms)")
             ax.fill_between(
                 b["x"], b["min"], b["max"], step="post", alpha=0.15, color=line.get_color()
             )
