@@ -149,12 +149,7 @@ def write_report(folder: Path) -> str:
 
 
 def distill_grid(grid_json: Path, folder: Path) -> Path:
-    try:
-        rows = json.loads(grid_json.read_text())
-    except OSError as exc:
-        raise ValueError(f"{grid_json}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError:
-        raise ValueError(f"{grid_json}: not JSON") from None
+    rows = arms.read_json(grid_json)
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{grid_json}: not a sim_grid.py grid.json (a list of rows)")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)

@@ -388,14 +388,20 @@ def write_record(rec: dict, records: Path) -> Path:
     return path
 
 
+def read_json(path: Path, error: type[ValueError] = ValueError) -> object:
+    """A JSON file's content; ``error`` with one line naming the file when it cannot be
+    read or is not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError:
+        raise error(f"{path}: not JSON") from None
+
+
 def read_record(path: Path) -> dict:
     """A committed record, checked for what the report reads."""
-    try:
-        rec = json.loads(path.read_text())
-    except OSError as exc:
-        raise BadRecord(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError:
-        raise BadRecord(f"{path}: not JSON") from None
+    rec = read_json(path, BadRecord)
     if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
         raise BadRecord(f"{path}: not a learning record of format {RECORD_FORMAT}")
     spec = ArmSpec.from_json(rec.get("arm") or {}, str(path))

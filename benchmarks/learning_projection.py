@@ -55,6 +55,7 @@ def distill(rows: list[dict], *, source: str, commit: str) -> dict:
 
 
 def read_grid(path: Path) -> dict:
+    """A distilled grid (:func:`distill`'s), checked; one line naming the file if not."""
     try:
         grid = json.loads(path.read_text())
         for cell in grid["cells"].values():
@@ -62,7 +63,7 @@ def read_grid(path: Path) -> dict:
                 float(x["step_s"])
     except OSError as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
         raise ValueError(f"{path}: not a distilled grid (cells -> mode -> step_s)") from None
     return grid
 

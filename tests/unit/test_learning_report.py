@@ -380,3 +380,24 @@ def test_an_arm_past_its_time_is_killed_with_its_whole_tree(tmp_path):
         for p in (child, marked):
             p.kill()
             p.wait()
+
+
+def test_grid_from_distills_a_sim_grid_and_the_report_projects_it(folder, tmp_path):
+    cell = {"workload": "math", "model": "qwen3-8b", "gpus": 32}
+    rows = [
+        {**cell, "mode": m, "protocol": {"step_s_mean": 2.0}}
+        for m in ("colocated_sync", "one_step_off", "async", "reflow")
+    ]
+    grid_json = tmp_path / "grid-rows.json"
+    grid_json.write_text(json.dumps(rows))
+    learning.main(["--grid-from", str(grid_json), "--dir", str(folder)])
+    assert learning_projection.read_grid(folder / "grid.json")["cells"]["math:qwen3-8b:32"]
+    md = learning.write_report(folder)
+    # equal step times: reflow's ratio is its steps to the level over async's, 200 / 300
+    assert "| math:qwen3-8b:32 | async | 0.67x | 1.00x | **0.67x** |" in md
+    grid_json.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match=r"grid-rows.json: not a sim_grid.py grid.json"):
+        learning.main(["--grid-from", str(grid_json), "--dir", str(folder)])
+    (folder / "grid.json").write_text('{"cells": []}')
+    with pytest.raises(SystemExit, match=r"grid.json: not a distilled grid"):
+        learning.main(["--report-only", str(folder)])
