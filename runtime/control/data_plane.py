@@ -107,7 +107,8 @@ class DataPlane:
             if slots == 0:
                 self.dispatcher.blocked[cause] += 1
                 return []
-        horizon = self.train.last_step_for(self.policy_version, self.delta) - self.step
+        last = self.train.last_step_for(self.policy_version, self.delta)
+        horizon = last - self.step - len(self.batches)
         return self.dispatcher.take(
             worker,
             slots,

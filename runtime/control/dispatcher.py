@@ -7,7 +7,8 @@ Rollout workers ask for work; a request is handed out only if
 - its sample can still be consumed before it is too old: with ``ahead`` samples in front
   of it (unused in the buffer, waiting for their group, outstanding), the trainer taking
   ``b`` of them per step and ``horizon`` steps left whose batches may still take a sample
-  of the current version (``TrainConfig.last_step_for`` minus the steps done), admission
+  of the current version (``TrainConfig.last_step_for`` minus the steps done and the
+  batch in training), admission
   needs ``ahead + 1 <= b * horizon`` (StaleFlow-style consistency; otherwise the work
   would be generated only to be evicted).
 

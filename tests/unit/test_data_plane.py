@@ -409,6 +409,35 @@ def test_admission_horizon_counts_the_steps_left_before_a_version_is_too_old():
     assert len(dp.request_work(1, 100)) == 2 * 5
 
 
+@pytest.mark.parametrize("delta", [0, 1, 2])
+def test_admission_leaves_out_the_step_whose_batch_is_in_training(delta):
+    # A batch in training was drawn already: it takes no sample admitted now. Before, the
+    # horizon counted its step as one still to come, so while a batch trained rollout
+    # generated b samples more than any later batch could take within delta (at delta 0
+    # every one of them, reflow sigma 0 / delta 0 then evicted ~10k of 48k samples on the
+    # demo and learned below disaggregated_sync). AReaL's staleness capacity,
+    # (max_staleness + version + 1) x b - (accepted + running), counts that batch too.
+    b = 4
+    cfg = build_config(
+        {
+            "train": {"batch_size": b},
+            "algorithm": {"group_size": 1},
+            "reflow": {"delta": delta, "sigma": 0, "B_max": 100, "mode": "reflow"},
+        }
+    )
+    clock = Clock()
+    dp = DataPlane(cfg, prompts(), clock)
+    for step in range(1, 4):
+        _fill(dp, clock, dp.request_work(1, b), dp.policy_version)
+        batch = dp.next_batch()
+        assert batch is not None
+        assert len(dp.request_work(1, 100)) == b * delta  # this version's later batches
+        dp.worker_gone(1)
+        dp.finish_step(batch.batch_id, step, step)
+        assert len(dp.request_work(1, 100)) == b * (delta + 1)
+        dp.worker_gone(1)
+
+
 def test_with_sync_every_2_a_sample_first_trained_after_its_publication_is_replayed_next():
     # delta 1, a sync every 2 steps: version 1 is published by step 2. A sample of version
     # 1 first trained in step 3 is 0 versions old in step 4, and still 1 old in steps 5-6.
