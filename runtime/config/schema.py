@@ -347,6 +347,17 @@ class ReflowConfig:
         """What the run's mode does (runtime/config/modes.py): ask it, not the mode's name."""
         return modes.policy(self.mode)
 
+    @property
+    def replays(self) -> bool:
+        """Batches replay samples: the mode allows it and sigma > 0 (the one place this is
+        decided; a validated recipe has sigma 0 where the mode does not replay)."""
+        return self.policy.replay and (self.sigma or 0.0) > 0
+
+    @property
+    def replay_share(self) -> float:
+        """sigma where the run replays, else 0."""
+        return float(self.sigma or 0.0) if self.replays else 0.0
+
 
 @dataclass
 class ResourcesConfig:

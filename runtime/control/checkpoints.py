@@ -9,7 +9,8 @@ the coordinator does around them is runtime/control/lifecycle.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 # How long the checkpoint before a stop waits for the rollout drivers' parked rollouts
@@ -21,25 +22,55 @@ PARK_TIMEOUT_S = 20.0
 SaveCheckpoint = Callable[[int, int, dict[str, Any]], str]
 
 
+@dataclass
+class PendingCheckpoint:
+    """The checkpoint being written: its step, when it was asked for, the stop waiting for
+    it, and, before a stop, the rollout drivers whose parked rollouts it still awaits."""
+
+    step: int
+    requested_at: float
+    then_stop: str | None  # the reason of the stop that follows it, if one does
+    # Drivers still to report their parked rollouts (None: this one parks nothing) and
+    # since when; the trainer's half, when it came in before theirs.
+    parking: set[int] | None = None
+    parked_at: float = 0.0
+    trainer: tuple[bool, str] | None = None
+
+    @property
+    def parks(self) -> bool:
+        """It keeps what is in flight (a stop's checkpoint): no more work goes out."""
+        return self.parking is not None
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step,
+            "requested_at": self.requested_at,
+            "then_stop": self.then_stop,
+        }
+        if self.parking is not None:  # as JSON: the drivers still to report as a list
+            out |= {"parking": sorted(self.parking), "parked_at": self.parked_at}
+        return out
+
+
 class Checkpoints:
     def __init__(self, save: SaveCheckpoint | None, clock: Callable[[], float]) -> None:
         self.save = save
         self.clock = clock
-        self.pending: dict[str, Any] | None = None  # step, requested_at, then_stop
+        self.pending: PendingCheckpoint | None = None
         self.records: list[dict[str, Any]] = []  # saved and failed, in order
         self._unreported: list[dict[str, Any]] = []
-        self.stop_after_step: str | None = None  # a stop waiting for the batch in training
+        self._stop_after_step: str | None = None  # a stop waiting for the step in training
 
     @property
     def busy(self) -> bool:
         """A checkpoint, or a stop that will take one, holds the next batch back."""
-        return self.pending is not None or self.stop_after_step is not None
+        return self.pending is not None or self._stop_after_step is not None
 
     @property
     def stopping(self) -> bool:
         """A stop is already on its way (after the step in training, or a checkpoint)."""
-        return self.stop_after_step is not None or (
-            self.pending is not None and self.pending["then_stop"] is not None
+        return self._stop_after_step is not None or (
+            self.pending is not None and self.pending.then_stop is not None
         )
 
     def saved(self, step: int) -> bool:
@@ -50,8 +81,54 @@ class Checkpoints:
         """Start one for ``step``; False when there is no saver or one is pending."""
         if self.save is None or self.pending:
             return False
-        self.pending = {"step": step, "requested_at": self.clock(), "then_stop": then_stop}
+        self.pending = PendingCheckpoint(step, self.clock(), then_stop)
         return True
+
+    @property
+    def parking(self) -> bool:
+        """The pending checkpoint keeps what is in flight: no more work goes out."""
+        return self.pending is not None and self.pending.parks
+
+    def stop_after_step(self, reason: str) -> None:
+        """A stop that waits for the step in training, then checkpoints."""
+        self._stop_after_step = reason
+
+    def stop_after_it(self, reason: str) -> None:
+        """The pending checkpoint is followed by a stop."""
+        assert self.pending is not None
+        self.pending.then_stop = reason
+
+    def take_stop_after_step(self) -> str | None:
+        """The stop that waited for the step in training, now due (once)."""
+        reason, self._stop_after_step = self._stop_after_step, None
+        return reason
+
+    def start_parking(self, drivers: Iterable[int]) -> None:
+        """The pending checkpoint waits for these drivers' parked rollouts too."""
+        assert self.pending is not None
+        self.pending.parking, self.pending.parked_at = set(drivers), self.clock()
+
+    def parked(self, rank: int) -> bool:
+        """``rank``'s parked rollouts are in; False if they were not awaited."""
+        pending = self.pending
+        if pending is None or pending.parking is None or rank not in pending.parking:
+            return False
+        pending.parking.discard(rank)
+        return True
+
+    def stop_waiting_for(self, ranks: Iterable[int]) -> int:
+        """Drivers that will never report (lost, or past the time limit): how many were
+        still awaited."""
+        pending = self.pending
+        if pending is None or not pending.parking:
+            return 0
+        gone = pending.parking & set(ranks)
+        pending.parking -= gone
+        return len(gone)
+
+    def parking_overdue(self, now: float, timeout_s: float) -> bool:
+        pending = self.pending
+        return pending is not None and bool(pending.parking) and now - pending.parked_at > timeout_s
 
     def end(
         self,
@@ -59,14 +136,16 @@ class Checkpoints:
         error: str,
         policy_version: int,
         state: Callable[[], dict[str, Any]],
+        parked: Callable[[], dict[str, int]] | None = None,
     ) -> str | None:
         """Close the pending checkpoint (the trainer's half done or failed); returns the
-        reason of a stop that waited for it, if any."""
+        reason of a stop that waited for it, if any. ``parked``: what a stop's checkpoint
+        kept of the requests in flight, for its record."""
         pending = self.pending
         assert pending is not None
         self.pending = None
         record: dict[str, Any] = {
-            "step": pending["step"],
+            "step": pending.step,
             "policy_version": policy_version,
             "ok": False,
         }
@@ -75,32 +154,27 @@ class Checkpoints:
         else:
             assert self.save is not None
             try:
-                record["path"] = self.save(pending["step"], policy_version, state())
+                record["path"] = self.save(pending.step, policy_version, state())
                 record["ok"] = True
             except Exception as exc:  # disk full, permissions: the run goes on without it
                 record["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-        record["took_s"] = round(self.clock() - pending["requested_at"], 3)
+        record["took_s"] = round(self.clock() - pending.requested_at, 3)
+        if pending.parks and parked is not None:
+            record["parked_rollouts"] = parked()
         self.records.append(record)
         self._unreported.append(record)  # into the next step's metrics line
-        return pending["then_stop"]
+        return pending.then_stop
 
     def overdue(self, now: float, timeout_s: float) -> bool:
-        return self.pending is not None and now - self.pending["requested_at"] > timeout_s
+        return self.pending is not None and now - self.pending.requested_at > timeout_s
 
     def take_unreported(self) -> list[dict[str, Any]]:
         out, self._unreported = self._unreported, []
         return out
 
     def status(self) -> dict[str, Any]:
-        pending = self.pending
-        if pending is not None:  # as JSON: the drivers still to report as a list
-            pending = {
-                k: sorted(v) if isinstance(v, set) else v
-                for k, v in pending.items()
-                if k != "trainer"
-            }
         return {
-            "pending": pending,
+            "pending": None if self.pending is None else self.pending.status(),
             "last": next((c for c in reversed(self.records) if c["ok"]), None),
             "failed": sum(1 for c in self.records if not c["ok"]),
         }

@@ -51,7 +51,7 @@ def rank_share(c: Run, rank: int) -> int:
     to whichever rank asks first, and the phase would wait on one engine)."""
     drivers = max(1, len(c.layout.groups(Role.ROLLOUT)))
     share = -(-rollout_quota(c) // drivers)
-    return max(0, share - c.data.dispatcher.running_at(rank))
+    return max(0, share - c.data.running_at(rank))
 
 
 def advance(c: Run) -> list[Outgoing]:
@@ -65,7 +65,7 @@ def advance(c: Run) -> list[Outgoing]:
         return []
     train = c.cfg.train
     if phase(c) is Role.ROLLOUT:
-        if c.data.dispatcher.outstanding or len(c.data.buffer.unused) < rollout_quota(c):
+        if c.data.has_outstanding or c.data.n_unused < rollout_quota(c):
             return []
         target = Role.TRAINER
     else:
@@ -75,6 +75,6 @@ def advance(c: Run) -> list[Outgoing]:
             return []
         target = Role.ROLLOUT
         c.idle.trainer_is("colocated_rollout", c.clock())
-    c.phase_started_at_step = c.step
+    c.start_phase()
     c.rebalance.request(c.layout.all_playing(target), source="phase", ratio=target.value)
     return c.apply_pending_layout()

@@ -64,8 +64,8 @@ class Coordinator(Run):
             return []
         try:
             msg = p.decode(frames)
-        except p.ProtocolError:
-            self.reject("malformed")
+        except p.ProtocolError as exc:
+            self.reject("malformed", str(exc))
             return []
         return self.handle(identity, msg)
 
@@ -79,11 +79,11 @@ class Coordinator(Run):
     # --- client requests ---------------------------------------------------------------
 
     def _on_status_request(self, identity: bytes, msg: p.StatusRequest) -> list[Outgoing]:
-        self.accepted += 1
+        self.accept()
         return [(identity, p.StatusReply(status=self.status()))]
 
     def _on_rebalance(self, identity: bytes, msg: p.RebalanceRequest) -> list[Outgoing]:
-        self.accepted += 1
+        self.accept()
         if self.state != RunState.RUNNING:
             return [(identity, p.Reply(ok=False, text=f"run is {self.state}, not RUNNING"))]
         if colocation.is_colocated(self):
@@ -97,22 +97,22 @@ class Coordinator(Run):
         if why:
             return [(identity, p.Reply(ok=False, text=why))]
         self.rebalance.request(target)
-        self.rebalance.allocator.changed(self.step)  # a manual placement restarts the cooldown
+        self.rebalance.placed_by_hand(self.step)
         text = f"rebalance to {target.ratio} accepted; applied at the next sync point"
         now = [] if self.training_started else self.apply_pending_layout()
         return [(identity, p.Reply(ok=True, text=text)), *now]
 
     def _on_allocator(self, identity: bytes, msg: p.AllocatorRequest) -> list[Outgoing]:
-        self.accepted += 1
+        self.accept()
         if msg.auto and self.cfg.reflow.policy.baseline:
             text = f"mode={self.cfg.reflow.mode} keeps its placement: no allocator"
             return [(identity, p.Reply(ok=False, text=text))]
-        self.rebalance.auto = msg.auto
+        self.rebalance.set_auto(msg.auto)
         text = f"automatic rebalancing {'on' if msg.auto else 'off'}"
         return [(identity, p.Reply(ok=True, text=text))]
 
     def _on_stop_request(self, identity: bytes, msg: p.StopRequest) -> list[Outgoing]:
-        self.accepted += 1
+        self.accept()
         if self.state in TERMINAL:
             return [(identity, p.Reply(ok=True, text=f"run already {self.state}"))]
         out = self.request_stop(msg.reason or "stop requested")
@@ -160,9 +160,9 @@ class Coordinator(Run):
             out += self.apply_pending_layout()
         if self.state == RunState.RUNNING and now >= self._next_overdue_check:
             out += self._time_out_work(now)
-        if self.batch_retry:
+        if self.trainer_link.retrying:
             out += training.retry_batches(self, now)
-        if self.ckpt.pending is not None and "trainer" in self.ckpt.pending:
+        if self.ckpt.pending is not None and self.ckpt.pending.trainer is not None:
             # the trainer's half is in (ok or not): only the drivers' parked rollouts are
             # awaited, bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
             out += self._wait_for_parked(now)
@@ -181,9 +181,7 @@ class Coordinator(Run):
 
     def _wait_for_parked(self, now: float) -> list[Outgoing]:
         """A stop's checkpoint waits for the rollout drivers' parked rollouts, bounded."""
-        assert self.ckpt.pending is not None
-        parking = self.ckpt.pending.get("parking") or set()
-        parking -= {w.rank for w in self.members if w.gone}  # lost: it never will
+        self.ckpt.stop_waiting_for(w.rank for w in self.members if w.gone)  # lost: never will
         return lifecycle.end_when_parked(self, give_up=lifecycle.parking_overdue(self, now))
 
     def _time_out_work(self, now: float) -> list[Outgoing]:
@@ -193,10 +191,9 @@ class Coordinator(Run):
         the run, with the reason (a restart from the checkpoint is the remedy)."""
         ctl = self.cfg.control
         self._next_overdue_check = now + min(1.0, ctl.request_timeout_s / 4)
-        for sid, rank in self.data.dispatcher.overdue(now - ctl.request_timeout_s):
-            self.data.dispatcher.requeue(sid, rank, "timeout")
+        for sid in self.data.time_out(now - ctl.request_timeout_s):
             self.generation.finished(sid, None)
-        if self.batch_in_flight is not None and now - self.batch_sent_at > ctl.step_timeout_s:
+        if self.batch_in_flight is not None and self.trainer_link.overdue(now, ctl.step_timeout_s):
             return self.finish(
                 RunState.FAILED,
                 f"no step report for batch {self.batch_in_flight} within "
@@ -214,10 +211,10 @@ class Coordinator(Run):
         if isinstance(msg, p.Batch) and rank is not None:
             # Only the leader asks for batches; a trainer replica that missed its copy
             # would leave the leader waiting in the collective: send it again.
-            training.schedule_batch_retry(self, identity, msg.batch_id, self.clock())
+            self.trainer_link.missed(identity, msg.batch_id, self.clock())
         if isinstance(msg, p.Work) and rank is not None:
             for r in reversed(msg.requests):  # each goes to the front: keep their order
-                if self.data.dispatcher.requeue(r["sample_id"], rank, "undelivered"):
+                if self.data.requeue(r["sample_id"], rank, "undelivered"):
                     self.generation.finished(r["sample_id"], None)
 
     def lose_rank(self, w: WorkerInfo, why: str, regroup: bool = True) -> list[Outgoing]:
@@ -230,7 +227,7 @@ class Coordinator(Run):
             if self.state in (RunState.STARTING, RunState.RUNNING):
                 return self.finish(RunState.FAILED, why)
             return []
-        in_groups = w.rank not in self.lost  # else: registered again, not yet taken back
+        in_groups = w.rank not in self.members.lost  # else: registered again, not taken back
         out = self._drop(w, why)
         if self.layout.role_of(w.rank) == Role.TRAINER:
             # its replica group's other ranks hold shards of a replica that is no more:
@@ -244,7 +241,7 @@ class Coordinator(Run):
                         partner, f"released: its trainer replica {list(group)} lost rank {w.rank}"
                     )
         if needs_collective(self.cfg) and in_groups:
-            self.rebalance.regroup_due = True
+            self.rebalance.regroup_needed()
             if regroup:
                 out += self.regroup_without_lost()
         return out
@@ -255,19 +252,15 @@ class Coordinator(Run):
         requeued = self.data.worker_gone(w.rank)
         self.generation.worker_left(w.rank)
         self.idle.forget(w.rank)
-        self.lost_ranks.append(
-            {
-                "rank": w.rank,
-                "role": self.layout.role_of(w.rank).value,
-                "reason": why,
-                "requeued": requeued,
-                "at_step": self.step,
-            }
-        )
+        record = {
+            "rank": w.rank,
+            "role": self.layout.role_of(w.rank).value,
+            "reason": why,
+            "requeued": requeued,
+            "at_step": self.step,
+        }
+        self.members.declare_lost(record, out_of_groups=needs_collective(self.cfg))
         self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
-        self.rejoining.discard(w.rank)
-        if needs_collective(self.cfg):
-            self.lost.add(w.rank)
         return [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
 
     def _survivable(self, w: WorkerInfo) -> bool:

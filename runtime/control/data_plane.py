@@ -15,7 +15,7 @@ from runtime.config.schema import Config
 from runtime.control.dispatcher import Dispatcher
 from runtime.control.replay_buffer import Batch, ReplayBuffer
 from runtime.control.samplers import make_replay_filter, make_sampler
-from runtime.data.sample import Request, Sample
+from runtime.data.sample import ParkedRollout, Request, Sample, sample_digest
 
 
 class DataPlane:
@@ -30,10 +30,10 @@ class DataPlane:
         self.clock = clock
         self.mode_policy = rf.policy  # barrier or streaming, replay (runtime/config/modes.py)
         self.batch_size = train.batch_size
-        self.replay_enabled = self.mode_policy.replay and rf.sigma > 0
+        self.replay_enabled = rf.replays
         self.buffer = ReplayBuffer(
             batch_size=train.batch_size,
-            sigma=rf.sigma if self.replay_enabled else 0.0,
+            sigma=rf.replay_share,
             delta=rf.delta,
             group_size=cfg.algorithm.group_size,
             sampler=make_sampler(rf.sampler),
@@ -107,6 +107,10 @@ class DataPlane:
             if slots == 0:
                 self.dispatcher.blocked[cause] += 1
                 return []
+        # The steps left that may still take a sample of this version: those after the
+        # steps done and after the batch in training, drawn already (counting its step,
+        # rollout generated one batch more than delta lets any later batch take; AReaL's
+        # staleness capacity counts that batch too).
         last = self.train.last_step_for(self.policy_version, self.delta)
         horizon = last - self.step - len(self.batches)
         return self.dispatcher.take(
@@ -149,7 +153,66 @@ class DataPlane:
         self.delivered_ids[t.sample_id] = t.worker
         self.delivered_by_worker[t.worker] += 1
         self.buffer.add(t)
+        self.dispatcher.resumed(req, t)  # what became of a parked rollout it continued
         return True
+
+    def outstanding_at(self, sample_id: int, worker: int) -> Request | None:
+        """The request ``sample_id`` if it is out at ``worker`` (None otherwise)."""
+        entry = self.dispatcher.outstanding.get(sample_id)
+        return entry[0] if entry is not None and entry[1] == worker else None
+
+    @property
+    def has_outstanding(self) -> bool:
+        return bool(self.dispatcher.outstanding)
+
+    def running_at(self, worker: int) -> int:
+        """Requests out at ``worker``."""
+        return self.dispatcher.running_at(worker)
+
+    @property
+    def n_unused(self) -> int:
+        """Samples in the buffer no batch has taken yet."""
+        return len(self.buffer.unused)
+
+    @property
+    def shortfall(self) -> str | None:
+        """What the last batch that could not be made lacked (fresh, replay, or what the
+        sampler would take)."""
+        return self.buffer.shortfall
+
+    def count_blocked(self, cause: str) -> None:
+        """A work request granted less than it asked for, for ``cause`` outside the
+        dispatcher (the generation scheduler's cap)."""
+        self.dispatcher.blocked[cause] += 1
+
+    def time_out(self, cutoff: float, reason: str = "timeout") -> list[int]:
+        """Requests handed out before ``cutoff`` back to the queue; their sample ids."""
+        overdue = self.dispatcher.overdue(cutoff)
+        for sid, worker in overdue:
+            self.dispatcher.requeue(sid, worker, reason)
+        return [sid for sid, _ in overdue]
+
+    def requeue(self, sample_id: int, worker: int, reason: str) -> bool:
+        """One request back from ``worker`` to the front of the queue (never delivered)."""
+        return self.dispatcher.requeue(sample_id, worker, reason)
+
+    def keep_parked(self, sample_id: int, worker: int, rollout: ParkedRollout) -> bool:
+        """A request's parked rollout at a stop, kept with it for the checkpoint."""
+        return self.dispatcher.keep_parked(sample_id, worker, rollout)
+
+    def count_parked(self, what: str, n: int = 1) -> None:
+        """A parked rollout refused, or drivers that never reported theirs."""
+        self.dispatcher.parked[what] += n
+
+    def parked_kept(self) -> dict[str, int]:
+        """The requests in flight that carry a parked rollout (out at a rank, or back in
+        the queue because their rank was lost), and its tokens: what a checkpoint kept."""
+        d = self.dispatcher
+        kept = [r.resume for r in [*(r for r, _ in d.outstanding.values()), *d.pending]]
+        return {
+            "requests": sum(1 for x in kept if x is not None),
+            "tokens": sum(len(x) for x in kept if x is not None),
+        }
 
     def failed(self, sample_id: int, worker: int) -> bool:
         ok = self.dispatcher.requeue(sample_id, worker, "failed_generation")
@@ -248,6 +311,16 @@ class DataPlane:
         self.trainer_idle_s = float(state["trainer_idle_s"])
         self._waiting_since = None
 
+    def digest(self) -> dict[str, Any]:
+        """Sample ids and checksums of everything the buffer holds, the queue, and the
+        prompts drawn: what a resume must find again."""
+        held = sorted(self.buffer.samples(), key=lambda t: t.sample_id)
+        return {
+            "samples": {str(t.sample_id): sample_digest(t) for t in held},
+            "pending": [r.sample_id for r in self.dispatcher.pending],
+            "prompts_drawn": self.dispatcher.prompts_drawn,
+        }
+
     # --- reporting ---------------------------------------------------------------------
 
     def ledger(self) -> dict[str, int]:
@@ -268,6 +341,35 @@ class DataPlane:
             "lost": len(self.delivered_ids) - held - evicted - retired,
             "duplicated": self.rejected["duplicate"],
         }
+
+    def waste(self) -> dict[str, Any]:
+        """Tokens generated and evicted before any use, by reason, and their length bias."""
+        return {
+            "wasted_tokens": dict(self.buffer.evicted_tokens),
+            "length_bias": self.buffer.length_bias(),
+        }
+
+    def partial_rollouts(self) -> dict[str, Any]:
+        """Generations paused across a weight sync and resumed, and those in flight at a
+        stop kept in its checkpoint and continued after the resume."""
+        return {
+            "held_across_sync": self.dispatcher.transitions["running->held"],
+            "parked_rollouts": dict(self.dispatcher.parked),
+        }
+
+    @property
+    def n_outstanding(self) -> int:
+        return len(self.dispatcher.outstanding)
+
+    def n_blocked(self, cause: str) -> int:
+        """Work requests stopped short for ``cause`` so far (runtime/control/dispatcher.py)."""
+        return self.dispatcher.blocked[cause]
+
+    def groups_settled(self) -> tuple[int, int]:
+        """Samples whose group is complete so far: (available to batches, evicted at once,
+        as a group the sampler rejects): the simulator asks for a batch when these move."""
+        t = self.buffer.transitions
+        return t["finished->available"], t["finished->evicted"]
 
     def stats(self) -> dict[str, Any]:
         s = self.buffer.stats()

@@ -91,6 +91,11 @@ class Dispatcher:
             self._next_sample += 1
         return True
 
+    @property
+    def prompts_drawn(self) -> int:
+        """Prompts taken from the dataset so far (each one group of requests)."""
+        return self._next_prompt
+
     def open_group_remainder(self) -> int:
         """Pending requests at the head of the queue whose group is already partly out.
 

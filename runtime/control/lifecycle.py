@@ -16,7 +16,7 @@ from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
-from runtime.data.sample import ParkedRollout, Request, Sample, sample_digest
+from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState
@@ -30,29 +30,26 @@ def request_stop(c: Run, reason: str) -> list[Outgoing]:
     if c.state in TERMINAL or c.state == RunState.STOPPING or c.ckpt.stopping:
         return []
     if c.state == RunState.RUNNING and c.training_started:
-        c.reason = f"stopping after a checkpoint: {reason}"
+        c.explain(f"stopping after a checkpoint: {reason}")
         # colocated, every rank generating: the trainer state is off the device, so the
         # checkpoint is taken after the train phase's next step
         generating = colocation.is_colocated(c) and colocation.phase(c).value == "rollout"
         if c.batch_in_flight is not None or generating:
-            c.ckpt.stop_after_step = reason
+            c.ckpt.stop_after_step(reason)
             return []
         return checkpoint_then_stop(c, reason)
     return stop_now(c, reason)
 
 
 def stop_now(c: Run, reason: str) -> list[Outgoing]:
-    if c.state in TERMINAL or c.state == RunState.STOPPING:
-        return []
-    c.state, c.reason = RunState.STOPPING, reason
-    return c.members.send(p.Stop(reason=reason))
+    return c.stop_now(reason)
 
 
 def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
-    if c.ckpt.saved(c.step) and not c.data.dispatcher.outstanding:
+    if c.ckpt.saved(c.step) and not c.data.has_outstanding:
         return stop_now(c, reason)  # this step is saved already, and nothing is in flight
     if c.ckpt.pending is not None:  # one is being written: stop after it
-        c.ckpt.pending["then_stop"] = reason
+        c.ckpt.stop_after_it(reason)
         return park_rollouts(c)
     out = request_checkpoint(c, then_stop=reason)
     if c.ckpt.pending is None:
@@ -66,13 +63,12 @@ def park_rollouts(c: Run) -> list[Outgoing]:
     the coordinator's half of the checkpoint waits for them (at most ``PARK_TIMEOUT_S``;
     a rank that does not answer has its requests saved from their prompts, as before)."""
     pending = c.ckpt.pending
-    if pending is None or "parking" in pending:
+    if pending is None or pending.parks:
         return []
     live = {w.rank for w in c.members.alive()}
     drivers = [r for r in c.layout.ranks(Role.ROLLOUT) if c.members.drives(r) and r in live]
-    pending["parking"] = set(drivers)
-    pending["parked_at"] = c.clock()
-    return c.members.send(p.Park(step=pending["step"]), drivers) if drivers else []
+    c.ckpt.start_parking(drivers)
+    return c.members.send(p.Park(step=pending.step), drivers) if drivers else []
 
 
 def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
@@ -81,22 +77,16 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
     versions) and kept with it; the rest are refused, counted, and saved from the prompt."""
     if c.known(identity, msg.rank) is None:
         return []
-    pending = c.ckpt.pending
-    if pending is None or msg.rank not in pending.get("parking", ()):
+    if not c.ckpt.parked(msg.rank):
         c.reject("unexpected_parked")
         return []
-    dispatcher = c.data.dispatcher
     for sid, rollout in wire.parked(msg).items():
-        entry = dispatcher.outstanding.get(sid)
-        why = "not_outstanding_there" if entry is None or entry[1] != msg.rank else None
-        if why is None:
-            assert entry is not None
-            why = parked_problem(c, entry[0], rollout)
+        request = c.data.outstanding_at(sid, msg.rank)
+        why = "not_outstanding_there" if request is None else parked_problem(c, request, rollout)
         if why is not None:
-            dispatcher.parked[f"refused_{why}"] += 1
+            c.data.count_parked(f"refused_{why}")
             continue
-        dispatcher.keep_parked(sid, msg.rank, rollout)
-    pending["parking"].discard(msg.rank)
+        c.data.keep_parked(sid, msg.rank, rollout)
     return end_when_parked(c)
 
 
@@ -127,22 +117,15 @@ def end_when_parked(c: Run, *, give_up: bool = False) -> list[Outgoing]:
     pending = c.ckpt.pending
     if pending is None:
         return []
-    if give_up and pending.get("parking"):
-        c.data.dispatcher.parked["ranks_not_reported"] += len(pending["parking"])
-        pending["parking"] = set()
-    if pending.get("parking") or "trainer" not in pending:
+    if give_up and pending.parking:
+        c.data.count_parked("ranks_not_reported", c.ckpt.stop_waiting_for(set(pending.parking)))
+    if pending.parking or pending.trainer is None:
         return []
-    ok, error = pending.pop("trainer")
-    return end_checkpoint(c, ok, error)
+    return end_checkpoint(c, *pending.trainer)
 
 
 def parking_overdue(c: Run, now: float) -> bool:
-    pending = c.ckpt.pending
-    return (
-        pending is not None
-        and bool(pending.get("parking"))
-        and now - pending["parked_at"] > PARK_TIMEOUT_S
-    )
+    return c.ckpt.parking_overdue(now, PARK_TIMEOUT_S)
 
 
 def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
@@ -159,7 +142,7 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
     if c.known(identity, msg.rank) is None:
         return []
     pending = c.ckpt.pending
-    if msg.rank != 0 or pending is None or msg.step != pending["step"]:
+    if msg.rank != 0 or pending is None or msg.step != pending.step:
         c.reject("unexpected_checkpoint")
         return []
     return end_checkpoint(c, msg.ok, msg.error)
@@ -167,18 +150,12 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
 
 def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
     pending = c.ckpt.pending
-    if pending is not None and pending.get("parking") and trainer_ok:
-        pending["trainer"] = (trainer_ok, error)  # the parked rollouts are not all in yet
+    if pending is not None and pending.parking and trainer_ok:
+        pending.trainer = (trainer_ok, error)  # the parked rollouts are not all in yet
         return []
-    parked = pending is not None and "parking" in pending
-    then_stop = c.ckpt.end(trainer_ok, error, c.policy_version, lambda: coordinator_state(c))
-    if parked:  # what the checkpoint kept of the requests in flight
-        d = c.data.dispatcher  # out at a rank, or back in the queue (its rank was lost)
-        kept = [r.resume for r in [*(r for r, _ in d.outstanding.values()), *d.pending]]
-        c.ckpt.records[-1]["parked_rollouts"] = {
-            "requests": sum(1 for x in kept if x is not None),
-            "tokens": sum(len(x) for x in kept if x is not None),
-        }
+    then_stop = c.ckpt.end(
+        trainer_ok, error, c.policy_version, lambda: coordinator_state(c), c.data.parked_kept
+    )
     if then_stop is not None:
         return stop_now(c, then_stop)
     return colocation.advance(c)  # a colocated train phase waited for the checkpoint
@@ -199,7 +176,7 @@ def coordinator_state(c: Run) -> dict[str, Any]:
         "data": c.data.state_dict(),
         "consumed_total": c.counters.consumed_total,
         "generated_tokens": c.counters.generated_tokens,
-        "evals": dict(c.evals),
+        "evals": dict(c.reports.evals),
         "auto_rebalance": c.auto_rebalance,
         "saved_at": c.wall(),
     }
@@ -217,25 +194,12 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     c.data.load_state_dict(state["data"])  # the step and policy version with it
     if (c.step, c.policy_version) != (int(state["step"]), int(state["policy_version"])):
         raise ValueError("coordinator state: its step or version disagrees with its data's")
-    c.attempt = int(state["attempt"]) + 1
-    c.counters.consumed_total = int(state["consumed_total"])
-    c.counters.generated_tokens = int(state["generated_tokens"])
-    c.counters.tokens_at_last_step = c.counters.generated_tokens
-    c.evals = dict(state["evals"])
+    c.counters.restore(int(state["consumed_total"]), int(state["generated_tokens"]))
     c.rebalance.resume(saved_layout, bool(state["auto_rebalance"]), c.step)
-    c.resumed = {
-        "from": source,
-        "step": c.step,
-        "policy_version": c.policy_version,
-        "buffer": buffer_digest(c),
-    }
+    brief = {"from": source, "step": c.step, "policy_version": c.policy_version}
+    c.resumed_from(int(state["attempt"]) + 1, state["evals"], {**brief, "buffer": c.data.digest()})
 
 
 def buffer_digest(c: Run) -> dict[str, Any]:
     """Sample ids and checksums of everything the buffer holds, and the queue."""
-    held = sorted(c.data.buffer.samples(), key=lambda t: t.sample_id)
-    return {
-        "samples": {str(t.sample_id): sample_digest(t) for t in held},
-        "pending": [r.sample_id for r in c.data.dispatcher.pending],
-        "prompts_drawn": c.data.dispatcher._next_prompt,
-    }
+    return c.data.digest()

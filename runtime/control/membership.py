@@ -62,6 +62,37 @@ class Membership:
         self.rollout_group_size = rollout_group_size
         self.workers: dict[int, WorkerInfo] = {}
         self._rank_of: dict[bytes, int] = {}  # socket identity -> registered rank
+        # Ranks lost to a run with process groups: "gone" in every later layout epoch,
+        # until an epoch takes them back. Read-only outside (the rebalancer asks for it).
+        self.lost: set[int] = set()
+        # ...those of them registered again, "gone" until the epoch that takes them back
+        self.rejoining: set[int] = set()
+        self.lost_ranks: list[dict[str, Any]] = []  # every rank lost (or released), and why
+        self.rejoined_ranks: list[dict[str, Any]] = []  # those taken back, and when
+
+    # --- lost and rejoining ranks --------------------------------------------------------
+
+    def declare_lost(self, record: dict[str, Any], out_of_groups: bool) -> None:
+        """Rank ``record["rank"]`` left the run (``record`` says why, for the reports);
+        ``out_of_groups``: with process groups, it is "gone" in every later epoch."""
+        rank = record["rank"]
+        self.lost_ranks.append(record)
+        self.rejoining.discard(rank)
+        if out_of_groups:
+            self.lost.add(rank)
+
+    def start_rejoining(self, rank: int) -> None:
+        """Lost ``rank`` registered again: the epoch that takes it back is to come."""
+        assert rank in self.lost, f"rank {rank} was not lost"
+        self.rejoining.add(rank)
+
+    def take_back(self, ranks: set[int], step: int) -> None:
+        """The new epoch takes these rejoining ranks back into the groups."""
+        self.lost -= ranks
+        self.rejoining -= ranks
+        self.rejoined_ranks += [
+            {"rank": w.rank, "pid": w.pid, "at_step": step} for w in self.alive() if w.rank in ranks
+        ]
 
     def __iter__(self) -> Iterator[WorkerInfo]:
         return iter(self.workers.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +130,15 @@ class RoleTime:
 class Rebalancer:
     """The current layout, the pending one, the switch records and the allocator."""
 
-    def __init__(self, cfg: Config, layout: Layout, clock: Callable[[], float], sigma: float):
+    def __init__(
+        self,
+        cfg: Config,
+        layout: Layout,
+        clock: Callable[[], float],
+        sigma: float,
+        lost: Callable[[], AbstractSet[int]] = frozenset,
+    ):
+        """``lost``: the run's lost ranks now (membership owns them; they play no role)."""
         sch, res = cfg.scheduler, cfg.resources
         self.clock = clock
         self.layout = layout
@@ -141,7 +150,7 @@ class Rebalancer:
         # rank was lost: the live ranks regroup without it)
         self.force_next = False
         self.regroup_due = False  # a rank was lost: the live ranks regroup without it
-        self.lost: set[int] = set()  # the run's lost ranks (Run.lost, the same set)
+        self._lost = lost
         self.switches: list[SwitchRecord] = []
         self.auto = sch.auto_rebalance
         self.allocator = ProducerConsumerAllocator(
@@ -180,8 +189,26 @@ class Rebalancer:
         self.auto = auto
         self.allocator.changed(step)
 
-    def request(self, target: Layout, source: str = "manual", ratio: str | None = None) -> None:
+    def set_auto(self, on: bool) -> None:
+        """The allocator on or off (``reflow rebalance --auto``)."""
+        self.auto = on
+
+    def regroup_needed(self) -> None:
+        """A rank was lost (or is ready to come back): the live ranks regroup."""
+        self.regroup_due = True
+
+    def request(
+        self,
+        target: Layout,
+        source: str = "manual",
+        ratio: str | None = None,
+        force: bool = False,
+    ) -> None:
+        """``target`` pending, for the next sync point; ``force``: a new epoch even if its
+        split is the current one (the live ranks regroup without a lost rank; a request
+        after it keeps that)."""
         self.pending = target
+        self.force_next = self.force_next or force
         self.switches.append(
             SwitchRecord(
                 epoch=self.epoch + 1,
@@ -211,10 +238,19 @@ class Rebalancer:
             record.epoch = self.epoch
             return False
         self.epoch += 1
+        self.regroup_due = False  # this epoch leaves every lost rank out
         self._previous, self.layout = self.layout, target
         record.epoch, record.applied_at = self.epoch, self.clock()
         record.waiting_for = set(alive)
         return True
+
+    def start_counting_roles(self) -> None:
+        """The run starts: rank-seconds by role count from now (not the start-up)."""
+        self.role_time.restart(self.clock())
+
+    def placed_by_hand(self, step: int) -> None:
+        """A user's rebalance was accepted: the allocator's cooldown starts again."""
+        self.allocator.changed(step)
 
     def drop_pending(self, why: str) -> None:
         """The pending layout cannot be taken any more (a rank it needs was lost)."""
@@ -256,11 +292,11 @@ class Rebalancer:
         return self._previous.moved_ranks(self.layout) if self.switching() else []
 
     def _count_role_time(self) -> None:
-        self.role_time.add(self.clock(), self.layout, self._moving(), self.lost)
+        self.role_time.add(self.clock(), self.layout, self._moving(), self._lost())
 
     def take_role_time(self) -> dict[str, Any]:
         """Rank-seconds by role since the last call (one call per training step)."""
-        return self.role_time.take(self.clock(), self.layout, self._moving(), self.lost)
+        return self.role_time.take(self.clock(), self.layout, self._moving(), self._lost())
 
     def new_transitions(self) -> list[dict[str, Any]]:
         """Layout changes finished since the last call, for the step's metrics line."""

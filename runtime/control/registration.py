@@ -23,14 +23,14 @@ def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
     if not c.members.may_register(identity, msg.rank):
         c.reject("duplicate_rank")
         return []
-    c.accepted += 1
+    c.accept()
     if c.state in TERMINAL or c.state == RunState.STOPPING:
         return [(identity, p.Stop(reason=f"run is {c.state}"))]
-    if msg.rank in c.lost and needs_collective(c.cfg):
+    if msg.rank in c.members.lost and needs_collective(c.cfg):
         why = cannot_rejoin(c, msg.rank)
         if why:
             return [(identity, p.Stop(reason=f"rank {msg.rank} was lost; {why}"))]
-        c.rejoining.add(msg.rank)  # "gone" until the epoch that takes it back (on Ready)
+        c.members.start_rejoining(msg.rank)  # "gone" until the epoch that takes it back
     role = c.layout.role_of(msg.rank).value
     c.members.register(identity, msg, role, c.layout_epoch)
     welcome = p.Welcome(
@@ -63,11 +63,10 @@ def on_ready(c: Run, identity: bytes, msg: p.Ready) -> list[Outgoing]:
     if w is None:
         return []
     w.role, w.layout_epoch, w.state = msg.role, msg.layout_epoch, WorkerState.IDLE
-    if msg.rank in c.rejoining:  # engines up: the next epoch takes it back
+    if msg.rank in c.members.rejoining:  # engines up: the next epoch takes it back
         return c.take_back_rejoined()
     if c.state == RunState.STARTING and c.members.all_ready():
-        c.state = RunState.RUNNING
-        c.rebalance.role_time.restart(c.clock())
+        c.start_running()
         if c.policy_version > 0 and not c.cfg.reflow.policy.colocated:
             # Resumed: the rollout engines start from the base model; the leader
             # restored the checkpoint's weights and broadcasts them before any work.
@@ -93,7 +92,7 @@ def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
     if msg.role == Role.ROLLOUT.value and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         c.generation.observe(msg.rank, msg.engine)
         c.engine_profile.observe(msg.rank, now, msg.engine)
-        holding = c.data.dispatcher.running_at(msg.rank) > 0
+        holding = c.data.running_at(msg.rank) > 0
         c.idle.rank_beat(
             msg.rank,
             now,

@@ -32,24 +32,24 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if w is None:
         return []
     requests: list[Request] = []
-    if c.ckpt.pending is not None and "parking" in c.ckpt.pending:
+    if c.ckpt.parking:
         # the run stops after this checkpoint, which takes what is in flight: no more
         return [(identity, wire.work_message(requests, c.policy_version))]
     if not c.members.drives(msg.rank):
         c.reject("work_from_tp_member")
         return [(identity, wire.work_message(requests, c.policy_version))]
-    if msg.rank in c.lost:  # rejoining: no work before the epoch that brings the weights
+    if msg.rank in c.members.lost:  # rejoining: no work before the epoch that brings the weights
         return [(identity, wire.work_message(requests, c.policy_version))]
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
         gen = c.generation
-        running = c.data.dispatcher.running_at(msg.rank)
+        running = c.data.running_at(msg.rank)
         in_tools = tools_waiting(c, msg, running)
         generating = running - in_tools
         slots = gen.grant(msg.rank, msg.slots, generating)
         if colocation.is_colocated(c):
             slots = min(slots, colocation.rank_share(c, msg.rank))
         if slots < msg.slots:
-            c.data.dispatcher.blocked["concurrency_cap"] += 1
+            c.data.count_blocked("concurrency_cap")
 
         def admit(r: Request) -> bool:
             prompt_ids = r.prompt.get("prompt_ids") or ()
@@ -87,22 +87,20 @@ def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]
     # again would not change the decision).
     w.to_ack.append(msg.sample_id)
     t = wire.sample(msg)
-    entry = c.data.dispatcher.outstanding.get(t.sample_id)
-    if entry is not None and entry[1] == msg.rank:
-        why = sample_problem(t, entry[0], policy_version=c.policy_version, bounds=c.bounds)
+    request = c.data.outstanding_at(t.sample_id, msg.rank)
+    if request is not None:
+        why = sample_problem(t, request, policy_version=c.policy_version, bounds=c.bounds)
         if why is not None:
             c.data.refuse(t.sample_id, msg.rank, why)
             c.generation.finished(t.sample_id, None)
             return []
-    if not c.data.deliver(t):
+    if not c.data.deliver(t):  # (counted there: a result not owed by this rank)
         return []
-    if entry is not None and entry[0].resume is not None:
-        c.data.dispatcher.resumed(entry[0], t)
     w.failures_in_a_row = 0
     c.counters.delivered_sample(t.reward, len(t.token_ids))
     c.generation.finished(t.sample_id, len(t.token_ids))
     if c.cfg.logging.samples:
-        c.samples_log.append(telemetry.sample_record(t, msg.rank))
+        c.reports.new_samples.append(telemetry.sample_record(t, msg.rank))
     return colocation.advance(c)  # the rollout phase may be complete
 
 

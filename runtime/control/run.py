@@ -31,6 +31,8 @@ from runtime.control.sample_check import RunBounds
 from runtime.control.scheduling import WindowStats
 from runtime.control.scheduling.concurrency import AimdSettings
 from runtime.control.scheduling.generation import GenerationScheduler
+from runtime.control.trainer_link import TrainerLink
+from runtime.data.sample import Sample
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState, WorkerState
 
@@ -55,6 +57,44 @@ class StepCounters:
         self.delivered += 1
         self.generated_tokens += n_tokens
 
+    def trained(self, samples: list[Sample]) -> None:
+        """A step trained these samples."""
+        self.consumed_total += len(samples)
+        self.consumed_tokens += sum(t.n_valid for t in samples)
+
+    def restore(self, consumed_total: int, generated_tokens: int) -> None:
+        """The totals of a resumed run, as its checkpoint saved them."""
+        self.consumed_total = consumed_total
+        self.generated_tokens = self.tokens_at_last_step = generated_tokens
+
+
+@dataclass
+class RunReports:
+    """What the run reports as it goes: each step's metrics line (``new_lines``, drained
+    into metrics.jsonl by the server; ``lines``, kept for the summary), the samples'
+    lines (``logging.samples``), the leader's last trainer metrics, every eval figure,
+    and the ledger's violations (a bug, recorded where a user looks)."""
+
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    new_lines: list[dict[str, Any]] = field(default_factory=list)
+    new_samples: list[dict[str, Any]] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    evals: dict[str, float] = field(default_factory=dict)
+    ledger_violations: list[dict[str, Any]] = field(default_factory=list)
+
+    def step(self, line: dict[str, Any], metrics: dict[str, float]) -> None:
+        """A step's metrics line, its trainer metrics and evals."""
+        self.new_lines.append(line)
+        self.lines.append(line)
+        self.last_metrics = dict(metrics)
+        self.evals.update({k: v for k, v in metrics.items() if k.startswith("eval")})
+
+    def drain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The metrics and samples lines since the last call (the server writes them)."""
+        out = self.new_lines, self.new_samples
+        self.new_lines, self.new_samples = [], []
+        return out
+
 
 class Run:
     def __init__(
@@ -77,7 +117,7 @@ class Run:
         self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
         sch = cfg.scheduler
         layout = initial_layout(cfg)
-        self.state = RunState.STARTING
+        self._state = RunState.STARTING  # assigned by _enter alone
         self.reason = ""
         self.phase_started_at_step = 0  # colocated_sync: the step its current phase began at
         self.started_at = clock()
@@ -89,8 +129,8 @@ class Run:
         rollout_group = cfg.resources.rollout_gpus_per_replica
         self.members = Membership(cfg.world_size, clock, rollout_group)
         self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
-        sigma = cfg.reflow.sigma if self.data.replay_enabled else 0.0
-        self.rebalance = Rebalancer(cfg, layout, clock, sigma)
+        sigma = cfg.reflow.replay_share
+        self.rebalance = Rebalancer(cfg, layout, clock, sigma, lost=lambda: self.members.lost)
         self.ckpt = Checkpoints(save_checkpoint, clock)
         self.generation = GenerationScheduler(
             clock,
@@ -110,31 +150,15 @@ class Run:
         # (time, trainer idle by cause) at the first step: the trainer's idle window
         self.trainer_window: tuple[float, Counter[str]] | None = None
 
-        # batches: when the one in training (the data plane's) was sent, and copies a
-        # trainer replica missed
-        self.batch_sent_at = 0.0
-        self.batch_resent = 0
-        # trainer identity -> (batch id to send again, when), and the backoff for that batch
-        self.batch_retry: dict[bytes, tuple[int, float]] = {}
-        self.batch_backoff: dict[bytes, tuple[int, float]] = {}
+        # the batch in training (the data plane's): when it went out, copies sent again
+        self.trainer_link = TrainerLink()
         self._next_overdue_check = 0.0
         # control-plane accounting
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
+        self.last_rejected = ""  # its category and what was wrong, for rank 0's log
         self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
-        # reports
-        self.last_metrics: dict[str, float] = {}
-        self.metrics_log: list[dict[str, Any]] = []  # drained into metrics.jsonl by the server
-        self.samples_log: list[dict[str, Any]] = []  # into samples.jsonl (logging.samples)
-        self.all_metrics: list[dict[str, Any]] = []
-        self.evals: dict[str, float] = {}
-        self.lost_ranks: list[dict[str, Any]] = []  # ranks lost (or released) the run survived
-        # lost ranks registered again, "gone" until the epoch that takes them back
-        self.rejoining: set[int] = set()
-        self.rejoined_ranks: list[dict[str, Any]] = []  # those taken back, and when
-        self.lost: set[int] = set()  # their ranks: "gone" in every later layout
-        self.rebalance.lost = self.lost
-        self.ledger_violations: list[dict[str, Any]] = []
+        self.reports = RunReports()
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
 
@@ -201,10 +225,82 @@ class Run:
         idle = sum(self.idle.trainer_idle(now).values()) - sum(at_start.values())
         return max(0.0, idle) / max(now - start, 1e-9)
 
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    # --- the run's state: every change here --------------------------------------------
+
+    def _enter(self, state: RunState, reason: str | None = None) -> None:
+        self._state = state
+        if reason is not None:
+            self.reason = reason
+        if state in TERMINAL:
+            self.ended_at = self.clock()
+
+    def start_running(self) -> None:
+        """Every rank is ready: the run starts (rank-seconds by role count from here)."""
+        assert self.state == RunState.STARTING
+        self._enter(RunState.RUNNING)
+        self.rebalance.start_counting_roles()
+
+    def stop_now(self, reason: str) -> list[Outgoing]:
+        """Tell every rank to leave (after a checkpoint, or when there is none to take)."""
+        if self.state in TERMINAL or self.state == RunState.STOPPING:
+            return []
+        self._enter(RunState.STOPPING, reason)
+        return self.members.send(p.Stop(reason=reason))
+
+    def finish(self, state: RunState, reason: str) -> list[Outgoing]:
+        if self.state in TERMINAL:
+            return []
+        # A rank lost or failing mid-training is what a restart from the last checkpoint
+        # is for; failing to start (or a bad recipe) would fail the same way again.
+        self.failed_while_training = state == RunState.FAILED and self.training_started
+        self._enter(state, reason)
+        assert self.ended_at is not None
+        self.idle.trainer_is(None, self.ended_at)  # the trainer's time ends with the run
+        return self.members.send(p.Stop(reason=reason))
+
+    def check_ended(self) -> None:
+        if self.state == RunState.STOPPING and self.members.all_gone():
+            self._enter(RunState.STOPPED)
+
+    def explain(self, reason: str) -> None:
+        """Say what the run is doing (a stop waiting for its checkpoint), state unchanged."""
+        self.reason = reason
+
+    def amend_reason(self, note: str) -> None:
+        """After the run ended: add to its reason (a restart, say)."""
+        self.reason += note
+
+    def resumed_from(self, attempt: int, evals: dict[str, float], brief: dict[str, Any]) -> None:
+        """This run goes on from a checkpoint of attempt ``attempt - 1``."""
+        self.attempt, self.resumed = attempt, brief
+        self.reports.evals = dict(evals)
+
     # --- the moves every handler makes ------------------------------------------------
 
-    def reject(self, category: str) -> None:
+    def reject(self, category: str, detail: str = "") -> None:
+        """A message refused, counted by ``category``; ``detail`` says what was wrong."""
         self.rejected[category] += 1
+        self.last_rejected = f"{category}: {detail}" if detail else category
+
+    def accept(self) -> None:
+        """A message taken (the senders checked by :meth:`known` are counted there)."""
+        self.accepted += 1
+
+    def open_trainer_window(self, now: float) -> None:
+        """The first step: trainer idle counts from here (before, the pools warm up)."""
+        if self.trainer_window is None:
+            self.trainer_window = (now, self.idle.trainer_idle(now))
+
+    def ledger_violated(self, problems: list[str]) -> None:
+        self.reports.ledger_violations.append({"step": self.step, "problems": problems})
+
+    def start_phase(self) -> None:
+        """colocated_sync: a phase begins at this step (runtime/control/colocation.py)."""
+        self.phase_started_at_step = self.step
 
     def known(self, identity: bytes, rank: int) -> WorkerInfo | None:
         """The registered, live worker behind a message, or None (counted) if it is not."""
@@ -236,7 +332,7 @@ class Run:
         """Every rank's role in the current layout, ``"gone"`` for a rank lost to the run
         (it is in no process group of later epochs)."""
         return [
-            p.GONE_ROLE if rank in self.lost else role.value
+            p.GONE_ROLE if rank in self.members.lost else role.value
             for rank, role in enumerate(self.layout.roles())
         ]
 
@@ -254,8 +350,7 @@ class Run:
             return []
         if rb.pending is None:
             source = "rank_rejoined" if self.ready_to_rejoin() else "lost_rank"
-            rb.request(self.layout, source=source)
-            rb.force_next = True
+            rb.request(self.layout, source=source, force=True)
         if rb.pending.ratio != self.layout.ratio and self.training_started:
             return []  # a user's rebalance: applied at the next sync point, as always
         return self.apply_pending_layout()
@@ -266,12 +361,12 @@ class Run:
         (a group trains whole or not at all) and between steps, with no checkpoint under way
         (the batch in flight was split over the trainer ranks without it; a checkpoint is
         written by the trainer ranks it was asked of)."""
-        if not self.rejoining:  # the usual case, asked at every leader's batch request
+        if not self.members.rejoining:  # the usual case, asked at every leader's batch request
             return set()
         ready = {
             w.rank
             for w in self.members.alive()
-            if w.rank in self.rejoining and w.state != WorkerState.STARTING
+            if w.rank in self.members.rejoining and w.state != WorkerState.STARTING
         }
         between_steps = self.batch_in_flight is None and not self.ckpt.busy
         trainers = self.layout.groups(Role.TRAINER)
@@ -288,7 +383,7 @@ class Run:
         steps: runtime/control/training.py calls this again then)."""
         if not self.ready_to_rejoin():
             return []
-        self.rebalance.regroup_due = True
+        self.rebalance.regroup_needed()
         return self.regroup_without_lost()
 
     def trainer_ranks(self) -> list[int]:
@@ -300,14 +395,15 @@ class Run:
         trainer replica group is whole or wholly lost (a lost trainer group stays out of
         the data parallelism wherever the boundary is), the leader's is whole, and some
         live rank drives a rollout replica."""
-        if not self.lost:
+        lost_ranks = self.members.lost
+        if not lost_ranks:
             return ""
         for i, group in enumerate(target.groups(Role.TRAINER)):
-            lost = [r for r in group if r in self.lost]
+            lost = [r for r in group if r in lost_ranks]
             if lost and (i == 0 or len(lost) < len(group)):
                 return f"ranks {lost} were lost: trainer replica {list(group)} cannot train"
         size = self.cfg.resources.rollout_gpus_per_replica
-        live = [r for r in target.ranks(Role.ROLLOUT) if r not in self.lost]
+        live = [r for r in target.ranks(Role.ROLLOUT) if r not in lost_ranks]
         if not rollout_drivers(
             [Role.ROLLOUT.value if r in live else "x" for r in range(target.world_size)], size
         ):
@@ -328,14 +424,8 @@ class Run:
         forced = self.rebalance.force_next
         if not self.rebalance.apply_pending(w.rank for w in alive):
             return []
-        self.rebalance.regroup_due = False  # this epoch leaves every lost rank out
         # ...and takes back the lost ranks that registered again and are ready
-        ready = self.ready_to_rejoin()
-        self.lost -= ready
-        self.rejoining -= ready
-        self.rejoined_ranks += [
-            {"rank": w.rank, "pid": w.pid, "at_step": self.step} for w in alive if w.rank in ready
-        ]
+        self.members.take_back(self.ready_to_rejoin(), self.step)
         target = self.layout
         roles = self.epoch_roles()
         for w in alive:
@@ -357,18 +447,3 @@ class Run:
                 # its rollout time starts again at its first beat in the new role
                 self.idle.forget(w.rank)
         return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
-
-    def finish(self, state: RunState, reason: str) -> list[Outgoing]:
-        if self.state in TERMINAL:
-            return []
-        # A rank lost or failing mid-training is what a restart from the last checkpoint
-        # is for; failing to start (or a bad recipe) would fail the same way again.
-        self.failed_while_training = state == RunState.FAILED and self.training_started
-        self.state, self.reason = state, reason
-        self.ended_at = self.clock()
-        self.idle.trainer_is(None, self.ended_at)  # the trainer's time ends with the run
-        return self.members.send(p.Stop(reason=reason))
-
-    def check_ended(self) -> None:
-        if self.state == RunState.STOPPING and self.members.all_gone():
-            self.state, self.ended_at = RunState.STOPPED, self.clock()

@@ -83,7 +83,7 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
         layout=c.layout.ratio,
         **{k: v for k, v in msg.metrics.items() if k not in line},
     )
-    if not c.all_metrics:
+    if not c.reports.lines:
         n.tokens_at_first_step = n.generated_tokens
     return line
 
@@ -105,9 +105,9 @@ def summary(c: Run) -> dict[str, Any]:
     end = c.ended_at if c.ended_at is not None else c.clock()
     wall = max(end - c.started_at, 1e-9)
     ledger = c.data.ledger()
-    tokens = sum(line.get("tokens", 0) for line in c.all_metrics)
-    first = c.all_metrics[0]["wall_s"] if c.all_metrics else 0.0
-    syncs = sorted(x["weight_sync_s"] for x in c.all_metrics if "weight_sync_s" in x)
+    tokens = sum(line.get("tokens", 0) for line in c.reports.lines)
+    first = c.reports.lines[0]["wall_s"] if c.reports.lines else 0.0
+    syncs = sorted(x["weight_sync_s"] for x in c.reports.lines if "weight_sync_s" in x)
     return {
         "run": c.run,
         "state": c.state,
@@ -122,32 +122,29 @@ def summary(c: Run) -> dict[str, Any]:
         "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
         **c.idle.report(end, c.trainer_window),
         # generated, then evicted before any use (by reason), and their length bias
-        "wasted_tokens": dict(c.data.buffer.evicted_tokens),
-        "length_bias": c.data.buffer.length_bias(),
+        **c.data.waste(),
         "rollout_tokens": n.generated_tokens,
         # over the training window (first step to the end), as trainer idle is
         "rollout_tokens_per_s": round(
             (n.generated_tokens - n.tokens_at_first_step) / max(wall - first, 1e-9), 2
         ),
-        "eval_reward_start": c.evals.get("eval_reward_start"),
-        "eval_reward_end": c.evals.get("eval_reward_end"),
-        "evals": eval_sets(c.evals),
+        "eval_reward_start": c.reports.evals.get("eval_reward_start"),
+        "eval_reward_end": c.reports.evals.get("eval_reward_end"),
+        "evals": eval_sets(c.reports.evals),
         "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
         # tokens and seconds of the rollout engines by running requests (heartbeats)
         "rollout_decode_by_concurrency": c.engine_profile.summary(),
         "switches": [s.as_dict() for s in c.rebalance.switches],
-        "lost_ranks": list(c.lost_ranks),
-        "rejoined_ranks": list(c.rejoined_ranks),
+        "lost_ranks": list(c.members.lost_ranks),
+        "rejoined_ranks": list(c.members.rejoined_ranks),
         "attempt": c.attempt,
         "resumed": resumed_brief(c),
         "checkpoints": list(c.checkpoints),
         "failed_while_training": c.failed_while_training,
-        "ledger_violations": len(c.ledger_violations),
+        "ledger_violations": len(c.reports.ledger_violations),
         "samples": {k: ledger[k] for k in LEDGER_KEYS},
-        # generations paused across a weight sync and resumed (partial rollout)
-        "held_across_sync": c.data.dispatcher.transitions["running->held"],
-        # in flight at a stop, kept in its checkpoint, continued after the resume
-        "parked_rollouts": dict(c.data.dispatcher.parked),
+        # paused across a weight sync and resumed; parked at a stop, continued after it
+        **c.data.partial_rollouts(),
         "delivered_by_rank": c.data.stats()["delivered_by_rank"],
     }
 
@@ -170,11 +167,11 @@ def status(c: Run) -> dict[str, Any]:
         # one engine each: with rollout_gpus_per_replica > 1 a replica spans several ranks
         "rollout_replicas": c.members.rollout_replicas(c.layout.groups(Role.ROLLOUT)),
         "buffer": {**c.data.stats(), "ledger": c.data.ledger()},
-        "metrics": dict(c.last_metrics),
+        "metrics": dict(c.reports.last_metrics),
         "switches": [s.as_dict() for s in c.rebalance.switches[-10:]],
         "generation": c.generation.status(),
-        "lost_ranks": list(c.lost_ranks),
-        "rejoined_ranks": list(c.rejoined_ranks),
+        "lost_ranks": list(c.members.lost_ranks),
+        "rejoined_ranks": list(c.members.rejoined_ranks),
         "attempt": c.attempt,
         "resumed": resumed_brief(c),
         "checkpoint": c.ckpt.status(),
@@ -184,10 +181,9 @@ def status(c: Run) -> dict[str, Any]:
             "rollout_idle_ratio": round(c.rollout_idle_ratio(), 4),
             **c.idle.report(now, c.trainer_window),
             "throttled_busy_s": round(c.idle.throttled_busy_s, 3),
-            "wasted_tokens": dict(c.data.buffer.evicted_tokens),
-            "length_bias": c.data.buffer.length_bias(),
+            **c.data.waste(),
         },
-        "evals": eval_sets(c.evals),
+        "evals": eval_sets(c.reports.evals),
         "allocator": {
             "auto": c.auto_rebalance,
             "decisions": [d.as_dict() for d in allocator.decisions[-5:]],
@@ -197,9 +193,9 @@ def status(c: Run) -> dict[str, Any]:
             "rejected": sum(c.rejected.values()),
             "rejected_by_reason": dict(c.rejected),
             "undeliverable": dict(c.undeliverable),
-            "batches_resent": c.batch_resent,
+            "batches_resent": c.trainer_link.resent,
         },
-        "ledger_violations": c.ledger_violations[-5:],
+        "ledger_violations": c.reports.ledger_violations[-5:],
         "updated_at": c.wall(),
     }
 
@@ -229,7 +225,7 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
                 "what": f"the step report of batch {c.batch_in_flight}",
                 "from": [0],  # the trainer leader reports for its group
                 "trained_by": trainers,
-                "for_s": round(now - c.batch_sent_at, 3),
+                "for_s": round(now - c.trainer_link.sent_at, 3),
                 "bound": f"control.step_timeout_s={ctl.step_timeout_s:g} (the run fails)",
             }
         )
@@ -250,18 +246,18 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
     if pending is not None:
         out.append(
             {
-                "what": f"the trainer's half of the checkpoint of step {pending['step']}",
+                "what": f"the trainer's half of the checkpoint of step {pending.step}",
                 "from": [0],
-                "for_s": round(now - pending["requested_at"], 3),
+                "for_s": round(now - pending.requested_at, 3),
                 "bound": f"control.checkpoint_timeout_s={ctl.checkpoint_timeout_s:g}",
             }
         )
-        if pending.get("parking"):
+        if pending.parking:
             out.append(
                 {
                     "what": "the parked rollouts of the requests in flight, for the checkpoint",
-                    "from": sorted(pending["parking"]),
-                    "for_s": round(now - pending["parked_at"], 3),
+                    "from": sorted(pending.parking),
+                    "for_s": round(now - pending.parked_at, 3),
                     "bound": (
                         f"{PARK_TIMEOUT_S:g} s (then their requests are saved from the prompt)"
                     ),

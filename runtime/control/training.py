@@ -42,20 +42,18 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         c.reject("bad_policy_version")
         return []
     now = c.clock()
-    if c.trainer_window is None:  # idle counts from the first step: before, pools warm up
-        c.trainer_window = (now, c.idle.trainer_idle(now))
+    c.open_trainer_window(now)
     # Until its next request the leader reports, and at a sync point broadcasts weights.
     synced = msg.step % c.cfg.train.sync_every == 0 and msg.step < c.cfg.train.steps
     c.idle.trainer_is("weight_sync" if synced else "step_report", now)
     batch = c.data.finish_step(msg.batch_id, msg.step, msg.policy_version)
-    c.counters.consumed_total += len(batch.samples)
-    c.counters.consumed_tokens += sum(t.n_valid for t in batch.samples)
+    c.counters.trained(batch.samples)
     c.rebalance.count_replay_life(batch.samples[: batch.n_unused], msg.step)
     line = telemetry.step_line(c, msg, batch, now)
     problems = c.data.ledger_problems()
     line["ledger_ok"] = not problems
     if problems:  # a bug, not an input: recorded where a user looks, the run goes on
-        c.ledger_violations.append({"step": c.step, "problems": problems})
+        c.ledger_violated(problems)
         line["ledger_problems"] = problems
     mark(c, now)
     line.update(c.rebalance.take_role_time())
@@ -70,10 +68,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         decision = c.rebalance.allocate(c.step)
         if decision is not None:
             line["placement"] = decision
-    c.metrics_log.append(line)
-    c.all_metrics.append(line)
-    c.last_metrics = dict(msg.metrics)
-    c.evals.update({k: v for k, v in msg.metrics.items() if k.startswith("eval")})
+    c.reports.step(line, msg.metrics)
     if c.step >= train.steps:
         return c.finish(RunState.COMPLETED, f"reached step {c.step}")
     out: list[Outgoing] = []
@@ -81,9 +76,9 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
         # Weights first: the sync group of the current layout takes part in the
         # broadcast, then a pending layout (if any) regroups everyone.
         out = c.weight_sync() + c.apply_pending_layout()
-    if c.ckpt.stop_after_step is not None:
-        reason, c.ckpt.stop_after_step = c.ckpt.stop_after_step, None
-        out += lifecycle.checkpoint_then_stop(c, reason)
+    stop = c.ckpt.take_stop_after_step()
+    if stop is not None:
+        out += lifecycle.checkpoint_then_stop(c, stop)
     elif train.checkpoint_every and c.step % train.checkpoint_every == 0:
         out += lifecycle.request_checkpoint(c, then_stop=None)
     # colocated: back to the rollout phase, each rank syncing in place (after the
@@ -122,7 +117,7 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
         if msg.rank == 0 and msg.last_batch_id != c.batch_in_flight and batch is not None:
             # The leader asks again without having trained the batch in flight: it was
             # lost on the way. Send it again (trainers skip a batch they already have).
-            c.batch_resent += 1
+            c.trainer_link.sent_again()
             return send_batch(c, identity, batch)
         return [(identity, p.BatchWait(reason="step report pending"))]
     now = c.clock()
@@ -147,13 +142,13 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
             c.idle.trainer_is(starved_by(c), now)
         return [(identity, p.BatchWait(reason="waiting for samples"))]
     c.idle.trainer_is(None, now)
-    c.batch_sent_at = now  # the data plane holds it as the batch in flight
+    c.trainer_link.sent(now)  # the data plane holds it as the batch in flight
     return send_batch(c, identity, batch)
 
 
 def starved_by(c: Run) -> str:
     """Why no batch could be made, as a trainer idle cause (runtime/control/idle.py)."""
-    short = c.data.buffer.shortfall
+    short = c.data.shortfall
     if short == "fresh":
         return "rollout_held" if c.idle.held_back() else "fresh_short"
     return "replay_short" if short == "replay" else "sampler_short"
@@ -189,36 +184,16 @@ def send_batch(c: Run, identity: bytes, batch: Batch) -> list[Outgoing]:
     return sorted(out, key=lambda x: x[0] != identity)
 
 
-# A missed copy goes again at the next tick, and after each further miss of the same batch
-# twice as late, up to once a second: a rank whose queue was full gets it at once, one that
-# died (no pipe until its heartbeat timeout declares it lost) does not cost a batch's
-# messages every tick (568 undeliverable copies in one 20 s timeout, measured).
-RETRY_FIRST_BACKOFF_S = 0.05
-RETRY_MAX_BACKOFF_S = 1.0
-
-
-def schedule_batch_retry(c: Run, identity: bytes, batch_id: int, now: float) -> None:
-    last, delay = c.batch_backoff.get(identity, (None, 0.0))
-    if last == batch_id:
-        delay = min(RETRY_MAX_BACKOFF_S, max(RETRY_FIRST_BACKOFF_S, 2 * delay))
-    else:
-        delay = 0.0
-    c.batch_backoff[identity] = (batch_id, delay)
-    c.batch_retry[identity] = (batch_id, now + delay)
-
-
 def retry_batches(c: Run, now: float) -> list[Outgoing]:
-    retry = {i: b for i, (b, due) in c.batch_retry.items() if due <= now}
-    for identity in retry:
-        del c.batch_retry[identity]
+    """The copies of the batch in training that trainer ranks missed, due again now."""
     out: list[Outgoing] = []
-    for identity, batch_id in retry.items():
+    for identity, batch_id in c.trainer_link.due(now).items():
         rank = c.members.rank_of(identity)
         batch = c.data.batches.get(batch_id)
         if batch is None or batch_id != c.batch_in_flight or rank is None:
             continue  # trained or abandoned meanwhile
         if c.workers[rank].gone:
             continue
-        c.batch_resent += 1
+        c.trainer_link.sent_again()
         out.append((identity, batch_messages(c, batch)[rank]))
     return out

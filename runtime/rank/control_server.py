@@ -17,6 +17,7 @@ import time
 import zmq
 
 from runtime.control.coordinator import Coordinator, Outgoing
+from runtime.rank.bounded_log import BoundedLog
 from runtime.store.metrics_sinks import MetricsWriter
 from runtime.store.run_dir import RunPaths, write_json_atomic
 from runtime.transport.auth import KeyPair, secure_server, start_authenticator
@@ -50,6 +51,7 @@ class ControlServer:
         self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._metrics = MetricsWriter(coordinator.cfg, paths)
+        self._bounded = BoundedLog(log)  # refusals and handler errors: a line per period
         self.address = ""
 
     def start(self) -> str:
@@ -101,7 +103,7 @@ class ControlServer:
 
     def amend_reason(self, note: str) -> None:
         """After the run ended: add to its reason (e.g. a restart) in status and summary."""
-        self.coordinator.reason += note
+        self.coordinator.amend_reason(note)
         self._snapshot()
         write_json_atomic(self.paths.summary, self.coordinator.summary())
 
@@ -131,14 +133,18 @@ class ControlServer:
                         break
                     frames = self._sock.recv_multipart(copy=True)
                     if len(frames) < 2:
-                        coord.reject("malformed", "empty")
+                        coord.reject("malformed", "no frames after the identity")
                         continue
+                    refused = coord.rejected.total()
                     try:
                         out = coord.on_frames(frames[0], frames[1:])
                     except Exception:  # a bug must not take rank 0 down; count and go on
-                        log.exception("handler failed")
                         coord.reject("handler_error")
+                        self._bounded(logging.ERROR, "error", "handler failed", exc_info=True)
                         continue
+                    if coord.rejected.total() > refused:  # counted by reason; a line at times
+                        why = f"refused a message: {coord.last_rejected[:200]}"
+                        self._bounded(logging.WARNING, "refused", why)
                     self._send(out)
                 self._send(coord.tick())
                 try:
@@ -172,8 +178,7 @@ class ControlServer:
             self._ctx.term()
 
     def _flush_metrics(self) -> None:
-        lines, self.coordinator.metrics_log = self.coordinator.metrics_log, []
-        samples, self.coordinator.samples_log = self.coordinator.samples_log, []
+        lines, samples = self.coordinator.reports.drain()
         self._metrics.write(lines)
         if samples:
             with (self.paths.root / "samples.jsonl").open("a") as fh:

@@ -243,7 +243,7 @@ class SimCluster:
     def _groups_arrived(self) -> bool:
         """Whether a group became available since the trainer last asked. Only a whole
         group can make a batch possible; asking after every sample cost a fifth of a run."""
-        n = self.coord.data.buffer.transitions["finished->available"]
+        n = self.coord.data.groups_settled()[0]
         if n == self._available_seen:
             return False
         self._available_seen = n
@@ -339,7 +339,7 @@ class SimCluster:
             raise SimStalled(
                 f"no training step for {self.now - self._last_step_at:.0f} simulated seconds "
                 f"at step {self.coord.step} (state {self.coord.state}, "
-                f"{len(self.coord.data.dispatcher.outstanding)} requests outstanding)"
+                f"{self.coord.data.n_outstanding} requests outstanding)"
             )
         # Rollout ranks only: their engine load feeds the caps and the router. A trainer
         # rank's heartbeat only says it is alive, which simulated ranks always are; the
@@ -385,7 +385,7 @@ class SimCluster:
         summary = self.coord.summary()
         return SimResult(
             summary=summary,
-            metrics=list(self.coord.metrics_log),
+            metrics=list(self.coord.reports.lines),
             sim_s=self.now,
             real_s=time.perf_counter() - started,
             block=self.block,

@@ -269,14 +269,14 @@ class RolloutPool:
         replica = self.replicas.get(leader)
         if replica is None or self.stopped:
             return
-        blocked = self.coord.data.dispatcher.blocked
-        refused = blocked["staleness"]
+        data = self.coord.data
+        refused = data.n_blocked("staleness")
         loop = self.loops[leader]
         # A generation in flight is either in the replica (generating or queued there) or
         # between two turns, in a tool call: those hold no slot, and rank 0 is told so.
         in_tools = len(loop.running) - replica.outstanding
         asked = loop.pull(self.max_seqs - replica.outstanding, self.events.now, in_tools)
-        if asked and blocked["staleness"] != refused:
+        if asked and data.n_blocked("staleness") != refused:
             self._stale_at = self._settled_groups()
 
     def ask_all(self) -> None:
@@ -294,8 +294,7 @@ class RolloutPool:
             self.ask_work(leader)
 
     def _settled_groups(self) -> int:
-        t = self.coord.data.buffer.transitions
-        return t["finished->available"] + t["finished->evicted"]
+        return sum(self.coord.data.groups_settled())
 
     def _stale_limited(self) -> bool:
         """Whether the last work request was refused by staleness admission and nothing

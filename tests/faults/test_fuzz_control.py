@@ -243,5 +243,5 @@ def test_hostile_content_from_registered_ranks_never_breaks_rank_0(stream):
         assert min(t.token_ids) >= 0 and max(t.token_ids) < 64
         assert list(t.prompt_token_ids) == [1, 2, 3]
     json.dumps(c.status())
-    json.dumps(c.metrics_log)
-    json.dumps(c.samples_log)
+    json.dumps(c.reports.new_lines)
+    json.dumps(c.reports.new_samples)

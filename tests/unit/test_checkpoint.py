@@ -643,7 +643,7 @@ def test_a_restored_coordinator_continues_the_run(clock):
     syncs = {to for to, m in out if isinstance(m, p.WeightSync) and m.policy_version == 1}
     assert syncs == {ident(0), ident(2), ident(3)}
     one_step(fresh, clock)
-    line = fresh.metrics_log[-1]
+    line = fresh.reports.new_lines[-1]
     assert line["step"] == 3 and line["attempt"] == 2
 
 

@@ -81,7 +81,7 @@ def test_info_with_bytes_or_extension_types_is_refused_and_the_logs_stay_json(cl
     c.on_frames(ident(2), frames_of(msg))
     assert c.rejected["malformed"] == before + 1
     assert c.data.delivered_ids == {}
-    json.dumps(c.samples_log)  # what the server writes to samples.jsonl
+    json.dumps(c.reports.new_samples)  # what the server writes to samples.jsonl
     json.dumps(c.status())
 
 
@@ -211,7 +211,7 @@ def test_the_leader_reports_only_the_next_step_for_the_batch_in_flight(clock):
     no_batch = p.StepDone(rank=0, step=1, policy_version=1, batch_id=0, metrics={})
     assert c.handle(ident(0), no_batch) == [] and c.rejected["unknown_batch"] == 1
     train_step(c, 1)
-    assert c.step == 1 and c.metrics_log[-1]["ledger_ok"] is True
+    assert c.step == 1 and c.reports.new_lines[-1]["ledger_ok"] is True
     # a report sent again after its ack was lost changes nothing
     again = p.StepDone(rank=0, step=1, policy_version=1, batch_id=0, metrics={})
     assert c.handle(ident(0), again) == [] and c.step == 1
@@ -284,7 +284,7 @@ def test_a_lost_batch_is_sent_again_when_the_leader_asks_without_it(clock):
     assert isinstance(batch, p.Batch)
     # the Batch never arrived: the leader asks again, still without it
     out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
-    assert [m for to, m in out if to == ident(0)] == [batch] and c.batch_resent == 1
+    assert [m for to, m in out if to == ident(0)] == [batch] and c.trainer_link.resent == 1
     # it trained it but its StepDone was lost: wait for the report it sends again
     ((_, wait),) = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=batch.batch_id))
     assert isinstance(wait, p.BatchWait) and wait.reason == "step report pending"
@@ -384,12 +384,12 @@ def test_requeue_reasons_survive_a_checkpoint(clock):
 def test_the_ledger_identity_is_checked_every_step(clock):
     c = running(clock)
     train_step(c, 1)
-    assert c.metrics_log[-1]["ledger_ok"] is True
+    assert c.reports.new_lines[-1]["ledger_ok"] is True
     # a request that silently vanishes (what a lost Work did before)
     sid = take_work(c, slots=1)[0]["sample_id"]
     del c.data.dispatcher.outstanding[sid]
     train_step(c, 2)
-    line = c.metrics_log[-1]
+    line = c.reports.new_lines[-1]
     assert line["ledger_ok"] is False and "dispatched" in line["ledger_problems"][0]
     assert c.status()["ledger_violations"][-1]["step"] == 2
     assert c.summary()["ledger_violations"] == 1

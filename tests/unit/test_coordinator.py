@@ -273,7 +273,7 @@ def test_sync_points_only_mid_run_and_batches_go_to_every_trainer_rank(clock):
     assert all(m.batch_id == out[0][1].batch_id for _, m in out)
     batch_id = out[0][1].batch_id
     c.handle(ident(0), p.StepDone(rank=0, step=2, policy_version=2, batch_id=batch_id, metrics={}))
-    assert c.metrics_log[-1]["reward_failures"] == 1
+    assert c.reports.new_lines[-1]["reward_failures"] == 1
     out = train_step(c, 3, {})
     assert {type(m) for _, m in out} == {p.Stop}  # the last step: no broadcast to wait for
 
@@ -377,7 +377,8 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
         beat(c, r, clock)
     c.tick()
     assert c.state == "RUNNING"
-    assert c.lost_ranks[0]["rank"] == 3 and c.lost_ranks[0]["requeued"] == len(taken) == 4
+    (lost,) = c.members.lost_ranks
+    assert lost["rank"] == 3 and lost["requeued"] == len(taken) == 4
     assert len(c.data.dispatcher.pending) >= 4  # its requests are back in the queue
     # the last rollout rank dying ends the run
     clock.t += 16.0
@@ -392,7 +393,7 @@ def test_a_dead_rollout_rank_is_survived_only_without_a_process_group(clock):
     for r in (0, 1, 2):
         beat(tp, r, clock)
     tp.tick()
-    assert tp.state == "FAILED" and tp.lost_ranks == []
+    assert tp.state == "FAILED" and tp.members.lost_ranks == []
 
 
 def test_a_baseline_mode_refuses_the_allocator_mid_run(clock):
@@ -413,7 +414,7 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     for r in (0, 1, 2):
         beat(c, r, clock)
     out = c.tick()
-    assert c.state == "RUNNING" and c.lost_ranks[0]["rank"] == 3
+    assert c.state == "RUNNING" and c.members.lost_ranks[0]["rank"] == 3
     switches = {to: m for to, m in out if isinstance(m, p.RoleSwitch)}
     assert set(switches) == {ident(0), ident(1), ident(2)}  # the live ranks regroup
     assert switches[ident(0)].roles == ["trainer", "rollout", "rollout", "gone"]
@@ -432,12 +433,13 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     ]
     for msg in bad:
         c.handle(ident(msg.rank), msg)
-    assert c.rejected["bad_peer_lost"] == 3 and len(c.lost_ranks) == 1
+    assert c.rejected["bad_peer_lost"] == 3 and len(c.members.lost_ranks) == 1
     # from the epoch before (the leader was syncing while rank 0 moved on): it counts, as
     # rank 2 is still a receiver
     out = c.handle(ident(0), p.PeerLost(rank=0, peer=2, layout_epoch=0, reason="bucket 3: closed"))
-    assert [x["rank"] for x in c.lost_ranks] == [3, 2]
-    assert "dropped from a weight sync by rank 0: bucket 3: closed" in c.lost_ranks[1]["reason"]
+    assert [x["rank"] for x in c.members.lost_ranks] == [3, 2]
+    why = c.members.lost_ranks[1]["reason"]
+    assert "dropped from a weight sync by rank 0: bucket 3: closed" in why
     (regroup,) = {m.layout_epoch: m for _, m in out if isinstance(m, p.RoleSwitch)}.values()
     assert regroup.roles == ["trainer", "rollout", "gone", "gone"]
     # no rebalance may leave no live rollout driver (a lost rank may sit in the trainer
@@ -462,7 +464,8 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     back = switched[b"rank-3-new"]
     assert back.layout_epoch == epoch + 1
     assert back.roles == ["trainer", "rollout", "gone", "rollout"]
-    assert 3 not in c.lost and c.rejoined_ranks == [{"rank": 3, "pid": 999, "at_step": 1}]
+    assert 3 not in c.members.lost
+    assert c.members.rejoined_ranks == [{"rank": 3, "pid": 999, "at_step": 1}]
     assert c.rebalance.switches[-1].source == "rank_rejoined"
     assert c.weight_sync_ranks() == [0, 1, 3]
 
@@ -506,10 +509,10 @@ def test_each_step_line_carries_the_reward_of_every_sample_delivered_since_the_l
         t = traj(reqs[req["sample_id"]], 0, worker=2, reward=reward)
         c.handle(ident(2), wire.sample_done(t, 2))
     train_step(c, 1, {})
-    line = c.metrics_log[-1]
+    line = c.reports.new_lines[-1]
     assert line["rollout_reward_mean"] == 0.5 and line["rollout_samples"] == 2
     train_step(c, 2, {})
-    assert "rollout_reward_mean" not in c.metrics_log[-1]  # nothing delivered in between
+    assert "rollout_reward_mean" not in c.reports.new_lines[-1]  # nothing delivered in between
 
 
 @pytest.mark.parametrize(("B_max", "expected"), [(4, [(4, 4), (4, 0)]), (12, [(4, 0)])])
@@ -550,9 +553,9 @@ def test_the_allocator_window_counts_the_replay_life_of_fresh_samples(clock, B_m
     step(2, generated_at=0)  # trained at version 1, age 1: none can be replayed
     step(3, generated_at=2)  # trained at version 2, age 0
     step(4, generated_at=2)  # trained at version 3, age 1
-    windows = [x["placement"]["window"] for x in c.metrics_log if "placement" in x]
+    windows = [x["placement"]["window"] for x in c.reports.new_lines if "placement" in x]
     assert [(w["fresh"], w["replay_life"]) for w in windows] == expected
-    lines = c.metrics_log
+    lines = c.reports.new_lines
     assert all(x["rollout_response_tokens"] > 0 for x in lines)
 
 
@@ -600,7 +603,7 @@ def test_a_run_whose_reward_is_0_everywhere_says_so_naming_the_commonest_reason(
     register_all(c)
     for step in range(1, WATCHED_STEPS + 2):
         _zero_reward_step(c, step, f"test {step}: error: NameError: f is not defined")
-    warned = [x for x in c.metrics_log if "reward_warning" in x]
+    warned = [x for x in c.reports.new_lines if "reward_warning" in x]
     assert [x["step"] for x in warned] == [WATCHED_STEPS]  # once, when the watch ends
     assert warned[0]["reward_warning"].startswith(
         f"reward 0 for every sample of the first {WATCHED_STEPS} steps"
@@ -616,4 +619,4 @@ def test_a_run_whose_reward_is_0_everywhere_says_so_naming_the_commonest_reason(
     train_step(c, 1, {})  # rewards of 0 and 1
     for step in range(2, WATCHED_STEPS + 2):
         _zero_reward_step(c, step, "test 0: wrong_answer")
-    assert not any("reward_warning" in x for x in c.metrics_log)
+    assert not any("reward_warning" in x for x in c.reports.new_lines)

@@ -92,7 +92,7 @@ def test_a_lost_trainer_replica_is_absorbed_and_its_share_goes_to_the_leader():
     batch_id = first[0][1].batch_id
     out = silence(c, clock, dead=1)  # rank 1 dies during the step: no report comes
     assert c.state == "RUNNING", c.reason
-    (lost,) = c.lost_ranks
+    (lost,) = c.members.lost_ranks
     assert lost["rank"] == 1 and lost["role"] == "trainer" and "sent no heartbeat" in lost["reason"]
     switch = next(m for _, m in out if isinstance(m, p.RoleSwitch))
     assert switch.roles == ["trainer", "gone", "rollout", "rollout"]
@@ -113,8 +113,9 @@ def test_the_other_ranks_of_a_lost_trainer_replica_are_released():
     c = make(clock, 6, "2:4", trainer_group=2)  # trainer replicas [0, 1] and [2, 3]
     out = silence(c, clock, dead=3)
     assert c.state == "RUNNING", c.reason
-    assert [(x["rank"], x["role"]) for x in c.lost_ranks] == [(3, "trainer"), (2, "trainer")]
-    assert "released: its trainer replica [2, 3] lost rank 3" in c.lost_ranks[1]["reason"]
+    lost = c.members.lost_ranks
+    assert [(x["rank"], x["role"]) for x in lost] == [(3, "trainer"), (2, "trainer")]
+    assert "released: its trainer replica [2, 3] lost rank 3" in c.members.lost_ranks[1]["reason"]
     stopped = {to for to, m in out if isinstance(m, p.Stop)}
     assert stopped == {ident(2), ident(3)}
     switch = next(m for _, m in out if isinstance(m, p.RoleSwitch))
@@ -136,20 +137,20 @@ def test_a_lost_trainer_rank_the_run_cannot_do_without_fails_it(world, ratio, gr
     c = make(clock, world, ratio, trainer_group=group, **engine)
     silence(c, clock, dead=dead)
     assert c.state == "FAILED" and f"rank {dead} (trainer" in c.reason
-    assert c.lost_ranks == []
+    assert c.members.lost_ranks == []
 
 
 def test_no_layout_puts_a_partly_lost_replica_group_in_the_trainer_pool():
     clock = Clock()
     c = make(clock, 8, "4:4", trainer_group=2)  # trainers [0,1] [2,3], rollout 4..7
     silence(c, clock, dead=5)  # a rollout rank
-    assert c.state == "RUNNING" and c.lost == {5}
+    assert c.state == "RUNNING" and c.members.lost == {5}
     finish_switch(c)
     ((_, reply),) = c.handle(b"cli", p.RebalanceRequest(rollout=2, trainer=6))
     assert not reply.ok and "ranks [5] were lost: trainer replica [4, 5] cannot train" in reply.text
     # a wholly lost group may sit in the pool: it is no part of the data parallelism
     silence(c, clock, dead=3)
-    assert c.lost == {2, 3, 5} and c.trainer_ranks() == [0, 1]
+    assert c.members.lost == {2, 3, 5} and c.trainer_ranks() == [0, 1]
     finish_switch(c)
     assert c.without_lost(c.layout.with_ratio(2, 6)) != ""  # [4, 5] still half lost
     assert c.without_lost(c.layout.with_ratio(4, 4)) == ""
@@ -219,22 +220,23 @@ def test_a_lost_trainer_replica_group_rejoins_whole_and_between_steps():
     c = make(clock, 6, "2:4", trainer_group=2)  # trainer replicas [0, 1] and [2, 3]
     silence(c, clock, dead=3)  # rank 2 is released with it
     finish_switch(c)
-    assert c.lost == {2, 3} and c.trainer_ranks() == [0, 1]
+    assert c.members.lost == {2, 3} and c.trainer_ranks() == [0, 1]
     ((_, in_flight), _) = batch_to_leader(c)
     assert not any(isinstance(m, p.RoleSwitch) for _, m in rejoin(c, 3))  # half a group
     assert not any(isinstance(m, p.RoleSwitch) for _, m in rejoin(c, 2))  # a step under way
-    assert c.rejoining == {2, 3} and c.trainer_ranks() == [0, 1]
+    assert c.members.rejoining == {2, 3} and c.trainer_ranks() == [0, 1]
     version = c.cfg.train.version_at(1)
     done = p.StepDone(
         rank=0, step=1, policy_version=version, batch_id=in_flight.batch_id, metrics={}
     )
     c.handle(ident(0), done)
-    assert c.lost == {2, 3}  # the step report is no point to regroup at: the next request is
+    # the step report is no point to regroup at: the next request is
+    assert c.members.lost == {2, 3}
     out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=in_flight.batch_id))
     switch = next(m for _, m in out if isinstance(m, p.RoleSwitch))
     assert switch.roles == ["trainer"] * 4 + ["rollout"] * 2
     assert isinstance(out[-1][1], p.BatchWait) and out[-1][0] == ident(0)
-    assert c.lost == set() and c.rejoining == set()
+    assert c.members.lost == set() and c.members.rejoining == set()
     assert sorted(x["rank"] for x in c.status()["rejoined_ranks"]) == [2, 3]
     finish_switch(c)
     batches = batch_to_leader(c, last=in_flight.batch_id)
@@ -250,7 +252,7 @@ def test_a_lost_trainer_rank_without_its_group_is_never_taken_back():
     for _ in range(3):  # the leader asks between steps: rank 2 is still missing
         out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
         assert not any(isinstance(m, p.RoleSwitch) for _, m in out)
-    assert c.rejoining == {3} and 3 in c.lost
+    assert c.members.rejoining == {3} and 3 in c.members.lost
     assert c.epoch_roles()[2:4] == ["gone", "gone"]
 
 
@@ -342,4 +344,4 @@ def test_a_rank_lost_again_before_it_is_taken_back_regroups_no_one():
     out = silence(c, clock, dead=3)  # the new process dies too: it was in no group
     assert not any(isinstance(m, p.RoleSwitch) for _, m in out)
     assert c.layout_epoch == epoch and c.state == "RUNNING"
-    assert [x["rank"] for x in c.lost_ranks] == [3, 2, 3]
+    assert [x["rank"] for x in c.members.lost_ranks] == [3, 2, 3]

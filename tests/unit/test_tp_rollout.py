@@ -207,7 +207,7 @@ def test_a_lost_driver_is_not_survived_on_its_members_alone():
             beat(c, r, 0.0, 0.0)
         c.tick()
     assert c.state == "FAILED" and "rank 2" in c.reason
-    assert c.lost_ranks == []
+    assert c.members.lost_ranks == []
 
 
 def test_a_lost_member_or_driver_is_survived_while_another_replica_generates():
@@ -219,7 +219,7 @@ def test_a_lost_member_or_driver_is_survived_while_another_replica_generates():
             beat(c, r, 0.0, 0.0)
         c.tick()
     assert c.state == "RUNNING"
-    assert sorted(x["rank"] for x in c.lost_ranks) == [2, 3]
+    assert sorted(x["rank"] for x in c.members.lost_ranks) == [2, 3]
 
 
 def test_a_role_switch_moves_members_with_their_group():

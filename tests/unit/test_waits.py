@@ -46,8 +46,8 @@ def test_a_reported_wait_is_in_status_and_named_when_the_rank_goes_silent():
             c.handle(ident(r), beat(r))
         c.tick()
     # a lost trainer replica is absorbed (the leader's goes on); the wait is its reason
-    assert c.state == "RUNNING" and [x["rank"] for x in c.lost_ranks] == [1]
-    assert c.lost_ranks[0]["reason"].endswith(
+    assert c.state == "RUNNING" and [x["rank"] for x in c.members.lost_ranks] == [1]
+    assert c.members.lost_ranks[0]["reason"].endswith(
         f"its last beat said: waiting on {label} (for 16.0 s)"
     )
 
