@@ -10,6 +10,7 @@ boundary is a multiple of it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,11 +29,20 @@ class LayoutError(ValueError):
     """A split that the replica-group sizes or the world size do not allow."""
 
 
+# ranks of one pool: ASCII digits, at most 6 (str.isdigit takes "²" and full-width
+# digits, and int() took a 23-digit count that no message could carry)
+_RANKS = re.compile(r"[0-9]{1,6}", re.ASCII)
+
+
 def parse_ratio(text: str) -> tuple[int, int]:
     """``"24:8"`` -> ``(24, 8)`` (rollout ranks, trainer ranks)."""
     parts = str(text).split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise LayoutError(f"{text!r} is not of the form ROLLOUT:TRAINER, e.g. 24:8")
+    if len(parts) != 2 or not all(_RANKS.fullmatch(p.strip(" ")) for p in parts):
+        shown = repr(text) if len(str(text)) <= 40 else repr(str(text)[:40]) + "..."
+        raise LayoutError(
+            f"{shown} is not of the form ROLLOUT:TRAINER in ASCII digits (at most 6 each), "
+            "e.g. 24:8"
+        )
     return int(parts[0]), int(parts[1])
 
 

@@ -134,14 +134,23 @@ def decode(
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"header is not msgpack: {type(exc).__name__}") from None
     _require(isinstance(header, dict), "header is not a map")
-    _require(header.get("v") == PROTOCOL_VERSION, f"protocol version {header.get('v')!r}")
-    cls = _REGISTRY.get(header.get("type"))  # type: ignore[arg-type]
-    _require(cls is not None, f"unknown message type {header.get('type')!r}")
-    assert cls is not None
+    # msgpack's strict map keys are str or bytes: a bytes key is no field name (and a mix
+    # of both could not even be sorted into an error message)
+    _require(all(type(k) is str for k in header), "header keys are not all strings")
+    version = header.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {repr(version)[:40]}")
+    kind = header.get("type")
+    _require(type(kind) is str, "message type is not a string")  # a list is unhashable
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise ProtocolError(f"unknown message type {kind[:64]!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)} - {"blobs"}
     given = set(header) - {"v", "type"}
-    _require(given == names, f"{cls.TYPE}: fields {sorted(given)} != {sorted(names)}")
+    if given != names:
+        extra, missing = sorted(given - names)[:8], sorted(names - given)
+        raise ProtocolError(f"{cls.TYPE}: fields {extra} not its own, {missing} missing")
     kwargs = {}
     for name in names:
         value = header[name]

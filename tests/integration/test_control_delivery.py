@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 
+import msgpack
 import pytest
 import zmq
 
@@ -111,7 +113,7 @@ def test_a_result_with_bytes_in_its_info_does_not_end_the_control_thread(served)
     socks[2].send_multipart(p.encode(wire.sample_done(t, 2)))
     _wait(lambda: ControlClient(srv.paths).status()["control"]["rejected"] >= 1)
     # a line the writer cannot serialise is counted; rank 0 goes on serving
-    srv.coordinator.samples_log.append({"not json": object()})
+    srv.coordinator.reports.new_samples.append({"not json": object()})
     _wait(lambda: "metrics_write_error" in _rejected(srv))
     assert srv._thread.is_alive()
     assert ControlClient(srv.paths).status()["state"] == "RUNNING"
@@ -119,6 +121,31 @@ def test_a_result_with_bytes_in_its_info_does_not_end_the_control_thread(served)
 
 def _rejected(srv: ControlServer) -> dict:
     return ControlClient(srv.paths).status()["control"]["rejected_by_reason"]
+
+
+def test_hostile_headers_are_refused_counted_and_logged_at_a_bounded_rate(served, caplog):
+    # A rank holding the key sends header shapes that raised out of the decoder (a list or
+    # a map as the type, keys mixing bytes and str): each was a handler error with a
+    # 12-line traceback in rank 0's log. Now: refused by the decoder, counted, a line at
+    # most every 10 s.
+    srv, socks = served
+    version = p.PROTOCOL_VERSION
+    shapes = [
+        {"v": version, "type": ["heartbeat"]},
+        {"v": version, "type": {"a": 1}},
+        {"v": version, "type": "work_request", b"rank": 2, "slots": 1},
+    ]
+    n = 300
+    with caplog.at_level(logging.WARNING, logger="runtime.rank.control_server"):
+        for i in range(n):
+            socks[2].send_multipart([msgpack.packb(shapes[i % 3], use_bin_type=True)])
+        _wait(lambda: _rejected(srv).get("malformed", 0) >= n)
+    assert "handler_error" not in _rejected(srv)
+    lines = [r for r in caplog.records if r.name == "runtime.rank.control_server"]
+    assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
+    assert "refused a message: malformed: " in lines[0].getMessage()
+    assert not any(r.exc_info for r in lines)  # no traceback per message
+    assert ControlClient(srv.paths).status()["state"] == "RUNNING"
 
 
 def test_a_reply_to_a_peer_with_no_pipe_reaches_the_coordinator(tmp_path):

@@ -16,9 +16,22 @@ def make(rollout: int, trainer: int, *, per_node: int = 8, s_t: int = 8, s_r: in
 
 def test_parse_ratio():
     assert parse_ratio("24:8") == (24, 8)
-    for bad in ("24", "a:b", "3:-1", "1:2:3", ""):
-        with pytest.raises(LayoutError, match="ROLLOUT:TRAINER"):
+    assert parse_ratio(" 24 : 8 ") == (24, 8)
+    # superscript digits raised ValueError out of int(), full-width ones were taken, and a
+    # 23-digit count reached msgpack (OverflowError): refused here, in one line
+    for bad in (
+        "24",
+        "a:b",
+        "3:-1",
+        "1:2:3",
+        "",
+        "\u00b2:1",
+        "\uff12\uff14:\uff18",
+        "1" * 23 + ":1",
+    ):
+        with pytest.raises(LayoutError, match="ROLLOUT:TRAINER in ASCII digits") as got:
             parse_ratio(bad)
+        assert "\n" not in str(got.value) and len(str(got.value)) < 120
 
 
 def test_groups_are_contiguous_and_cover_every_rank():
