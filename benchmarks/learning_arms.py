@@ -35,8 +35,11 @@ import statistics
 import subprocess
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from runtime.config.modes import policy
 
 RECORD_FORMAT = 1
 BUSY_FOREIGN = 0.5  # mean runnable threads not the run's, above which an arm is busy
@@ -172,10 +175,13 @@ def run_processes(
     return ours | {p for p in procs if p != os.getpid() and _marked(str(p), marker)}
 
 
-def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, int]:
+def runnable_split(
+    root_pid: int | None, marker: bytes, me: int, seen: Counter[str] | None = None
+) -> tuple[int, int]:
     """(runnable threads of the run, runnable threads of everything else) right now (the
     run as :func:`run_processes` finds it); this process (the sampler) and kernel threads
-    count as neither."""
+    count as neither. ``seen`` counts the foreign processes found runnable, by command
+    line: what made an arm busy is then in its record."""
     procs = _processes()
     ours = run_processes(root_pid, marker, procs)
     own = foreign = 0
@@ -185,9 +191,22 @@ def runnable_split(root_pid: int | None, marker: bytes, me: int) -> tuple[int, i
         if p == me or p == 2 or ppid == 2:
             continue
         n = _runnable_threads(str(p))
-        if n:
-            own, foreign = (own + n, foreign) if p in ours else (own, foreign + n)
+        if n and p in ours:
+            own += n
+        elif n:
+            foreign += n
+            if seen is not None:
+                seen[_command(str(p))] += n
     return own, foreign
+
+
+def _command(pid: str) -> str:
+    """A process's command line, shortened (its name if the line cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"
 
 
 def kill_tree(root_pid: int, marker: bytes) -> None:
@@ -210,6 +229,7 @@ class LoadWatch:
     root_pid: int | None = None
     own: list[int] = field(default_factory=list)
     foreign: list[int] = field(default_factory=list)
+    foreign_seen: Counter[str] = field(default_factory=Counter)
     load_1m: list[float] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -220,7 +240,9 @@ class LoadWatch:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
-            own, foreign = runnable_split(self.root_pid, self.marker, os.getpid())
+            own, foreign = runnable_split(
+                self.root_pid, self.marker, os.getpid(), self.foreign_seen
+            )
             self.own.append(own)
             self.foreign.append(foreign)
             self.load_1m.append(load_average()[0])
@@ -237,6 +259,9 @@ class LoadWatch:
             "own_runnable_mean": _mean(self.own),
             "load_1m_mean": _mean(self.load_1m),
             "load_1m_max": max(self.load_1m, default=None),
+            # the foreign processes found runnable most often (runnable threads summed
+            # over the samples): what made the arm busy, if it was
+            "foreign_seen": dict(self.foreign_seen.most_common(8)),
         }
 
 
@@ -445,7 +470,7 @@ def run_arm(
         f"train.steps={spec.steps}",
         f"train.seed={spec.seed}",
         f"train.eval_every={spec.eval_every}",
-        *mode_sets(spec.mode),
+        *policy(spec.mode).recipe_sets(),
         *spec.sets,
     ]
     cmd = [os.sys.executable, "-m", "reflow_cli.main", "launch", str(repo / spec.recipe), "--local"]
@@ -491,13 +516,3 @@ def run_arm(
         rec["problem"] = f"reflow launch exited {code}"
     write_record(rec, records)
     return rec
-
-
-def mode_sets(mode: str) -> list[str]:
-    """The recipe as ``mode`` (benchmarks/modes.py's rule: the demo's sigma 0.5 is reflow's,
-    0 in every mode that does not replay; a colocated mode has no split)."""
-    from runtime.config.modes import policy
-
-    p = policy(mode)
-    sets = [f"reflow.mode={mode}", *([] if p.replay else ["reflow.sigma=0"])]
-    return sets + (["resources.initial_ratio=null"] if p.colocated else [])

@@ -59,17 +59,8 @@ def launch_args(name: str, sets: list[str], *, wait: bool) -> list[str]:
     return args + (["--wait"] if wait else [])
 
 
-def mode_overrides(mode: str) -> list[str]:
-    """The demo recipe as ``mode``: its replay share (sigma 0.5) is kept where the mode
-    replays, 0 elsewhere, and its 2:2 split does not apply to a colocated mode (every rank
-    plays both roles)."""
-    p = policy(mode)
-    sets = [f"reflow.mode={mode}", *([] if p.replay else ["reflow.sigma=0"])]
-    return sets + (["resources.initial_ratio=null"] if p.colocated else [])
-
-
 def run_mode(mode: str, steps: int, runs: Path) -> Path:
-    sets = [f"train.steps={steps}", *mode_overrides(mode)]
+    sets = [f"train.steps={steps}", *policy(mode).recipe_sets()]
     done = cli(*launch_args(f"bench-{mode}", sets, wait=True), runs=runs)
     run_dir = max(runs.glob(f"bench-{mode}-*"), key=lambda d: d.stat().st_mtime)
     if done.returncode != 0:

@@ -59,6 +59,13 @@ class ModePolicy:
         if self.default_sigma > 0 and not self.replay:
             raise ValueError(f"mode {self.name}: a default sigma without replay")
 
+    def recipe_sets(self) -> list[str]:
+        """The ``--set`` overrides that run a recipe written for reflow (a replay share, a
+        rollout:trainer split) as this mode: its sigma is kept where the mode replays and
+        0 elsewhere; a colocated mode drops the split (every rank plays both roles)."""
+        sets = [f"reflow.mode={self.name}", *([] if self.replay else ["reflow.sigma=0"])]
+        return sets + (["resources.initial_ratio=null"] if self.colocated else [])
+
     def batches_ahead(self, step: int, sync_every: int, steps: int) -> int:
         """Batches a barrier mode may have generated or in generation ahead of the trainer
         after ``step`` of ``steps`` trained steps: the rest of the current sync interval,

@@ -88,7 +88,7 @@ class PolicyReceiver:
         settle()
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         if not self.needs(header.version):
-            self._record(header, nbytes, received_s, 0.0, loaded=False)
+            self._record(header.version, nbytes, received_s, 0.0, loaded=False)
             return None
         written = time.perf_counter()
         folder = self.write_policy(header.version, weights)
@@ -101,7 +101,7 @@ class PolicyReceiver:
         self, path: str, header: WeightsHeader, nbytes: int, received_s: float, write_s: float
     ) -> float:
         took = await self.engine.update_weights(path, header.version)
-        self._record(header, nbytes, received_s, write_s + took, loaded=True)
+        self._record(header.version, nbytes, received_s, write_s + took, loaded=True)
         log.debug("weights v%d loaded in %.3f s", header.version, took)
         self._forget_all_but(header.version)
         return took  # paused, reloaded, resumed: requests held meanwhile
@@ -123,11 +123,13 @@ class PolicyReceiver:
         start = time.perf_counter()
         if not self.needs(header.version):
             await eng.drain_transfer(header, timeout)
-            self._record(header, nbytes, time.perf_counter() - start, 0.0, loaded=False)
+            self._record(
+                header.version, nbytes, time.perf_counter() - start, 0.0, False, over_nccl=True
+            )
             return 0.0
         paused, finish_s = await eng.update_weights_nccl(header, timeout)
         # the buckets' receive includes their load_weights: one operation on this path
-        self._record(header, nbytes, paused - finish_s, finish_s, loaded=True)
+        self._record(header.version, nbytes, paused - finish_s, finish_s, True, over_nccl=True)
         return paused
 
     # --- in place (colocated_sync) -------------------------------------------------------
@@ -149,17 +151,7 @@ class PolicyReceiver:
         load = self.engine.update_weights(str(folder), version)
         took = run(load, f"in-place load of version {version}")
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.records.append(
-            {
-                "version": float(version),
-                "bytes": float(nbytes),
-                "receive_s": 0.0,
-                "load_s": write_s + took,
-                "gb_per_s": 0.0,
-                "loaded": 1.0,
-                "nccl": 0.0,
-            }
-        )
+        self._record(version, nbytes, 0.0, write_s + took, loaded=True)
         self._forget_all_but(version)
 
     # --- the policy's folder -------------------------------------------------------------
@@ -192,16 +184,22 @@ class PolicyReceiver:
                 shutil.rmtree(old, ignore_errors=True)
 
     def _record(
-        self, header: WeightsHeader, nbytes: int, receive_s: float, load_s: float, loaded: bool
+        self,
+        version: int,
+        nbytes: int,
+        receive_s: float,
+        load_s: float,
+        loaded: bool,
+        over_nccl: bool = False,
     ) -> None:
         self.records.append(
             {
-                "version": float(header.version),
+                "version": float(version),
                 "bytes": float(nbytes),
                 "receive_s": receive_s,
                 "load_s": load_s,
                 "gb_per_s": nbytes / receive_s / 1e9 if receive_s > 0 else 0.0,
                 "loaded": float(loaded),
-                "nccl": float(header.transport == nccl.NcclBucketSender.name),
+                "nccl": float(over_nccl),
             }
         )

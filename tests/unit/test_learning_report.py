@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
@@ -318,14 +319,17 @@ def test_a_foreign_busy_process_counts_as_foreign_and_a_child_as_the_runs(tmp_pa
     proc = subprocess.Popen(spin)
     try:
         seen_foreign = seen_own = 0
+        names: Counter[str] = Counter()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (seen_foreign and seen_own):
-            own, foreign = learning_arms.runnable_split(None, b"\0nothing\0", os.getpid())
+            own, foreign = learning_arms.runnable_split(None, b"\0nothing\0", os.getpid(), names)
             seen_foreign += foreign >= 1
             own, _ = learning_arms.runnable_split(proc.pid, b"\0nothing\0", os.getpid())
             seen_own += own >= 1
             time.sleep(0.05)
         assert seen_foreign and seen_own
+        # the record names what was runnable: the spinning process's command line
+        assert any("-c import time" in cmd for cmd in names), names
     finally:
         proc.kill()
         proc.wait()

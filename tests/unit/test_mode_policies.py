@@ -94,6 +94,18 @@ def test_config_asks_its_policy(mode: str) -> None:
     assert cfg.reflow.sigma == (0.5 if mode == "reflow" else 0.0)  # the demo leaves it unset
 
 
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_recipe_sets_run_a_reflow_recipe_as_the_mode(mode: str) -> None:
+    # the demo sets a replay share and a 2:2 split: each mode refuses what it does not
+    # have, unless its recipe_sets take it off (benchmarks/modes.py, benchmarks/learning.py)
+    demo = REPO / "recipes" / "demo.yaml"
+    sets = [*policy(mode).recipe_sets(), "train.steps=4"]
+    cfg = load_recipe(demo, sets, on_note=lambda _: None)
+    assert cfg.reflow.policy is policy(mode)
+    assert cfg.reflow.sigma == (0.5 if policy(mode).replay else 0.0)
+    assert (cfg.resources.initial_ratio == "2:2") != policy(mode).colocated  # the demo's split
+
+
 # --- no mode-name comparison outside the config layer ------------------------------------
 
 SCANNED = ("runtime", "reflow_cli", "jobs")

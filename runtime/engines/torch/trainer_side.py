@@ -197,6 +197,15 @@ class TorchTrainerSide(BatchConsumer):
             self._eval_start = self.evaluate()
             log.info("held-out eval at start: %s", self._eval_start)
 
+    def _timed_evaluate(self, metrics: dict[str, float], when: str | None = None) -> None:
+        """A held-out eval's figures into ``metrics`` (named for ``when``, if given) with
+        its seconds as ``eval_s``: evals stall this rank, so a report of reward against
+        time takes them out (benchmarks/learning.py)."""
+        started = time.perf_counter()
+        figures = self.evaluate()
+        metrics.update(figures if when is None else eval_names(figures, when))
+        metrics["eval_s"] = time.perf_counter() - started
+
     def evaluate(self) -> dict[str, float]:
         """Held-out figures of the current policy (the leader alone): the arith kind's
         ``eval_reward`` (greedy accuracy on its embedded problems), and per ``data.eval``
@@ -279,18 +288,12 @@ class TorchTrainerSide(BatchConsumer):
             metrics.update(last.metrics())
         if t.step == 1 and self._eval_start is not None:
             metrics.update(eval_names(self._eval_start, "start"))
-        # eval_s: the seconds this step spent in held-out evals; they stall this rank, so a
-        # report of reward against time takes them out (benchmarks/learning.py)
         if eval_now:
-            started = time.perf_counter()
-            metrics.update(self.evaluate())
-            metrics["eval_s"] = time.perf_counter() - started
+            self._timed_evaluate(metrics)
         if final:
             t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
             if self.evaluates():
-                started = time.perf_counter()
-                metrics.update(eval_names(self.evaluate(), "end"))
-                metrics["eval_s"] = time.perf_counter() - started
+                self._timed_evaluate(metrics, "end")
         self._send(
             p.StepDone(
                 rank=self.rank,
