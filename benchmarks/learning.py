@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.grid_from:
             print(f"wrote {distill_grid(args.grid_from, args.dir)}", file=sys.stderr)
         elif args.plan:
+            # `kill PID` stops the plan and the arm it is running (run_arm kills its run)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit("learning.py: stopped (SIGTERM)"))
             run_plan(args)
         else:
             folder = args.report_only or args.dir

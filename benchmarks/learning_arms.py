@@ -209,11 +209,25 @@ def _command(pid: str) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"
 
 
-def kill_tree(root_pid: int, marker: bytes) -> None:
-    """SIGKILL every process of the run (an arm past its time limit)."""
-    for p in run_processes(root_pid, marker):
-        with contextlib.suppress(OSError):
-            os.kill(p, signal.SIGKILL)
+def kill_tree(root_pid: int, marker: bytes, settle_s: float = 10.0) -> None:
+    """SIGKILL every process of the run (an arm past its time limit, or a plan stopped),
+    in rounds until a round finds none alive: a single pass missed the ranks and vLLM
+    engines a launcher started while the pass went on, and they ran beside the next two
+    arms (2026-12-05)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        alive = [p for p in run_processes(root_pid, marker) if _alive(str(p))]
+        if not alive or time.monotonic() > deadline:
+            return
+        for p in alive:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def _alive(pid: str) -> bool:
+    stat = _proc_stat(pid)
+    return stat is not None and stat[1] != "Z"  # a zombie is dead, waiting for its reaper
 
 
 def load_average() -> list[float]:
@@ -500,6 +514,9 @@ def run_arm(
             kill_tree(proc.pid, marker.encode())
             proc.wait(timeout=60)
             code = None
+        except BaseException:  # the plan is stopped (Ctrl-C, SIGTERM): its arm goes too
+            kill_tree(proc.pid, marker.encode())
+            raise
     machine["during"] = watch.stop()
     machine["seconds"] = round(time.time() - started, 1)
     machine["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))

@@ -386,6 +386,35 @@ def test_an_arm_past_its_time_is_killed_with_its_whole_tree(tmp_path):
             p.wait()
 
 
+def test_kill_tree_leaves_nothing_of_the_run_that_starts_while_it_is_killed(monkeypatch):
+    # A launcher starts ranks and engines while the kill goes on: one pass over the
+    # processes missed those started after it listed them, and they ran beside the next
+    # two arms (2026-12-05). Here a marked process starts during the first kill.
+    tag = f"t-late-{os.getpid()}"
+    env = {**os.environ, learning_arms.ARM_ENV: tag}
+    marker = f"{learning_arms.ARM_ENV}={tag}".encode()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    first = subprocess.Popen(sleeper, env=env)
+    late: list[subprocess.Popen] = []
+    kill = os.kill
+
+    def kill_and_a_late_start(pid: int, sig: int) -> None:
+        if not late:
+            late.append(subprocess.Popen(sleeper, env=env, start_new_session=True))
+        kill(pid, sig)
+
+    monkeypatch.setattr(learning_arms.os, "kill", kill_and_a_late_start)
+    try:
+        learning_arms.kill_tree(first.pid, marker)
+        assert first.wait(timeout=10) == -9
+        assert late and late[0].wait(timeout=10) == -9  # found by the next round
+    finally:
+        monkeypatch.undo()
+        for p in (first, *late):
+            p.kill()
+            p.wait()
+
+
 def test_grid_from_distills_a_sim_grid_and_the_report_projects_it(folder, tmp_path):
     cell = {"workload": "math", "model": "qwen3-8b", "gpus": 32}
     rows = [
