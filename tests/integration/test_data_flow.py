@@ -8,6 +8,10 @@ import pytest
 from tests.helpers import launch_recipe_text, reflow
 from tests.helpers import wait_for_status as wait_for
 
+# Rollout slower than the default synthetic engine (2 ms a token): replay fills a batch only
+# when the trainer asks before b fresh samples are in. Since admission stopped letting
+# rollout run a batch past delta while one trains (2026-12-05), the default speed kept
+# every batch fresh on this machine and the replay assertion below never held.
 RECIPE = """
 name: flow
 data: {train: "embedded:synthetic"}
@@ -16,7 +20,7 @@ algorithm: {group_size: 4}
 train: {steps: 200, batch_size: 16, lr: 0.001}
 reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
 resources: {nodes: 1, gpus_per_node: 4, initial_ratio: "2:2", device: cpu}
-engine: {rollout: synthetic, trainer: synthetic}
+engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.002}
 control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 20}
 """
 
