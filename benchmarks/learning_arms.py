@@ -15,11 +15,17 @@ that the report is rebuilt from committed records alone, on any clone, and a lat
   takes them out), and the reward;
 - the run's end state and ledger, the commit it ran, the settings, and the load.
 
-**Busy machines.** The figure that decides is the *foreign* load: runnable threads on the
-machine that are not the run's (not the launcher or a descendant of it, nor a process
-carrying the arm's environment marker), sampled every few seconds. An arm whose mean
-foreign load during the run is above ``BUSY_FOREIGN`` (half a core of this 2-core machine)
-is marked busy and left out of every wall-clock figure; its per-step figures still count.
+**Busy machines.** The figure that decides is the *foreign* CPU: the CPU seconds, per
+second of the run, of the processes on the machine that are not the run's (not the
+launcher or a descendant of it, nor a process carrying the arm's environment marker),
+from their ``/proc`` counters at each sample. An arm whose foreign CPU is above
+``BUSY_FOREIGN_CORES`` (a tenth of this 2-core machine) is marked busy and left out of
+every wall-clock figure; its per-step figures still count. Records made before
+2026-12-05 11:30 UTC have only the older figure, runnable threads not the run's, judged
+against ``BUSY_FOREIGN``: it over-counts, since on a machine the run itself oversubscribes
+(9 runnable threads of its own on 2 cores) a process that wakes for a moment waits in the
+run queue and is seen runnable: the tool backend, seen runnable in 90 of 155 samples of
+an arm, had used 0.16 s of CPU in 15 minutes.
 The 1/5/15-minute load averages before and during the run are recorded too, for the
 reader: they include the run's own ranks, and before an arm the previous arm's tail.
 """
@@ -42,7 +48,8 @@ from pathlib import Path
 from runtime.config.modes import policy
 
 RECORD_FORMAT = 1
-BUSY_FOREIGN = 0.5  # mean runnable threads not the run's, above which an arm is busy
+BUSY_FOREIGN_CORES = 0.2  # CPU seconds per second not the run's, above which it is busy
+BUSY_FOREIGN = 0.5  # the older records' rule: mean runnable threads not the run's
 SAMPLE_EVERY_S = 5.0
 ARM_ENV = "REFLOW_LEARNING_ARM"  # set in the arm's environment: marks its processes
 
@@ -126,6 +133,63 @@ def _proc_stat(pid: str) -> tuple[int, str] | None:
         return None
     rest = text.rsplit(")", 1)[1].split()
     return int(rest[1]), rest[0]
+
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(pid: str) -> tuple[int, int] | None:
+    """(start time, user + system CPU ticks) of a process, None when it is gone: the start
+    time tells a process from a later one under the same pid."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(rest[19]), int(rest[11]) + int(rest[12])
+
+
+@dataclass
+class CpuSplit:
+    """CPU seconds of the run and of everything else between successive :meth:`sample`
+    calls. A process first seen at a sample counts its whole CPU time when it started after
+    the previous sample, else none (the first sample is the baseline); one that starts and
+    ends between two samples is not seen (a command of a moment)."""
+
+    me: int
+    own_s: float = 0.0
+    foreign_s: float = 0.0
+    foreign_seen: Counter[str] = field(default_factory=Counter)  # command -> ticks
+    _last: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _last_uptime_ticks: int | None = None
+
+    def sample(self, root_pid: int | None, marker: bytes) -> None:
+        procs = _processes()
+        ours = run_processes(root_pid, marker, procs)
+        uptime_ticks = int(float(Path("/proc/uptime").read_text().split()[0]) * TICKS_PER_S)
+        now: dict[int, tuple[int, int]] = {}
+        for p, ppid in procs.items():
+            if p == self.me or p == 2 or ppid == 2:  # the sampler, kernel threads
+                continue
+            ticks = _cpu_ticks(str(p))
+            if ticks is None:
+                continue
+            now[p] = ticks
+            start, used = ticks
+            if self._last_uptime_ticks is None:
+                continue  # the baseline
+            before = self._last.get(p)
+            if before is not None and before[0] == start:
+                delta = used - before[1]
+            elif start >= self._last_uptime_ticks:
+                delta = used  # started since the previous sample
+            else:
+                delta = 0  # seen for the first time, running before: no baseline
+            if p in ours:
+                self.own_s += delta / TICKS_PER_S
+            elif delta:
+                self.foreign_s += delta / TICKS_PER_S
+                self.foreign_seen[_command(str(p))] += delta
+        self._last, self._last_uptime_ticks = now, uptime_ticks
 
 
 def _marked(pid: str, marker: bytes) -> bool:
@@ -245,15 +309,20 @@ class LoadWatch:
     foreign: list[int] = field(default_factory=list)
     foreign_seen: Counter[str] = field(default_factory=Counter)
     load_1m: list[float] = field(default_factory=list)
+    cpu: CpuSplit = field(default_factory=lambda: CpuSplit(os.getpid()))
+    _started: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._started = time.monotonic()
+        self.cpu.sample(self.root_pid, self.marker)  # the baseline
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
+            self.cpu.sample(self.root_pid, self.marker)
             own, foreign = runnable_split(
                 self.root_pid, self.marker, os.getpid(), self.foreign_seen
             )
@@ -265,9 +334,18 @@ class LoadWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.cpu.sample(self.root_pid, self.marker)
+        wall = max(time.monotonic() - self._started, 1e-9)
         return {
             "samples": len(self.foreign),
             "every_s": self.every,
+            # CPU seconds per second of the run (cores): what decides busy
+            "foreign_cpu_cores": round(self.cpu.foreign_s / wall, 4),
+            "own_cpu_cores": round(self.cpu.own_s / wall, 3),
+            "foreign_cpu_seen_s": {
+                cmd: round(ticks / TICKS_PER_S, 2)
+                for cmd, ticks in self.cpu.foreign_seen.most_common(8)
+            },
             "foreign_runnable_mean": _mean(self.foreign),
             "foreign_runnable_max": max(self.foreign, default=None),
             "own_runnable_mean": _mean(self.own),
@@ -291,7 +369,12 @@ def machine_before() -> dict:
 def busy_reason(machine: dict) -> str | None:
     """Why an arm's wall clock does not count, or None."""
     during = machine.get("during") or {}
-    foreign = during.get("foreign_runnable_mean")
+    cores = during.get("foreign_cpu_cores")
+    if cores is not None:
+        if cores > BUSY_FOREIGN_CORES:
+            return f"foreign CPU {cores:.2f} cores on average (> {BUSY_FOREIGN_CORES})"
+        return None
+    foreign = during.get("foreign_runnable_mean")  # a record from before the CPU figure
     if foreign is None:
         return "no load samples during the run"
     if foreign > BUSY_FOREIGN:

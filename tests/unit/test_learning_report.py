@@ -335,7 +335,41 @@ def test_a_foreign_busy_process_counts_as_foreign_and_a_child_as_the_runs(tmp_pa
         proc.wait()
 
 
+def test_foreign_cpu_counts_the_seconds_a_process_not_the_runs_used(tmp_path):
+    """A process spinning beside the run counts its CPU seconds as foreign; one of the run
+    (here the root) as its own; one sleeping beside it next to nothing, however often it
+    would have been seen runnable on a machine the run oversubscribes."""
+    spin = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
+    nap = [sys.executable, "-c", "import time\nfor _ in range(300): time.sleep(0.01)"]
+    run, foreign, quiet = (subprocess.Popen(c) for c in (spin, spin, nap))
+    try:
+        split = learning_arms.CpuSplit(os.getpid())
+        split.sample(run.pid, b"\0nothing\0")  # the baseline
+        time.sleep(2)
+        split.sample(run.pid, b"\0nothing\0")
+        # two spinners on (at least) one core: each got a share of the 2 s
+        assert split.foreign_s > 0.3 and split.own_s > 0.3
+        seen = {cmd: ticks / learning_arms.TICKS_PER_S for cmd, ticks in split.foreign_seen.items()}
+        assert any("while time.time()" in cmd and s > 0.3 for cmd, s in seen.items()), seen
+        assert all(s < 0.2 for cmd, s in seen.items() if "sleep(0.01)" in cmd), seen
+    finally:
+        for proc in (run, foreign, quiet):
+            proc.kill()
+            proc.wait()
+
+
 def test_busy_reason():
+    assert learning_arms.busy_reason({"during": {"foreign_cpu_cores": 0.1}}) is None
+    assert "foreign CPU 0.35 cores" in learning_arms.busy_reason(
+        {"during": {"foreign_cpu_cores": 0.35, "foreign_runnable_mean": 0.1}}
+    )
+    # the CPU figure decides where a record has it, whatever the runnable count says
+    assert (
+        learning_arms.busy_reason(
+            {"during": {"foreign_cpu_cores": 0.1, "foreign_runnable_mean": 2}}
+        )
+        is None
+    )
     assert learning_arms.busy_reason({"during": {"foreign_runnable_mean": 0.2}}) is None
     assert "foreign load 0.90" in learning_arms.busy_reason(
         {"during": {"foreign_runnable_mean": 0.9}}
