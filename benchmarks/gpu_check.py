@@ -373,14 +373,14 @@ class Check:
             "load_s": round(loaded_s, 2),
         }
         for _ in range(args.warmup):  # the first step allocates AdamW's state
-            trainer.train_step(batch, c, 0, 1)
+            trainer.train_step(batch, c.data_parallel, 0, 1)
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         times, losses = [], []
         for _ in range(args.steps):
             start = time.perf_counter()
-            m = trainer.train_step(batch, c, 0, 1)
+            m = trainer.train_step(batch, c.data_parallel, 0, 1)
             if self.cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
@@ -453,7 +453,7 @@ class Check:
         regroup_s = time.perf_counter() - start
         side.activate()
         back = dict(side.last_switch)
-        loss = side.trainer.train_step(batch, c, 0, 1)["loss"]
+        loss = side.trainer.train_step(batch, c.data_parallel, 0, 1)["loss"]
         out = {
             "offload_s": round(left["offload_s"], 4),
             "offload_bytes": int(left["offload_bytes"]),

@@ -16,7 +16,7 @@ exists), ranks 2-3 are rollout drivers; then ``--warmup`` + ``--repeats`` rounds
    ``on_layout``): shard to shard (``last_switch``: rebuild, transfer, bytes per pair),
    against (b) today's full-state broadcast, how a replicated trainer's new replica was
    initialised: the whole model + AdamW state gathered, broadcast to the trainer group in
-   buckets (``Collective.broadcast_tensors``; without the rebuild and resharding its
+   buckets (:func:`broadcast_from_leader`; without the rebuild and resharding its
    receivers would still need), and (c) the DCP disk handoff sharded layout changes used:
    ``save_state`` on the old trainer ranks before the regroup, build over the new mesh
    and ``load_state`` on the new ones (checked equal to the shard-to-shard state). Then
@@ -158,7 +158,7 @@ class Rank:
         out = {"enter_s": t1 - t0, "regroup_s": t2 - t1, "on_layout_s": t3 - t2}
         out |= {"wall_s": t3 - t0, **side.last_switch}
         if rank in change.joined("rollout"):
-            _, weights = p2p.receive_whole(self.c)
+            _, weights = p2p.receive_whole(self.c.sync)
             out["weights_s"], out["weights_bytes"] = self.now() - t3, nbytes(weights.values())
         return out
 
@@ -174,11 +174,11 @@ def weight_sync_round(r: Rank) -> dict:
     if r.rank < GROUP:
         tied = bool(getattr(t.model.config, "tie_word_embeddings", False))
         out["record"] = stream_weights(
-            t.model, c, t.version, dtype=getattr(r.torch, r.cfg.model.dtype),
+            t.model, c.sync, t.version, dtype=getattr(r.torch, r.cfg.model.dtype),
             bucket_bytes=r.side.streamer.bucket_bytes, tied_lm_head=tied,
         ).as_dict()  # fmt: skip
     else:
-        _, streamed = p2p.receive_whole(c)
+        _, streamed = p2p.receive_whole(c.sync)
     out["stream_s"] = r.now() - start
     r.sync()
     start = r.now()
@@ -189,10 +189,10 @@ def weight_sync_round(r: Rank) -> dict:
             fp32 = nbytes(t.model.state_dict().values())  # DTensors: their global sizes
             out["held_bytes"] = fp32 + nbytes(weights.values())
             out["sent_bytes"] = nbytes(weights.values())
-            out["send_s"] = p2p.send_whole(c, t.version, weights, c.bucket_bytes)
+            out["send_s"] = p2p.send_whole(c.sync, t.version, weights, c.bucket_bytes)
         del weights
     else:
-        _, whole = p2p.receive_whole(c)
+        _, whole = p2p.receive_whole(c.sync)
         same = streamed.keys() == whole.keys()
         out["identical"] = same and all(r.torch.equal(streamed[k], whole[k]) for k in whole)
     out["baseline_s"] = r.now() - start
@@ -221,10 +221,10 @@ def full_state(r: Rank, gather: bool) -> list:
     return out
 
 
-def broadcast_on_device(r: Rank, tensors: list, group: object) -> None:
-    """``Collective.broadcast_tensors``, its buckets, with every buffer on the trainer's
-    device (its receivers allocate on the CPU, which NCCL does not take)."""
-    from runtime.rank.collective import tensor_buckets
+def broadcast_from_leader(r: Rank, tensors: list, group: object) -> None:
+    """The old path's broadcast of a whole state from rank 0, in buckets, every buffer on
+    the trainer's device (NCCL takes no CPU buffer; on the CPU, gloo's the same)."""
+    from runtime.rank.groups import tensor_buckets
 
     torch, device = r.torch, r.side.trainer.device
     for idx in tensor_buckets(tensors, r.c.bucket_bytes):
@@ -255,10 +255,7 @@ def broadcast_round(r: Rank) -> dict:
     out = {"gather_s": r.now() - start if r.rank < GROUP else 0.0, "state_bytes": nbytes(state)}
     r.sync()
     start = r.now()
-    if r.cuda:
-        broadcast_on_device(r, state, r.c.trainer_group)
-    else:
-        r.c.broadcast_tensors(state, group=r.c.trainer_group)
+    broadcast_from_leader(r, state, r.c.mesh.group)
     out["broadcast_s"] = r.now() - start
     if r.rank >= GROUP:  # a joiner: its shard of every tensor received whole is its own
         mine = training_tensors(r.side.trainer.model, r.side.trainer.opt)
@@ -280,11 +277,11 @@ def dcp_load(r: Rank, folder: Path) -> dict:
     r.sync()
     start = r.now()
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if r.cuda else []):
-        trainer = TorchTrainer(r.cfg, r.side.trainer.model_path, r.rank, r.c)
+        trainer = TorchTrainer(r.cfg, r.side.trainer.model_path, r.rank, r.c.mesh)
     out["build_s"] = r.now() - start
     start = r.now()
-    trainer.load_state(folder, r.c.trainer_group)
-    r.sync(r.c.trainer_group)  # every rank has read it (the old path then removed it)
+    trainer.load_state(folder, r.c.mesh.group)
+    r.sync(r.c.mesh.group)  # every rank has read it (the old path then removed it)
     out["load_s"] = r.now() - start
     live = training_tensors(r.side.trainer.model, r.side.trainer.opt)
     loaded = zip(training_tensors(trainer.model, trainer.opt), live, strict=True)
@@ -307,8 +304,8 @@ def state_round(r: Rank, i: int, baselines: list[str]) -> dict:
         if r.rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
             folder.parent.mkdir(parents=True, exist_ok=True)
-        r.sync(r.c.trainer_group)  # nobody writes before the folder is fresh
-        r.side.trainer.save_state(folder, r.c.trainer_group)
+        r.sync(r.c.mesh.group)  # nobody writes before the folder is fresh
+        r.side.trainer.save_state(folder, r.c.mesh.group)
     out["dcp_save_s"] = r.now() - start
     r.sync()
     out["join"] = r.switch(TWO)
@@ -346,7 +343,7 @@ def rank_main(spec: dict, rank: int) -> dict:
         if rank < GROUP:
             t = r.side.trainer
             batch = make_batch(spec["batch"], int(t.model.config.vocab_size), spec["seed"])
-            t.train_step(batch, r.c, rank, GROUP)
+            t.train_step(batch, r.c.data_parallel, rank, GROUP)
         r.sync()
         rounds = range(spec["warmup"] + spec["repeats"])
         out: dict = {"rank": rank, "weights": [weight_sync_round(r) for _ in rounds]}

@@ -143,7 +143,7 @@ def rank_main(spec: dict, rank: int) -> dict:
     )
     try:
         c.regroup(0, ("trainer",) * world)
-        trainer = TorchTrainer(cfg, spec["model"], rank, c)
+        trainer = TorchTrainer(cfg, spec["model"], rank, c.mesh)
         if trainer.sharded != (spec["strategy"] == "fsdp2"):
             raise RuntimeError(f"strategy {spec['strategy']} but sharded={trainer.sharded}")
         rss_init = maxrss_kib()
@@ -152,8 +152,8 @@ def rank_main(spec: dict, rank: int) -> dict:
         times, micro_steps, losses = [], [], []
         for i in range(spec["warmup"] + spec["steps"]):
             # every rank starts the step together: its time is the step's, not a wait
-            torch.distributed.barrier(group=c.trainer_group)
-            m = trainer.train_step(samples, c, rank, world)
+            torch.distributed.barrier(group=c.mesh.group)
+            m = trainer.train_step(samples, c.data_parallel, rank, world)
             if i >= spec["warmup"]:
                 times.append(m["step_time_s"])
                 micro_steps.append(int(m["micro_steps"]))

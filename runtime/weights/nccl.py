@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from runtime.config.layout import rollout_drivers
-from runtime.rank.collective import Collective, CollectiveError
+from runtime.rank.groups import CollectiveError
+from runtime.rank.sync_pairs import SyncPairs
 from runtime.weights.wire import WeightsHeader
 
 T = TypeVar("T")
@@ -102,8 +102,11 @@ class NcclBucketSender:
 
     name = "nccl"
 
-    def __init__(self, collective: Collective, bucket_bytes: int, timeout_s: float) -> None:
-        self.collective = collective
+    def __init__(
+        self, sync: SyncPairs, rollout_group_size: int, bucket_bytes: int, timeout_s: float
+    ) -> None:
+        self.sync = sync
+        self.rollout_group_size = rollout_group_size
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.device = torch.device("cuda", torch.cuda.current_device())
@@ -112,12 +115,11 @@ class NcclBucketSender:
         self._pending: tuple[bytes, int] | None = None
 
     def rendezvous(self) -> dict[str, Any] | None:
-        c = self.collective
-        if self.comm is not None and self.epoch == c.epoch:
+        if self.comm is not None and self.epoch == self.sync.epoch:
             return None
         self.close()  # the layout changed: the old group's members are not this one's
-        size = c.rollout_group_size
-        drivers = rollout_drivers(c.roles, size)
+        size = self.rollout_group_size
+        drivers = self.sync.drivers
         uid = mint_unique_id()
         world = 1 + len(drivers) * size
         self._pending = (uid, world)
@@ -144,7 +146,7 @@ class NcclBucketSender:
                 )
 
         self.comm = _within(self.timeout_s, "the NCCL weight group's rendezvous", join)
-        self.epoch = self.collective.epoch
+        self.epoch = self.sync.epoch
 
     def send(self, flat: torch.Tensor) -> None:
         if self.comm is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from runtime.rank.collective import CollectiveError
+from runtime.rank.groups import CollectiveError
 from runtime.weights.protocols import BucketSender, SyncGroup
 from runtime.weights.wire import MAX_HEADER_BYTES, TensorSpec, WeightsHeader, plan_buckets
 

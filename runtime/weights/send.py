@@ -35,9 +35,11 @@ from typing import Any
 import torch
 
 from runtime.config.schema import Config, LoraConfig
-from runtime.rank.collective import LEADER, Collective, trainer_grid
+from runtime.rank.groups import LEADER
+from runtime.rank.sync_pairs import SyncPairs
+from runtime.rank.trainer_mesh import TrainerMesh
 from runtime.weights import lora_format, p2p
-from runtime.weights.protocols import BucketSender
+from runtime.weights.protocols import BucketSender, SyncGroup
 from runtime.weights.wire import TensorSpec, WeightsHeader, plan_buckets
 
 
@@ -196,7 +198,7 @@ def _buckets(
 @torch.no_grad()
 def stream_weights(
     model: torch.nn.Module,
-    collective: Collective,
+    sync: SyncGroup,
     version: int,
     *,
     dtype: torch.dtype,
@@ -214,10 +216,10 @@ def stream_weights(
     header = WeightsHeader(version, tuple(spec), tuple(plan_buckets(spec, bucket_bytes)))
     device = transport.device if transport is not None else torch.device("cpu")
     alive = _Alive()
-    leader = collective.is_leader
+    leader = sync.is_leader
     buckets = _buckets(entries, header, device, alive, keep=leader)
     if leader:
-        sent = p2p.send_stream(collective, header, buckets, transport)
+        sent = p2p.send_stream(sync, header, buckets, transport)
     else:
         for _ in buckets:  # yields nothing here: this rank takes part in the gathers only
             pass
@@ -239,13 +241,13 @@ def stream_weights(
     )
 
 
-def streaming_ranks(collective: Collective, sharded: bool) -> list[int]:
+def streaming_ranks(mesh: TrainerMesh, sharded: bool) -> list[int]:
     """The ranks that call :meth:`WeightStreamer.stream` at a sync point: the leader's
     replica group under FSDP2 (its shards make the whole model), the leader alone for a
     replicated model (its copy is whole)."""
     if not sharded:
         return [LEADER]
-    return trainer_grid(collective.trainer_ranks, collective.trainer_group_size)[0]
+    return mesh.leader_replica()
 
 
 class WeightStreamer:
@@ -253,8 +255,9 @@ class WeightStreamer:
     into the vLLM engines under ``resources.device: cuda``, its group kept while the
     layout stands) and the records of the last syncs (the leader's)."""
 
-    def __init__(self, cfg: Config, collective: Collective, history: int = 64) -> None:
-        self.collective = collective
+    def __init__(self, cfg: Config, sync: SyncPairs, mesh: TrainerMesh, history: int = 64) -> None:
+        self.sync, self.mesh = sync, mesh
+        self.rollout_group_size = cfg.resources.rollout_gpus_per_replica
         self.dtype: torch.dtype = getattr(torch, cfg.model.dtype)
         self.bucket_bytes = int(cfg.engine.weight_bucket_mb * 2**20)
         self.lora = cfg.model.lora
@@ -266,7 +269,7 @@ class WeightStreamer:
 
     def takes_part(self, sharded: bool) -> bool:
         """Whether this rank calls :meth:`stream` at a sync point."""
-        return self.collective.rank in streaming_ranks(self.collective, sharded)
+        return self.sync.rank in streaming_ranks(self.mesh, sharded)
 
     def stream(
         self, model: torch.nn.Module, version: int, *, tied_lm_head: bool | None = None
@@ -279,7 +282,7 @@ class WeightStreamer:
             tied_lm_head = bool(getattr(config, "tie_word_embeddings", False))
         record = stream_weights(
             model,
-            self.collective,
+            self.sync,
             version,
             dtype=self.dtype,
             bucket_bytes=self.bucket_bytes,
@@ -296,13 +299,16 @@ class WeightStreamer:
         return self.records[-1] if self.records else None
 
     def _leader_transport(self) -> BucketSender | None:
-        if not self.cuda or not self.collective.is_leader:
+        if not self.cuda or not self.sync.is_leader:
             return None  # gloo; the leader's group peers only gather
         if self._transport is None:
             from runtime.weights.nccl import NcclBucketSender
 
             self._transport = NcclBucketSender(
-                self.collective, self.bucket_bytes, self.collective.timeout.total_seconds()
+                self.sync,
+                self.rollout_group_size,
+                self.bucket_bytes,
+                self.sync.timeout.total_seconds(),
             )
         return self._transport
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from runtime.rank.collective import CollectiveError, bucket_indices
+from runtime.rank.groups import CollectiveError, bucket_indices
 
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.int64)}
 TRANSPORTS = ("gloo", "nccl")

@@ -87,9 +87,11 @@ def nccl_rank(rank: int, world: int, model: str, out: str, param_dtype: str) -> 
     )
     c.regroup(0, ("trainer",) * world)
     cfg = cfg_for(model, world, "float32", strategy="fsdp2", param_dtype=param_dtype)
-    t = TorchTrainer(cfg, model, rank, c)
+    t = TorchTrainer(cfg, model, rank, c.mesh)
     assert t.sharded and t.device.type == "cuda"
-    m = t.train_step(samples_from(lambda prompt, resp: [-2.0] * len(resp)), c, rank, world)
+    m = t.train_step(
+        samples_from(lambda prompt, resp: [-2.0] * len(resp)), c.data_parallel, rank, world
+    )
     weights = t.gather_weights()  # float32 masters (model.dtype float32)
     if rank == 0:
         torch.save({"weights": weights, "loss": m["loss"]}, f"{out}/weights.pt")

@@ -78,7 +78,7 @@ def offload_round_trip(t: TorchTrainer) -> dict:
         "need": need,
         "moved": moved.bytes,
         "freed": held - torch.cuda.memory_allocated(),
-        "pinned": t._offload is not None and t._offload.host.is_pinned(),
+        "pinned": t.residency.held is not None and t.residency.held.host.is_pinned(),
         "state": t.offload_state,
     }
     # the grown-back storages, minus the gradients the offload dropped
@@ -122,7 +122,7 @@ def _join(rank: int, world: int, out: str) -> Collective:
 def fsdp_offload_rank(rank: int, model: str, out: str) -> None:
     c = _join(rank, 1, out)
     c.regroup(0, ("trainer",))
-    t = TorchTrainer(cfg_for(model, "fsdp2"), model, rank, c)
+    t = TorchTrainer(cfg_for(model, "fsdp2"), model, rank, c.mesh)
     assert t.sharded
     torch.save(offload_round_trip(t), f"{out}/offload.pt")
     c.close()
@@ -144,7 +144,7 @@ def fsdp_leaving_rank(rank: int, model: str, out: str) -> None:
     c = _join(rank, 1, out)
     c.regroup(0, ("trainer",))
     side = TorchTrainerSide(cfg_for(model, "fsdp2"), rank, RunPaths(Path(out)), c)
-    side.trainer.train_step(batch(), c, 0, 1)
+    side.trainer.train_step(batch(), c.data_parallel, 0, 1)
     torch.cuda.synchronize()
     need, held = state_bytes(side.trainer), torch.cuda.memory_allocated()
     side.deactivate()
@@ -180,7 +180,7 @@ def handoff_rank(rank: int, model: str, out: str) -> None:
     c.regroup(0, before)
     side = TorchTrainerSide(cfg_for(model, "fsdp2", world=2), rank, RunPaths(Path(out)), c)
     if rank == 0:
-        side.trainer.train_step(batch(), c, 0, 1)
+        side.trainer.train_step(batch(), c.data_parallel, 0, 1)
     else:
         side.deactivate()
         side.activate()  # the worker's switch: cheap, the shards come in on_layout
@@ -191,8 +191,8 @@ def handoff_rank(rank: int, model: str, out: str) -> None:
         local_tensor(x).detach().cpu()
         for x in training_tensors(side.trainer.model, side.trainer.opt)
     ]
-    side.trainer.train_step(batch(), c, rank, 2)
-    spread = c.replica_spread(side.trainer.checksum())
+    side.trainer.train_step(batch(), c.data_parallel, rank, 2)
+    spread = c.data_parallel.replica_spread(side.trainer.checksum())
     torch.save({"state": mine, "switch": side.last_switch, "spread": spread}, f"{out}/r{rank}.pt")
     c.close()
 

@@ -97,22 +97,22 @@ def rank_script(rank: int, world: int, model_dir: str, out_dir: str) -> None:
     c.regroup(0, EPOCH0)
     if EPOCH0[rank] == "trainer":
         idx = c.trainer_ranks.index(rank)
-        result["metrics1"] = side.trainer.train_step(make_batch(1), c, idx, 2)
+        result["metrics1"] = side.trainer.train_step(make_batch(1), c.data_parallel, idx, 2)
         result["after1"] = snapshot(side.trainer)
-        result["spread1"] = c.replica_spread(side.trainer.checksum())
+        result["spread1"] = c.data_parallel.replica_spread(side.trainer.checksum())
     if rank == 0:
-        p2p.send_whole(c, side.trainer.version, side.trainer.export_weights(), c.bucket_bytes)
+        p2p.send_whole(c.sync, side.trainer.version, side.trainer.export_weights(), c.bucket_bytes)
     elif rank == 2:
-        result["received_v"], result["received"] = p2p.receive_whole(c)
+        result["received_v"], result["received"] = p2p.receive_whole(c.sync)
     change = LayoutChange(1, EPOCH0, EPOCH1)
     c.regroup(1, EPOCH1)
     side.on_layout(change)  # trainer state to rank 2; weights to the rollout pool (rank 1)
     if rank == 1:
-        result["received_v"], result["received"] = p2p.receive_whole(c)
+        result["received_v"], result["received"] = p2p.receive_whole(c.sync)
     if EPOCH1[rank] == "trainer":
         result["joined"] = snapshot(side.trainer)
         idx = c.trainer_ranks.index(rank)
-        side.trainer.train_step(make_batch(2), c, idx, 2)
+        side.trainer.train_step(make_batch(2), c.data_parallel, idx, 2)
         result["after2"] = snapshot(side.trainer)
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     c.close()

@@ -14,7 +14,7 @@ from runtime.config.recipe import load_recipe
 from runtime.data.codec import codec_for
 from runtime.embedded.resolve import resolve_model_path
 from runtime.engines.torch.generate import ModelGenerator
-from runtime.engines.torch.trainer_side import eval_generators
+from runtime.engines.torch.trainer_eval import eval_generators
 from runtime.workloads import eval_sets
 from tests.helpers import REPO
 

@@ -75,7 +75,7 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     c = join(rank, world, out, group)
     c.regroup(0, ("trainer",) * world)
     cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **dict(train))
-    trainer = TorchTrainer(cfg, model_dir, rank, c)
+    trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
     assert trainer.sharded
     # Through the wire as rank 0 sends it: this rank's samples only, and rank 0's plan.
     whole = batch()
@@ -85,14 +85,14 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     b = Batch(0, 0, whole, len(whole) - n_replay, n_replay)
     msg = p.decode(p.encode(wire.batch_message(b, mine)))
     assert len(msg.samples) == len(mine.batch_positions) < len(whole)
-    metrics = trainer.train_part(wire.batch(msg).samples, wire.updates(msg), c, world)
+    metrics = trainer.train_part(wire.batch(msg).samples, wire.updates(msg), c.data_parallel, world)
     weights = trainer.gather_weights()
     # the last update's (clipped) gradient, still on the parameters
     grads = {
         n: p.grad.full_tensor() for n, p in trainer.model.named_parameters() if p.grad is not None
     }
     dtypes = {n: p.dtype for n, p in trainer.model.named_parameters()}
-    spread = c.replica_spread(trainer.checksum())
+    spread = c.data_parallel.replica_spread(trainer.checksum())
     if rank == 0:
         result = {
             "metrics": metrics,
@@ -177,7 +177,7 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     side = TorchTrainerSide(cfg, rank, RunPaths(Path(out)), c)
     result: dict = {"built_at_start": side.trainer.model is not None}
     if rank < 2:
-        side.trainer.train_step(batch(), c, rank, 2)
+        side.trainer.train_step(batch(), c.data_parallel, rank, 2)
     result["weights_before"] = side.trainer.gather_weights() if rank < 2 else {}
     change = LayoutChange(1, before, after)
     c.regroup(1, after)
@@ -187,8 +187,8 @@ def handoff_script(rank: int, world: int, model_dir: str, out: str) -> None:
     result["opt_steps"] = sorted(
         float(s["step"]) for s in side.trainer.opt.state.values() if "step" in s
     )
-    side.trainer.train_step(batch(), c, rank, 3)
-    result["spread"] = c.replica_spread(side.trainer.checksum())
+    side.trainer.train_step(batch(), c.data_parallel, rank, 3)
+    result["spread"] = c.data_parallel.replica_spread(side.trainer.checksum())
     result["handoff_left"] = (Path(out) / "handoff").exists()  # nothing through the disk
     result["switch"] = side.last_switch
     torch.save(result, f"{out}/rank{rank}.pt")
@@ -228,13 +228,13 @@ def small_model_script(rank: int, world: int, out: str) -> None:
     c.regroup(0, ("trainer",) * world)
     model = str(small_model_path())
     cfg = cfg_for(model, world, world, strategy="fsdp2", micro_batch_tokens=64)
-    trainer = TorchTrainer(cfg, model, rank, c)
+    trainer = TorchTrainer(cfg, model, rank, c.mesh)
     local = sum(p.to_local().numel() for p in trainer.model.parameters())
-    metrics = trainer.train_step(batch(), c, rank, world)
+    metrics = trainer.train_step(batch(), c.data_parallel, rank, world)
     trained = trainer.gather_weights()
-    trainer.save_state(Path(out) / "ckpt", c.trainer_group)
-    fresh = TorchTrainer(cfg, model, rank, c)
-    fresh.load_state(Path(out) / "ckpt", c.trainer_group)
+    trainer.save_state(Path(out) / "ckpt", c.mesh.group)
+    fresh = TorchTrainer(cfg, model, rank, c.mesh)
+    fresh.load_state(Path(out) / "ckpt", c.mesh.group)
     loaded = fresh.gather_weights()
     if rank == 0:
         result = {"metrics": metrics, "local": local, "trained": trained, "loaded": loaded}

@@ -61,10 +61,10 @@ def rank_script(rank: int, out: str, fault: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)  # hung: the test kills it at the end
         start = time.monotonic()
         if rank == 0:
-            p2p.send_whole(c, epoch, weights(epoch), c.bucket_bytes)
-            result["lost"][epoch] = c.take_lost_peers()
+            p2p.send_whole(c.sync, epoch, weights(epoch), c.bucket_bytes)
+            result["lost"][epoch] = c.sync.take_lost_peers()
         else:
-            version, got = p2p.receive_whole(c)
+            version, got = p2p.receive_whole(c.sync)
             result["received"][epoch] = version == epoch and all(
                 torch.equal(got[k], v) for k, v in weights(epoch).items()
             )

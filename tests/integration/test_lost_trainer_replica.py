@@ -58,7 +58,7 @@ def rank_script(rank: int, model_dir: str, out: str) -> None:
     side.activate()
     side.on_message(message(cfg, 0, rank, WORLD))
     r: dict = {"step1": side.trainer.step}
-    torch.distributed.barrier(group=c.trainer_group)  # all three are past step 1
+    torch.distributed.barrier(group=c.mesh.group)  # all three are past step 1
     if rank == 2:
         os._exit(9)
 

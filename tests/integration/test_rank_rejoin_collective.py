@@ -41,11 +41,11 @@ def rank_script(rank: int, again: bool, out: str) -> None:
         c.regroup(1, E1)  # the epoch it is welcomed at: it is in none of its groups
         (Path(out) / "rank2.again").touch()
     c.regroup(2, E0)
-    result: dict = {"receivers": c.receivers() if rank == 0 else None}
+    result: dict = {"receivers": c.sync.receivers() if rank == 0 else None}
     if rank == 0:
-        p2p.send_whole(c, 5, {"w": torch.arange(6.0)}, c.bucket_bytes)
+        p2p.send_whole(c.sync, 5, {"w": torch.arange(6.0)}, c.bucket_bytes)
     else:
-        result["weights"] = p2p.receive_whole(c)
+        result["weights"] = p2p.receive_whole(c.sync)
     torch.save(result, f"{out}/rank{rank}{'.again' if again else ''}.pt")
     c.close()
 

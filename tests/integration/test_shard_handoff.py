@@ -65,7 +65,7 @@ def handoff_script(rank: int, model_dir: str, out: str, lora: dict | None = None
     side.activate() if ONE[rank] == "trainer" else side.deactivate()
     r: dict = {"start": side.offload_state, "handoff_dirs": []}
     if rank < 2:
-        side.trainer.train_step(batch(), c, rank, 2)
+        side.trainer.train_step(batch(), c.data_parallel, rank, 2)
         r["one"] = snapshot(side)
 
     r["switch1"] = switch(side, c, rank, 1, ONE, TWO)
@@ -84,8 +84,8 @@ def handoff_script(rank: int, model_dir: str, out: str, lora: dict | None = None
         r["reloaded_equal"] = all(
             torch.equal(a, b) for a, b in zip(held, snapshot(side), strict=True)
         )
-    side.trainer.train_step(batch(), c, rank, WORLD)
-    r["spread2"] = c.replica_spread(side.trainer.checksum())
+    side.trainer.train_step(batch(), c.data_parallel, rank, WORLD)
+    r["spread2"] = c.data_parallel.replica_spread(side.trainer.checksum())
     r["two"] = snapshot(side)
     # a sync point, as train_batch makes one: the full weights gathered for the leader,
     # who sends them to the ranks that join the rollout pool when the layout changes
@@ -93,14 +93,14 @@ def handoff_script(rank: int, model_dir: str, out: str, lora: dict | None = None
 
     r["switch2"] = switch(side, c, rank, 2, TWO, ONE)
     if rank >= 2:  # what the rollout side does on joining the pool
-        r["weights_v"], weights = p2p.receive_whole(c)
+        r["weights_v"], weights = p2p.receive_whole(c.sync)
         r["weights_sum"] = float(sum(w.double().sum() for w in weights.values()))
     elif rank == 0:
         r["weights_sum"] = float(sum(w.double().sum() for w in side._gathered.values()))
     r["handoff_dirs"].append((Path(out) / "handoff").exists())
     if rank < 2:
         r["back"] = snapshot(side)
-        metrics = side.trainer.train_step(batch(), c, rank, 2)
+        metrics = side.trainer.train_step(batch(), c.data_parallel, rank, 2)
         r["loss3"] = metrics["loss"]
         r["step3"] = side.trainer.step
         r["adam_steps3"] = {float(s["step"]) for s in side.trainer.opt.state.values()}

@@ -128,7 +128,7 @@ def test_a_cluster_address_is_the_only_one_the_store_listens_on(tmp_path):
 
 
 def test_the_listen_address_is_an_address_not_a_wildcard():
-    from runtime.rank.collective import store_listen_address
+    from runtime.rank.rendezvous import store_listen_address
 
     assert store_listen_address("127.0.0.1", "elsewhere.invalid") == "127.0.0.1"
     assert store_listen_address("0.0.0.0", "127.0.0.1") == "127.0.0.1"

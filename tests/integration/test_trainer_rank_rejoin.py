@@ -60,7 +60,7 @@ def rank_script(rank: int, again: bool, model_dir: str, out: str) -> None:
         side.on_layout(LayoutChange(1, TWO, ALL))  # rank 2 joins: from rank 0
         r["joined"] = dict(side.last_switch)
         side.on_message(message(cfg, 0, rank, WORLD))
-        torch.distributed.barrier(group=c.trainer_group)  # all three are past step 1
+        torch.distributed.barrier(group=c.mesh.group)  # all three are past step 1
         if rank == 2:
             os._exit(9)
         c.regroup(2, WITHOUT_2)

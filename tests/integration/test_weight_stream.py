@@ -68,20 +68,20 @@ def stream_script(rank: int, world: int, group: int, strategy: str, model_dir: s
     cfg = cfg_for(model_dir, world, group, strategy)
     result: dict = {}
     if rank < world - 1:
-        trainer = TorchTrainer(cfg, model_dir, rank, c)
-        trainer.train_step(batch(), c, c.trainer_ranks.index(rank), world - 1)
+        trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
+        trainer.train_step(batch(), c.data_parallel, c.trainer_ranks.index(rank), world - 1)
         expected = trainer.gather_weights()  # every trainer rank, the whole state on 0
-        streamer = WeightStreamer(cfg, c)
+        streamer = WeightStreamer(cfg, c.sync, c.mesh)
         result["streams"] = streamer.takes_part(trainer.sharded)
-        result["streaming_ranks"] = streaming_ranks(c, trainer.sharded)
+        result["streaming_ranks"] = streaming_ranks(c.mesh, trainer.sharded)
         if result["streams"]:
             result["record"] = streamer.stream(trainer.model, trainer.version).as_dict()
         if rank == 0:
             result["expected"] = expected
     else:
-        header = p2p.receive_weights_header(c)
+        header = p2p.receive_weights_header(c.sync)
         result["header"] = header.to_json()
-        result["received"] = p2p.receive_all(c, header)
+        result["received"] = p2p.receive_all(c.sync, header)
     dist.barrier()  # the ranks that do not stream wait here meanwhile
     torch.save(result, f"{out}/rank{rank}.pt")
     c.close()
@@ -166,9 +166,13 @@ def vllm_script(rank: int, model_dir: str, out: str) -> None:
     cfg = cfg_for(model_dir, 3, 2, "fsdp2")
     result: dict = {}
     if rank < 2:
-        trainer = TorchTrainer(cfg, model_dir, rank, c)
-        trainer.train_step(batch(), c, rank, 2)  # the weights move away from the file's
-        result["record"] = WeightStreamer(cfg, c).stream(trainer.model, trainer.version).as_dict()
+        trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
+        trainer.train_step(
+            batch(), c.data_parallel, rank, 2
+        )  # the weights move away from the file's
+        result["record"] = (
+            WeightStreamer(cfg, c.sync, c.mesh).stream(trainer.model, trainer.version).as_dict()
+        )
         tokens = _tokens_from_rank_2(None)
         sample = Sample(
             sample_id=0,

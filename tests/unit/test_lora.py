@@ -155,7 +155,7 @@ def test_a_lora_engine_keeps_its_base_when_it_sleeps():
 
     def level(serves_adapter: bool) -> int:
         engine = SimpleNamespace(serves_adapter=serves_adapter)
-        return VLLMRolloutSide.sleep_level(SimpleNamespace(collective=object(), engine=engine))
+        return VLLMRolloutSide.sleep_level(SimpleNamespace(sync=object(), engine=engine))
 
     assert level(serves_adapter=False) == 2
     assert level(serves_adapter=True) == 1

@@ -127,8 +127,8 @@ def test_a_step_takes_mini_batches_optimizer_updates_and_the_version_moves_at_sy
     assert (t.step, t.version) == (2, 1)
 
 
-class FlakyCollective:
-    """One trainer rank's collective whose ``fail_at``-th stats reduction fails as gloo
+class FlakyDataParallel:
+    """One trainer rank's reductions, whose ``fail_at``-th stats reduction fails as gloo
     does when a peer dies (a plain RuntimeError)."""
 
     trainer_ranks = [0]
@@ -155,14 +155,14 @@ def test_a_step_aborted_after_an_update_is_trained_again_from_the_next_one(model
     # never interrupted (the old policy is the behaviour one: nothing is recomputed)
     config = cfg(mini_batches=2, batch_size=6)
     whole = TorchTrainer(config, str(model_dir))
-    whole.train_step(batch(0), FlakyCollective())
+    whole.train_step(batch(0), FlakyDataParallel())
     t = TorchTrainer(config, str(model_dir))
     with pytest.raises(RuntimeError, match="closed by peer"):
-        t.train_step(batch(0), FlakyCollective(fail_at=2))
+        t.train_step(batch(0), FlakyDataParallel(fail_at=2))
     assert (t.step, t.updates_done) == (0, 1)
     t.abandon_step()
     assert all(p.grad is None for p in t.model.parameters())
-    m = t.train_step(batch(0), FlakyCollective())
+    m = t.train_step(batch(0), FlakyDataParallel())
     assert (t.step, t.updates_done) == (1, 0) and m["optimizer_updates"] == 1
     state = t.opt.state_dict()["state"]
     assert {int(s["step"]) for s in state.values()} == {2}  # two AdamW updates in all

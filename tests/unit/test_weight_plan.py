@@ -106,15 +106,15 @@ def test_the_header_goes_first_with_the_transports_rendezvous_then_the_buckets(m
     c, headers = leader_without_a_group(monkeypatch)
     t = RecordingTransport()
     header = WeightsHeader(2, tuple(spec((2,), (3,))), (1, 1))
-    sent = p2p.send_stream(c, header, iter([torch.ones(2), torch.zeros(3)]), t)
+    sent = p2p.send_stream(c.sync, header, iter([torch.ones(2), torch.zeros(3)]), t)
     assert sent == 20
     assert headers[0]["transport"] == "nccl" and headers[0]["nccl"] == {"world_size": 2}
     assert t.events[:2] == ["rendezvous", "open"] and t.events[-1] == "flush"
     assert [e.tolist() for e in t.events[2:4]] == [[1.0, 1.0], [0.0, 0.0, 0.0]]
     with pytest.raises(CollectiveError, match="1 buckets sent, 2 announced"):
-        p2p.send_stream(c, header, iter([torch.ones(2)]), RecordingTransport())
+        p2p.send_stream(c.sync, header, iter([torch.ones(2)]), RecordingTransport())
     with pytest.raises(CollectiveError, match="bucket 1"):
-        p2p.send_stream(c, header, iter([torch.ones(2), torch.ones(4)]), RecordingTransport())
+        p2p.send_stream(c.sync, header, iter([torch.ones(2), torch.ones(4)]), RecordingTransport())
 
 
 def tiny_model(tied: bool):

@@ -186,3 +186,67 @@ def frozen_state(model: torch.nn.Module, device: torch.device, move: bool) -> Ho
     at the first offload only (``keep_host``)."""
     frozen = [p for p in model.parameters() if not p.requires_grad]
     return HostOffload([*frozen, *model.buffers()], device, move, keep_host=True)
+
+
+class TrainerResidency:
+    """Where one trainer's state is between steps: on the device, or offloaded (host
+    copies it holds), and the moves between. A LoRA run's frozen base is copied the first
+    time only, then freed and restored from that copy."""
+
+    def __init__(self, lora: bool) -> None:
+        self.lora = lora
+        self.held: HostOffload | None = None  # set while the state is in host memory
+        self.frozen: HostOffload | None = None  # a LoRA run's frozen base, kept once made
+
+    def state(self, model: torch.nn.Module | None) -> str:
+        """``"on_device"``, ``"offloaded"`` or ``"none"`` (no model)."""
+        if model is None:
+            return "none"
+        return "offloaded" if self.held is not None else "on_device"
+
+    def offload(
+        self,
+        model: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        device: torch.device,
+        move: bool | None,
+    ) -> OffloadRecord:
+        """Gradients dropped, then parameters (local shards), buffers and AdamW state to
+        host memory, pinned. ``move`` None: copied where the device is a GPU; on the CPU
+        the bytes already are in host memory."""
+        if self.state(model) != "on_device":
+            raise RuntimeError(f"offload with the trainer state {self.state(model)}")
+        if move is None:
+            move = device.type != "cpu"
+        self.held = training_state(model, opt, device, move, self.lora)
+        record = self.held.offload()
+        if self.lora:  # the base: copied the first time, only freed after that
+            if self.frozen is None or self.frozen.move != move:
+                self.frozen = frozen_state(model, device, move)
+            record += self.frozen.offload()
+        return record
+
+    def free(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device
+    ) -> OffloadRecord:
+        """The state on the device freed, no copy kept (the caller drops the model)."""
+        if self.state(model) != "on_device":
+            raise RuntimeError(f"drop with the trainer state {self.state(model)}")
+        return training_state(model, opt, device, move=True).free()
+
+    def reload(self) -> OffloadRecord:
+        """The state :meth:`offload` moved, back on the device, values unchanged."""
+        if self.held is None:
+            raise RuntimeError("reload with the trainer state on the device or none")
+        record = self.held.restore()
+        if self.frozen is not None:
+            record += self.frozen.restore()
+        self.held = None
+        return record
+
+    def discard(self) -> None:
+        """Forget every host copy (the model is being dropped)."""
+        for held in (self.held, self.frozen):
+            if held is not None:
+                held.discard()
+        self.held = self.frozen = None

@@ -3,7 +3,7 @@
 ``train.strategy: fsdp2`` applies ``fully_shard`` to every decoder block, then to the root
 (torchtitan's order: a block's parameters are gathered just before it runs and freed
 after, the root keeps the embeddings, final norm and the tied head), over the 2-D mesh
-``("replicate", "shard")`` of :meth:`runtime.rank.collective.Collective.trainer_mesh`:
+``("replicate", "shard")`` of :meth:`runtime.rank.trainer_mesh.TrainerMesh.device_mesh`:
 parameters, gradients and AdamW state are sharded within a replica group
 (``resources.trainer_gpus_per_replica`` ranks) and replicated across groups (HSDP). The
 same code runs over gloo on CPU and NCCL on CUDA; only the device type differs. A layout

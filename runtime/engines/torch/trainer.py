@@ -12,8 +12,8 @@ Data parallelism: rank 0 sends each trainer rank the samples its plan gives it; 
 rank's loss is normalised by the whole mini-batch, so the sum of the ranks' gradients is
 the mini-batch's. ``train.strategy: fsdp2`` shards the model within replica groups and
 replicates it across them (runtime/engines/torch/parallelize.py); ``replicate`` keeps a
-copy per rank and all-reduces gradients (:meth:`Collective.all_reduce_grads`). The same
-code runs over gloo on CPU and NCCL on CUDA. docs/trainer.md has the whole picture.
+copy per rank and all-reduces gradients (runtime/rank/gradients.py). The same code runs
+over gloo on CPU and NCCL on CUDA. docs/trainer.md has the whole picture.
 
 While its rank plays rollout, the trainer's state sits in host memory
 (:meth:`TorchTrainer.offload` / :meth:`TorchTrainer.reload`,
@@ -45,7 +45,7 @@ from runtime.engines.torch.loss import (
     mismatch_keep,
     rollout_logprobs_of,
 )
-from runtime.engines.torch.offload import HostOffload, OffloadRecord, frozen_state, training_state
+from runtime.engines.torch.offload import OffloadRecord, TrainerResidency
 from runtime.engines.torch.parallelize import (
     apply_fsdp,
     compute_precision,
@@ -53,7 +53,8 @@ from runtime.engines.torch.parallelize import (
     full_norm,
     trainer_device,
 )
-from runtime.rank.collective import Collective
+from runtime.rank.gradients import DataParallel
+from runtime.rank.trainer_mesh import TrainerMesh
 from runtime.weights import lora_format
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class TorchTrainer:
         cfg: Config,
         model_path: str,
         rank: int = 0,
-        collective: Collective | None = None,
+        mesh: TrainerMesh | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -81,12 +82,12 @@ class TorchTrainer:
         # rank is trained again from there (the replicas agree on it: the leader's group
         # sends its count with its state, runtime/engines/torch/trainer_side.py)
         self.updates_done = 0
-        self.collective = collective
-        self.sharded = cfg.train.strategy == "fsdp2" and collective is not None
-        self._offload: HostOffload | None = None  # set while the state is in host memory
-        # a LoRA run's frozen base: its host copy made at the first offload, then kept
-        self._frozen: HostOffload | None = None
-        if self.sharded and rank not in collective.trainer_ranks:
+        self.sharded = cfg.train.strategy == "fsdp2" and mesh is not None
+        # FSDP2's mesh, whose groups this model is built over (None: a replicated model)
+        self.mesh = mesh if self.sharded else None
+        # on the device or in host memory, for the role this rank is not playing
+        self.residency = TrainerResidency(cfg.model.lora.enabled)
+        if self.mesh is not None and not self.mesh.member:
             # not a trainer rank now: a sharded model is built when it becomes one
             self.model: Any = None
             self.opt: Any = None
@@ -102,9 +103,8 @@ class TorchTrainer:
         self.head = logprobs.install(model, cfg.train.logprob_chunk_tokens)
         if cfg.train.activation_checkpointing:
             enable_activation_checkpointing(model)
-        if self.sharded:
-            assert collective is not None
-            apply_fsdp(model, collective.trainer_mesh(self.device.type), self.param_dtype)
+        if self.mesh is not None:
+            apply_fsdp(model, self.mesh.device_mesh(self.device.type), self.param_dtype)
         else:
             model.to(self.device)
         self.model = model
@@ -114,7 +114,7 @@ class TorchTrainer:
     def train_step(
         self,
         samples: Sequence[Sample],
-        collective: Collective | None = None,
+        data_parallel: DataParallel | None = None,
         shard_index: int = 0,
         shard_count: int = 1,
     ) -> dict[str, float]:
@@ -126,13 +126,13 @@ class TorchTrainer:
         )
         part = plans[shard_index]
         mine = [samples[i] for i in part.batch_positions]
-        return self.train_part(mine, part.updates, collective, shard_count)
+        return self.train_part(mine, part.updates, data_parallel, shard_count)
 
     def train_part(
         self,
         samples: Sequence[Sample],
         updates: Sequence[UpdatePlan],
-        collective: Collective | None = None,
+        data_parallel: DataParallel | None = None,
         shard_count: int = 1,
     ) -> dict[str, float]:
         """One step in ``train.mini_batches`` optimizer updates, as rank 0 planned this
@@ -155,10 +155,12 @@ class TorchTrainer:
             for j in todo:
                 old = olds[j] = self._old_logprobs(minis[j], updates[j].micro_batches)
                 if self.cfg.algorithm.mismatch_mask is not None:
-                    keeps[j] = self._kept(minis[j], len(updates[j].n_valid), old, collective)
+                    keeps[j] = self._kept(minis[j], len(updates[j].n_valid), old, data_parallel)
         results = []
         for j in todo:  # from 0 unless an attempt was aborted
-            update = self._update(minis[j], updates[j], olds[j], keeps[j], collective, shard_count)
+            update = self._update(
+                minis[j], updates[j], olds[j], keeps[j], data_parallel, shard_count
+            )
             results.append(update)
             self.updates_done = j + 1
         self.updates_done = 0
@@ -217,7 +219,11 @@ class TorchTrainer:
         return out
 
     def _kept(
-        self, samples: dict[int, Sample], n: int, old: dict[int, torch.Tensor], c: Collective | None
+        self,
+        samples: dict[int, Sample],
+        n: int,
+        old: dict[int, torch.Tensor],
+        dp: DataParallel | None,
     ) -> torch.Tensor:
         """``algorithm.mismatch_mask``'s verdict on every sample of an update of ``n``: each
         rank judges its own rows (it alone has their old log-probs), the verdicts are
@@ -229,8 +235,8 @@ class TorchTrainer:
             flags[i] = float(
                 mismatch_keep(old_i[None, :], rollout, mask, self.cfg.algorithm.mismatch_mask)[0]
             )
-        if c is not None:
-            flags = c.all_reduce_sum(flags)
+        if dp is not None:
+            flags = dp.all_reduce_sum(flags)
         return torch.tensor(flags) > 0.5
 
     def _behaviour(self, rows: Sequence[Sample], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +257,7 @@ class TorchTrainer:
         plan: UpdatePlan,
         old: dict[int, torch.Tensor] | None,
         keep: torch.Tensor | None,
-        collective: Collective | None,
+        dp: DataParallel | None,
         shard_count: int,
     ) -> dict[str, float]:
         """One optimizer update: this rank's ``samples`` (by index in the update) in the
@@ -296,9 +302,9 @@ class TorchTrainer:
             for param in params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-            if collective is not None:
-                collective.all_reduce_grads(params)
-        metrics = reduce_stats(LossStats.combine(parts), collective)
+            if dp is not None:
+                dp.all_reduce_grads(params)
+        metrics = reduce_stats(LossStats.combine(parts), dp)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         self.opt.step()
         metrics["grad_norm"] = full_norm(grad_norm)
@@ -351,12 +357,11 @@ class TorchTrainer:
         """A cheap fingerprint of the weights, to check that replicas agree: under FSDP2
         the sum of this replica group's shards (collective over the group)."""
         with torch.no_grad():
-            if not self.sharded:
+            if self.mesh is None:
                 return float(sum(p.double().sum() for p in self.model.parameters()))
             local = sum(p.to_local().double().sum() for p in self.model.parameters())
             total = torch.tensor([float(local)], dtype=torch.float64)
-            assert self.collective is not None
-            torch.distributed.all_reduce(total, group=self.collective.shard_group)
+            torch.distributed.all_reduce(total, group=self.mesh.shard_group)
             return float(total)
 
     # --- device memory ------------------------------------------------------------------
@@ -365,57 +370,31 @@ class TorchTrainer:
     def offload_state(self) -> str:
         """``"on_device"``, ``"offloaded"`` (in host memory) or ``"none"`` (no model on this
         rank: a sharded trainer's rank outside the trainer, or a released one)."""
-        if self.model is None:
-            return "none"
-        return "offloaded" if self._offload is not None else "on_device"
+        return self.residency.state(self.model)
 
     def offload(self, move: bool | None = None) -> OffloadRecord:
-        """Gradients dropped, then parameters (local shards), buffers and AdamW state to
-        host memory, pinned. ``move`` None: copied where the device is a GPU; on the CPU
-        the bytes already are in host memory."""
-        if self.offload_state != "on_device":
-            raise RuntimeError(f"offload with the trainer state {self.offload_state}")
-        if move is None:
-            move = self.device.type != "cpu"
-        lora = self.cfg.model.lora.enabled
-        self._offload = training_state(self.model, self.opt, self.device, move, lora)
-        record = self._offload.offload()
-        if lora:  # the base: copied the first time, only freed after that
-            if self._frozen is None or self._frozen.move != move:
-                self._frozen = frozen_state(self.model, self.device, move)
-            record += self._frozen.offload()
-        return record
+        """The state to host memory (runtime/engines/torch/offload.py)."""
+        return self.residency.offload(self.model, self.opt, self.device, move)
 
     def drop(self) -> OffloadRecord:
         """Free the state on the device, no copy kept, then :meth:`release`: a sharded
         trainer's rank leaving the trainer, whose shards go stale with the next step. A
         host copy was wasted, and slow (an H200 pinned a fresh buffer at 1.2-2 GB/s:
         docs/results.md 2026-12-04). Step and version stay."""
-        if self.offload_state != "on_device":
-            raise RuntimeError(f"drop with the trainer state {self.offload_state}")
-        record = training_state(self.model, self.opt, self.device, move=True).free()
+        record = self.residency.free(self.model, self.opt, self.device)
         self.release()
         return record
 
     def reload(self) -> OffloadRecord:
         """The state :meth:`offload` moved, back on the device, values unchanged."""
-        if self._offload is None:
-            raise RuntimeError(f"reload with the trainer state {self.offload_state}")
-        record = self._offload.restore()
-        if self._frozen is not None:
-            record += self._frozen.restore()
-        self._offload = None
-        return record
+        return self.residency.reload()
 
     def release(self) -> None:
         """Drop model and optimizer (a sharded trainer's rank that left the trainer: its
         shards go stale with the next step, and it receives current ones when it joins
         again). Step and version stay."""
-        for held in (self._offload, self._frozen):
-            if held is not None:
-                held.discard()
+        self.residency.discard()
         self.model = self.opt = None
-        self._offload = self._frozen = None
 
     # --- weights and state -------------------------------------------------------------
 
@@ -461,13 +440,13 @@ class TorchTrainer:
         random.setstate(extra["python_rng"])
 
 
-def reduce_stats(st: LossStats, c: Collective | None) -> dict[str, float]:
+def reduce_stats(st: LossStats, dp: DataParallel | None) -> dict[str, float]:
     """An update's statistics over the trainer ranks (LossStats' rule: sums, and the
     extremes by min/max)."""
     additive = [f.name for f in dataclasses.fields(st) if f.name not in LossStats.EXTREMES]
-    if c is not None:
-        sums = c.all_reduce_sum([getattr(st, k) for k in additive])
-        hi, neg_lo = c.all_reduce_max([st.is_ratio_max, -st.is_ratio_min])
+    if dp is not None:
+        sums = dp.all_reduce_sum([getattr(st, k) for k in additive])
+        hi, neg_lo = dp.all_reduce_max([st.is_ratio_max, -st.is_ratio_min])
         st = LossStats(**dict(zip(additive, sums, strict=True)))
         st.is_ratio_min, st.is_ratio_max = -neg_lo, hi
     return st.as_metrics()

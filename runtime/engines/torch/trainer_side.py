@@ -26,13 +26,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
-from runtime.config.workload_kinds import workload_kind
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
@@ -42,6 +40,7 @@ from runtime.engines.torch.shard_handoff import (
     transfer,
 )
 from runtime.engines.torch.trainer import TorchTrainer
+from runtime.engines.torch.trainer_eval import HeldOutEval, eval_names
 from runtime.rank.collective import Collective
 from runtime.rank.sides import BatchConsumer, StepAborted
 from runtime.store.run_dir import RunPaths
@@ -88,34 +87,6 @@ def _own_rng() -> Iterator[None]:
         yield
 
 
-def eval_names(figures: dict[str, float], when: str) -> dict[str, float]:
-    """The metric names of held-out figures taken at the run's ``start`` or ``end``:
-    ``eval_reward_start`` / ``_end`` for the arith kind's own, ``eval_start/<set>/...``
-    for a set's at the start (the ones after a step keep ``eval/<set>/...``)."""
-    out = {}
-    for key, value in figures.items():
-        if key == "eval_reward":
-            out[f"eval_reward_{when}"] = value
-        elif when == "start":
-            out["eval_start/" + key.removeprefix("eval/")] = value
-        else:
-            out[key] = value
-    return out
-
-
-def eval_generators(cfg: Config, model: torch.nn.Module, version: int) -> tuple[Any, Any]:
-    """The eval sets' generators over ``model``: greedy, and at ``eval.temperature``."""
-    from runtime.data.codec import codec_for
-    from runtime.embedded.resolve import resolve_model_path
-    from runtime.engines.torch.generate import ModelGenerator
-
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
-    return (
-        ModelGenerator(model, codec, 0.0, version),
-        ModelGenerator(model, codec, cfg.eval.temperature, version),
-    )
-
-
 def _sources(change: LayoutChange, group_size: int) -> dict[int, int]:
     """Who receives trainer state from whom in ``change`` (``{receiver: source}``): the
     joining ranks from ranks that stay; after a trainer rank was lost (``"gone"`` now),
@@ -140,15 +111,20 @@ class TorchTrainerSide(BatchConsumer):
         torch.set_num_threads(cfg.resources.torch_threads)
         self.cfg: Config = cfg
         self.paths = paths
-        self.collective = collective
-        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, collective)
-        # the figures of the held-out eval before the first step (None: not run yet)
-        self._eval_start: dict[str, float] | None = None
-        self._reward_pool = None  # for the eval's rewards and tools, started on first use
+        # the parts of the process group this side uses (None: no group, the leader alone)
+        self.mesh = collective.mesh if collective is not None else None
+        self.data_parallel = collective.data_parallel if collective is not None else None
+        self.sync = collective.sync if collective is not None else None
+        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, self.mesh)
+        self.held_out = HeldOutEval(cfg)
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
         # gathers each bucket of its shards; runtime/weights/send.py); the
         # whole model is gathered once, at the last step, for the final policy and eval.
-        self.streamer = WeightStreamer(cfg, collective) if collective is not None else None
+        self.streamer = (
+            WeightStreamer(cfg, self.sync, self.mesh)
+            if self.sync is not None and self.mesh is not None
+            else None
+        )
         self._gathered: dict[str, torch.Tensor] | None = None
         # the last role switch's timings and bytes (SWITCH_KEYS), for the worker to report
         self.last_switch: dict[str, float] = _switch_record()
@@ -164,11 +140,11 @@ class TorchTrainerSide(BatchConsumer):
 
         if self.trainer.step != step:
             raise RuntimeError(f"asked for step {step}, the trainer is at {self.trainer.step}")
-        c = self.collective
+        mesh = self.mesh
         if self.leader:
             checkpoint.start(checkpoints, step)  # a fresh, empty staging folder
-        group = c.trainer_group if c is not None else None
-        if c is not None and len(c.trainer_ranks) > 1:
+        group = mesh.group if mesh is not None else None
+        if mesh is not None and mesh.size > 1:
             torch.distributed.barrier(group=group)  # nobody writes before it is made
         staging = checkpoint.staging_dir(checkpoints, step)
         self.trainer.save_state(checkpoint.trainer_dir(staging), group)
@@ -178,69 +154,22 @@ class TorchTrainerSide(BatchConsumer):
         not a trainer now gets the state when it becomes one)."""
         from runtime.store.checkpoint import trainer_dir
 
-        c = self.collective
-        if c is not None and self.rank not in c.trainer_ranks:
+        mesh = self.mesh
+        if mesh is not None and not mesh.member:
             return
-        self.trainer.load_state(trainer_dir(folder), c.trainer_group if c is not None else None)
+        self.trainer.load_state(trainer_dir(folder), mesh.group if mesh is not None else None)
         log.info("trainer state restored: step %d, v%d", self.trainer.step, self.trainer.version)
 
     def observe(self, step: int, policy_version: int) -> None:
         self.trainer.step = max(self.trainer.step, step)
         self.trainer.version = max(self.trainer.version, policy_version)
 
-    def evaluates(self) -> bool:
-        """Whether this run has a held-out eval: the arith kind's own, or data.eval sets."""
-        return workload_kind(self.cfg.workload.kind).trainer_eval or bool(self.cfg.data.eval)
-
     def before_request(self) -> None:
-        if self._eval_start is None and self.evaluates():
-            self._eval_start = self.evaluate()
-            log.info("held-out eval at start: %s", self._eval_start)
-
-    def _timed_evaluate(self, metrics: dict[str, float], when: str | None = None) -> None:
-        """A held-out eval's figures into ``metrics`` (named for ``when``, if given) with
-        its seconds as ``eval_s``: evals stall this rank, so a report of reward against
-        time takes them out (benchmarks/learning.py)."""
-        started = time.perf_counter()
-        figures = self.evaluate()
-        metrics.update(figures if when is None else eval_names(figures, when))
-        metrics["eval_s"] = time.perf_counter() - started
-
-    def evaluate(self) -> dict[str, float]:
-        """Held-out figures of the current policy (the leader alone): the arith kind's
-        ``eval_reward`` (greedy accuracy on its embedded problems), and per ``data.eval``
-        set ``eval/<set>/greedy``, ``mean@k`` and ``pass@k`` (runtime/workloads/
-        eval_sets.py). A sharded model cannot generate on one rank: a plain copy is built
-        from the gathered weights, or from the model folder before the first sync."""
-        from runtime.embedded.warm_start import greedy_accuracy
-        from runtime.engines.torch.policy_files import plain_model
-        from runtime.workloads import eval_sets
-
-        model = self.trainer.model
-        if self.trainer.sharded:
-            model = plain_model(self.trainer.model_path, self._gathered, self.cfg)
-        model.eval()
-        out: dict[str, float] = {}
-        try:
-            if workload_kind(self.cfg.workload.kind).trainer_eval:
-                max_new = self.cfg.workload.max_response_tokens
-                out["eval_reward"] = greedy_accuracy(model, max_new=max_new)
-            if self.cfg.data.eval:
-                if self._reward_pool is None:
-                    from runtime.workloads.agents.pool import RewardPool
-
-                    timeout_s = self.cfg.workload.reward_timeout_s + 30
-                    self._reward_pool = RewardPool(self.cfg.sandbox.reward_workers, timeout_s)
-                version = self.trainer.version
-                generators = eval_generators(self.cfg, model, version)
-                out.update(
-                    eval_sets.evaluate(
-                        self.cfg, generators, version, self._reward_pool, self.keepalive
-                    )
-                )
-            return out
-        finally:
-            self.trainer.model.train()
+        if self.held_out.at_start is None and self.held_out.enabled:
+            self.held_out.at_start = self.held_out.evaluate(
+                self.trainer, self._gathered, self.keepalive
+            )
+            log.info("held-out eval at start: %s", self.held_out.at_start)
 
     def on_message(self, msg: p.Message) -> None:
         if isinstance(msg, p.WeightSync):
@@ -249,20 +178,20 @@ class TorchTrainerSide(BatchConsumer):
             super().on_message(msg)
 
     def train_batch(self, msg: p.Batch) -> None:
-        c = self.collective
-        if c is None and not self.leader:
+        mesh, dp = self.mesh, self.data_parallel
+        if mesh is None and not self.leader:
             return  # no process group (an engine pair without one): the leader trains alone
         index, count = 0, 1
-        if c is not None and self.rank in c.trainer_ranks:
-            index, count = c.trainer_ranks.index(self.rank), len(c.trainer_ranks)
+        if mesh is not None and mesh.member:
+            index, count = mesh.ranks.index(self.rank), mesh.size
         samples, updates = wire.batch(msg).samples, wire.updates(msg)
         try:
             if updates is None:  # the whole batch (rank 0 plans for a data-parallel trainer)
-                metrics = self.trainer.train_step(samples, c, index, count)
+                metrics = self.trainer.train_step(samples, dp, index, count)
             else:  # this rank's part, as rank 0 planned it
-                metrics = self.trainer.train_part(samples, updates, c, count)
+                metrics = self.trainer.train_part(samples, updates, dp, count)
         except RuntimeError as exc:
-            if c is None or len(c.trainer_ranks) <= c.trainer_group_size:
+            if mesh is None or mesh.replicas <= 1:
                 raise  # one replica: no group can go on without the rank (rank 0 restarts)
             # a peer died or hung in the step's collectives (gloo and NCCL raise a plain
             # RuntimeError): the step waits for the trainer group without it, bounded
@@ -271,14 +200,13 @@ class TorchTrainerSide(BatchConsumer):
             raise StepAborted(f"step {self.trainer.step + 1} aborted: {str(exc)[:200]}") from exc
         t = self.trainer
         final = t.step >= self.cfg.train.steps
-        every = self.cfg.train.eval_every
-        eval_now = self.evaluates() and bool(every) and t.step % every == 0 and not final
+        eval_now = self.held_out.due(t.step, final)
         if t.sharded and (final or eval_now):
             self._gathered = t.gather_weights()  # every trainer rank, for the leader
         metrics["trainer_replicas"] = count
-        if c is not None:
+        if dp is not None:
             try:
-                metrics["replica_spread"] = c.replica_spread(t.checksum())
+                metrics["replica_spread"] = dp.replica_spread(t.checksum())
             except RuntimeError as exc:  # the step is taken: a lost peer costs the check only
                 log.warning("replica check after step %d failed: %s", t.step, str(exc)[:300])
         if not self.leader:
@@ -286,14 +214,14 @@ class TorchTrainerSide(BatchConsumer):
         last = self.streamer.last if self.streamer is not None else None
         if last is not None:  # the last sync's seconds, bytes, GB/s, buckets, peak bytes
             metrics.update(last.metrics())
-        if t.step == 1 and self._eval_start is not None:
-            metrics.update(eval_names(self._eval_start, "start"))
+        if t.step == 1 and self.held_out.at_start is not None:
+            metrics.update(eval_names(self.held_out.at_start, "start"))
         if eval_now:
-            self._timed_evaluate(metrics)
+            self.held_out.timed(t, self._gathered, self.keepalive, metrics)
         if final:
             t.publish(self.paths.root / "weights", self._weights())  # the run's final policy
-            if self.evaluates():
-                self._timed_evaluate(metrics, "end")
+            if self.held_out.enabled:
+                self.held_out.timed(t, self._gathered, self.keepalive, metrics, "end")
         self._send(
             p.StepDone(
                 rank=self.rank,
@@ -320,17 +248,16 @@ class TorchTrainerSide(BatchConsumer):
     def close(self) -> None:
         if self.streamer is not None:
             self.streamer.close()  # the NCCL group into the engines, on CUDA
-        if self._reward_pool is not None:
-            self._reward_pool.close()
+        self.held_out.close()
         super().close()
 
     def _stream_weights(self) -> None:
         """The ranks of the leader's replica group together (collective)."""
-        assert self.streamer is not None and self.collective is not None
+        assert self.streamer is not None and self.sync is not None
         record = self.streamer.stream(self.trainer.model, self.trainer.version)
-        c = self.collective
-        for peer, why in c.take_lost_peers().items():  # rank 0 declares them lost now
-            self._send(p.PeerLost(rank=self.rank, peer=peer, layout_epoch=c.epoch, reason=why))
+        sync = self.sync
+        for peer, why in sync.take_lost_peers().items():  # rank 0 declares them lost now
+            self._send(p.PeerLost(rank=self.rank, peer=peer, layout_epoch=sync.epoch, reason=why))
         if record.leader:
             log.debug(
                 "weights v%d streamed: %d B in %.3f s (%.2f GB/s)",
@@ -436,8 +363,7 @@ class TorchTrainerSide(BatchConsumer):
         # this side's deactivate / activate of this switch made the record; else a fresh one
         record = self.last_switch if was != now else _switch_record()
         self.last_switch = record
-        c = self.collective
-        if c is None:
+        if self.mesh is None:
             return
         if change.ranks("trainer") != change.ranks("trainer", after=False):
             start = time.perf_counter()
@@ -455,20 +381,20 @@ class TorchTrainerSide(BatchConsumer):
 
     def _reshard(self, change: LayoutChange, record: dict[str, float]) -> None:
         """FSDP2: rebuild over the new mesh, keep or receive this rank's shards."""
-        c = self.collective
-        assert c is not None
+        mesh = self.mesh
+        assert mesh is not None
         before = change.ranks("trainer", after=False)
         # every rank plans alike (and refuses alike: no rank is left waiting)
-        sources = _sources(change, c.trainer_group_size)
+        sources = _sources(change, mesh.group_size)
         old = self.trainer
-        if self.rank not in c.trainer_ranks:
+        if not mesh.member:
             old.release()  # stale after the next step; a rank that joins again receives
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
             return
         start = time.perf_counter()
         with _own_rng():
-            new = TorchTrainer(self.cfg, old.model_path, self.rank, c)
+            new = TorchTrainer(self.cfg, old.model_path, self.rank, mesh)
         new.step, new.version = old.step, old.version
         record["rebuild_s"] = time.perf_counter() - start
         if self.rank in before:
@@ -479,7 +405,7 @@ class TorchTrainerSide(BatchConsumer):
         self.trainer = new
         log.info(
             "trainer rebuilt over %d ranks in %.3f s, %.1f MB of its own state kept",
-            len(c.trainer_ranks),
+            mesh.size,
             record["rebuild_s"],
             record["kept_bytes"] / 2**20,
         )
@@ -496,8 +422,8 @@ class TorchTrainerSide(BatchConsumer):
     def _transfer(self, sources: dict[int, int], record: dict[str, float]) -> None:
         """This rank's part of the point-to-point transfer (nothing unless it sends or
         receives); a receiver takes its source's step and version."""
-        c = self.collective
-        assert c is not None
+        mesh, dp = self.mesh, self.data_parallel
+        assert mesh is not None and dp is not None
         if self.rank not in sources and self.rank not in sources.values():
             return
         t = self.trainer
@@ -507,9 +433,9 @@ class TorchTrainerSide(BatchConsumer):
             sources,
             self.rank,
             t.device,
-            c.bucket_bytes,
+            dp.bucket_bytes,
             (t.step, t.version, t.updates_done),
-            group=c.trainer_group,  # this epoch's: a rank started again is new in it
+            group=mesh.group,  # this epoch's: a rank started again is new in it
         )
         record.update(
             transfer_s=stats.seconds,

@@ -74,7 +74,8 @@ class VLLMRolloutSide(RolloutSide[Future]):
         super().__init__(cfg, rank)
         self.cfg: Config = cfg
         self.paths = paths
-        self.collective = collective
+        # the weight path's sync group (None: an engine pair without a process group)
+        self.sync = collective.sync if collective is not None else None
         # Received weights are handed to the engine as a file in memory (/dev/shm), the
         # fastest path measured on the CPU build; one folder per version.
         shm = Path("/dev/shm")
@@ -87,7 +88,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         self._updating: Future | None = None  # the engine's part of a weight update
         # a weight transfer waits as long as the leader's collectives may
         self._transfer_timeout_s = (
-            collective.timeout.total_seconds() if collective is not None else 600.0
+            self.sync.timeout.total_seconds() if self.sync is not None else 600.0
         )
         # the last role switch of this side: sleep or wake seconds, weights on joining
         self.last_switch: dict[str, float] = {}
@@ -102,7 +103,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         start_s = cfg.control.register_timeout_s
         self._await(self.engine.start(0), start_s, "engine start (control.register_timeout_s)")
         self.receiver = PolicyReceiver(
-            cfg, rank, self.engine, collective, self.weights_root, self._transfer_timeout_s
+            cfg, rank, self.engine, self.sync, self.weights_root, self._transfer_timeout_s
         )
         from runtime.data.codec import codec_for
 
@@ -240,7 +241,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         joining the rollout pool receives the current ones in :meth:`on_layout`, which
         needs the process group), else 1 (kept in host memory). A LoRA engine receives
         the adapter only, never the base again: 1."""
-        return 2 if self.collective is not None and not self.engine.serves_adapter else 1
+        return 2 if self.sync is not None and not self.engine.serves_adapter else 1
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats.snapshot()
