@@ -246,17 +246,19 @@ def test_a_returned_generator_the_test_consumes(sandbox):
 
 
 def test_eval_of_a_returned_string_runs_no_program_code_in_the_tests(sandbox):
-    tests = parse_tests(["assert eval(expr(2)) == 4", "assert check_later() == 1"])
-    right = "def expr(n):\n    return str(n * n)\n\ndef check_later():\n    return 1\n"
-    assert grade(right, tests, sandbox).score == 1.0  # a literal is evaluated
-    # A returned expression would run in the tests' process: it could rebind the test's
-    # names or assert itself. It is refused.
-    rigged = (
-        'def expr(n):\n    return "globals().update(check_later=lambda: 1) or 4"\n\n'
-        "def check_later():\n    return 0\n"
+    tests = parse_tests(["assert eval(expr(2)) == 4"])
+    right = "def expr(n):\n    return str(n * n)\n"
+    assert grade(right, tests, sandbox).score == 1.0  # a literal is read in the tests
+    # A returned expression run in the tests' process could rebind the tests' names: here
+    # only a rebinding of the tests' own helper can pass. It is evaluated in the program's
+    # process instead (the third pass: a right expression scores), where it rebinds the
+    # program's names only.
+    rigged = 'def expr(n):\n    return "globals().update(helper=lambda: 1) or 4"\n'
+    tests = parse_tests(
+        ["def helper():\n    return 0\n\nassert eval(expr(2)) == 4\nassert helper() == 1"]
     )
     r = grade(rigged, tests, sandbox)
-    assert r.score == 0.0 and r.failures[0].status == "error", r
+    assert r.score == 0.0 and r.failures[0].status == "wrong_answer", r
 
 
 def test_a_test_inspecting_the_programs_source_cannot_pass_vacuously(sandbox):

@@ -12,7 +12,12 @@ from typing import Any
 
 from runtime.workloads.rewards.code.compare import _json_like, outputs_match, shown, values_match
 from runtime.workloads.rewards.code.harness import _harness, _verdict
-from runtime.workloads.rewards.code.names import free_names, program_bindings, program_names
+from runtime.workloads.rewards.code.names import (
+    free_names,
+    program_bindings,
+    program_names,
+    program_sources,
+)
 from runtime.workloads.rewards.code.plain import _decode, _object_name
 from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
 from runtime.workloads.rewards.code.relay import converse
@@ -143,7 +148,14 @@ def run_tests(
             ok = outputs_match(r.stdout, tests.outputs[i], tests.tolerance)
             return i, (ok, "ok" if ok else "wrong_answer", r.stdout)
         else:  # call
-            job = {"mode": "call", "program": program, "fn": tests.fn_name, "preamble": preamble}
+            job = {
+                "mode": "call",
+                "program": program,
+                "fn": tests.fn_name,
+                "preamble": preamble,
+                # what the program binds itself: the prelude's names are not its functions
+                "own": sorted(bindings.defined | bindings.imported),
+            }
             r = _harness(sandbox, {**job, "args": tests.inputs[i]}, limits)
             v = _verdict(r)
             if v is None:
@@ -189,6 +201,7 @@ def run_tests(
                 job,
                 [{"code": units[i], "names": names[i]} for i in order],
                 sandbox.limits.with_wall(min(per_test * len(order), left)),
+                program_sources(program),
             )
             outcome.update(dict(zip(order, found, strict=True)))
 

@@ -33,9 +33,10 @@ from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 _MARK = "@@reflow-verdict@@"
 
 _HARNESS_MAIN = r'''
-import ast, builtins, itertools, json, linecache, os, random, sys, traceback
+import ast, builtins, inspect, itertools, json, linecache, os, random, sys, traceback
 
 _write, _exit, _dumps, _loads = os.write, os._exit, json.dumps, json.loads
+_getsource, _getsourcelines = inspect.getsource, inspect.getsourcelines  # before any unit
 _MISSING = object()
 _GENERATED = 100_000  # items of a returned generator drawn at most
 
@@ -137,13 +138,23 @@ def _solution_method(ns, name):
     return _MISSING
 
 
+def _program_function(ns, name, own):
+    # The program's ``name``: a method of its class Solution, or what it binds itself. The
+    # prelude's ``gcd`` or ``sqrt`` is not the program's: an empty program has them too.
+    fn = _solution_method(ns, name)
+    if fn is _MISSING:
+        fn = ns.get(name, _MISSING)
+        if fn is not _MISSING and name not in own and fn is _fresh().get(name):
+            fn = _MISSING
+    if fn is _MISSING:
+        raise NameError(f"{name} is not defined by the program")
+    return fn
+
+
 def _call(job):
     try:
         ns = _load(job["program"], job.get("preamble", ""))
-        name = job["fn"]
-        fn = _solution_method(ns, name)
-        if fn is _MISSING:
-            fn = ns[name]
+        fn = _program_function(ns, job["fn"], set(job.get("own", ())))
         out = fn(*job["args"])
     except BaseException as e:
         return {"status": "error", "error": _tb(e)}

@@ -14,14 +14,28 @@ from dataclasses import dataclass
 from runtime.workloads.rewards.code.prelude import PRELUDE
 
 _BUILTINS = frozenset(dir(builtins))
-_PRELUDE_NAMES = frozenset(
-    n
-    for stmt in ast.parse(PRELUDE).body
-    if isinstance(stmt, (ast.Import, ast.ImportFrom))
-    for a in stmt.names
-    if a.name != "*"
-    for n in [(a.asname or a.name).split(".")[0]]
-) | frozenset(__import__("typing").__all__)
+
+
+def _prelude_names() -> frozenset[str]:
+    """Every name the prelude binds, its star imports' included (``from heapq import *``:
+    a test's ``nsmallest`` is heapq's, on the tests' side, never the program's)."""
+    out: set[str] = set()
+    for stmt in ast.parse(PRELUDE).body:
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            continue
+        for a in stmt.names:
+            if a.name != "*":
+                out.add((a.asname or a.name).split(".")[0])
+            elif isinstance(stmt, ast.ImportFrom) and stmt.module:
+                module = importlib.import_module(stmt.module)
+                public = getattr(module, "__all__", None)
+                out |= set(
+                    public if public is not None else (k for k in dir(module) if k[:1] != "_")
+                )
+    return frozenset(out)
+
+
+_PRELUDE_NAMES = _prelude_names()
 
 
 # CPython 3.11's parser keeps its AST recursion depth in shared state: two threads
@@ -157,3 +171,29 @@ def program_names(test_code: str, defined: set[str], entry: str | None) -> list[
         if len(shadowed) == 1:
             out = shadowed
     return sorted(out)
+
+
+def program_sources(program: str) -> dict[str, str]:
+    """The program's own text of each function and class it defines at top level, and of
+    each method of its classes (``Solution.f``, indented as written): what
+    ``inspect.getsource`` of its stand-in gives a test ("do not call sorted"). Data only:
+    nothing of it runs in the tests' process."""
+    try:
+        tree = _parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    lines = program.splitlines(keepends=True)
+
+    def text(node: ast.AST) -> str:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        return "".join(lines[first - 1 : node.end_lineno])
+
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = text(node)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[f"{node.name}.{item.name}"] = text(item)
+    return out

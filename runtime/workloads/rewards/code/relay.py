@@ -27,16 +27,19 @@ def converse(
     program_job: dict[str, Any],
     units: list[dict[str, Any]],
     limits: SandboxLimits,
+    sources: dict[str, str] | None = None,
 ) -> list[Outcome]:
     """Run ``units`` (``{"code", "names"}`` each) against the program; one outcome per
-    unit. A unit the tests' process never reported on takes the reason it stopped."""
+    unit. A unit the tests' process never reported on takes the reason it stopped.
+    ``sources``: the program's text of its functions, by name, for ``inspect.getsource``
+    in the tests (text, never run there)."""
     outcomes: list[Outcome] = []
     with (
         session(sandbox, _HARNESS, limits) as program,
         session(sandbox, _HARNESS, limits) as tests,
     ):
         program.send(json.dumps({**program_job, "mode": "serve"}).encode())
-        tests.send(json.dumps({"mode": "tests", "units": units}).encode())
+        tests.send(json.dumps({"mode": "tests", "units": units, "sources": sources or {}}).encode())
         gone, detail = _ready(program)
         while len(outcomes) < len(units):
             msg = _read(tests)
