@@ -32,14 +32,14 @@ class PendingCheckpoint:
     then_stop: str | None  # the reason of the stop that follows it, if one does
     # Drivers still to report their parked rollouts (None: this one parks nothing) and
     # since when; the trainer's half, when it came in before theirs.
-    parking: set[int] | None = None
+    awaiting: set[int] | None = None
     parked_at: float = 0.0
     trainer: tuple[bool, str] | None = None
 
     @property
     def parks(self) -> bool:
         """It keeps what is in flight (a stop's checkpoint): no more work goes out."""
-        return self.parking is not None
+        return self.awaiting is not None
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -47,8 +47,8 @@ class PendingCheckpoint:
             "requested_at": self.requested_at,
             "then_stop": self.then_stop,
         }
-        if self.parking is not None:  # as JSON: the drivers still to report as a list
-            out |= {"parking": sorted(self.parking), "parked_at": self.parked_at}
+        if self.awaiting is not None:  # as JSON: the drivers still to report as a list
+            out |= {"parking": sorted(self.awaiting), "parked_at": self.parked_at}
         return out
 
 
@@ -85,11 +85,11 @@ class Checkpoints:
         return True
 
     @property
-    def parking(self) -> bool:
+    def holds_work(self) -> bool:
         """The pending checkpoint keeps what is in flight: no more work goes out."""
         return self.pending is not None and self.pending.parks
 
-    def stop_after_step(self, reason: str) -> None:
+    def defer_stop(self, reason: str) -> None:
         """A stop that waits for the step in training, then checkpoints."""
         self._stop_after_step = reason
 
@@ -106,29 +106,31 @@ class Checkpoints:
     def start_parking(self, drivers: Iterable[int]) -> None:
         """The pending checkpoint waits for these drivers' parked rollouts too."""
         assert self.pending is not None
-        self.pending.parking, self.pending.parked_at = set(drivers), self.clock()
+        self.pending.awaiting, self.pending.parked_at = set(drivers), self.clock()
 
     def parked(self, rank: int) -> bool:
         """``rank``'s parked rollouts are in; False if they were not awaited."""
         pending = self.pending
-        if pending is None or pending.parking is None or rank not in pending.parking:
+        if pending is None or pending.awaiting is None or rank not in pending.awaiting:
             return False
-        pending.parking.discard(rank)
+        pending.awaiting.discard(rank)
         return True
 
     def stop_waiting_for(self, ranks: Iterable[int]) -> int:
         """Drivers that will never report (lost, or past the time limit): how many were
         still awaited."""
         pending = self.pending
-        if pending is None or not pending.parking:
+        if pending is None or not pending.awaiting:
             return 0
-        gone = pending.parking & set(ranks)
-        pending.parking -= gone
+        gone = pending.awaiting & set(ranks)
+        pending.awaiting -= gone
         return len(gone)
 
     def parking_overdue(self, now: float, timeout_s: float) -> bool:
         pending = self.pending
-        return pending is not None and bool(pending.parking) and now - pending.parked_at > timeout_s
+        return (
+            pending is not None and bool(pending.awaiting) and now - pending.parked_at > timeout_s
+        )
 
     def end(
         self,

@@ -28,7 +28,7 @@ from typing import Any
 from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS, needs_collective
 from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
-from runtime.control.checkpoints import SaveCheckpoint
+from runtime.control.checkpoints import PARK_TIMEOUT_S, SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
 from runtime.transport import protocol as p
@@ -131,7 +131,8 @@ class Coordinator(Run):
         lifecycle.restore(self, state, source)
 
     def buffer_digest(self) -> dict[str, Any]:
-        return lifecycle.buffer_digest(self)
+        """Sample ids and checksums of everything the buffer holds, and the queue."""
+        return self.data.digest()
 
     # --- layout ------------------------------------------------------------------------
 
@@ -182,7 +183,9 @@ class Coordinator(Run):
     def _wait_for_parked(self, now: float) -> list[Outgoing]:
         """A stop's checkpoint waits for the rollout drivers' parked rollouts, bounded."""
         self.ckpt.stop_waiting_for(w.rank for w in self.members if w.gone)  # lost: never will
-        return lifecycle.end_when_parked(self, give_up=lifecycle.parking_overdue(self, now))
+        return lifecycle.end_when_parked(
+            self, give_up=self.ckpt.parking_overdue(now, PARK_TIMEOUT_S)
+        )
 
     def _time_out_work(self, now: float) -> list[Outgoing]:
         """Requests out for longer than ``control.request_timeout_s`` go back to the queue

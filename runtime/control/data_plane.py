@@ -30,14 +30,13 @@ class DataPlane:
         self.clock = clock
         self.mode_policy = rf.policy  # barrier or streaming, replay (runtime/config/modes.py)
         self.batch_size = train.batch_size
-        self.replay_enabled = rf.replays
         self.buffer = ReplayBuffer(
             batch_size=train.batch_size,
             sigma=rf.replay_share,
             delta=rf.delta,
             group_size=cfg.algorithm.group_size,
             sampler=make_sampler(rf.sampler),
-            replay_filter=make_replay_filter(rf.replay_filter) if self.replay_enabled else None,
+            replay_filter=make_replay_filter(rf.replay_filter) if rf.replays else None,
             seed=train.seed,
             fresh_order=rf.fresh_order,
             age_from=rf.age_from,

@@ -12,7 +12,6 @@ from typing import Any
 
 from runtime.config.layout import Role
 from runtime.control import colocation
-from runtime.control.checkpoints import PARK_TIMEOUT_S
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
@@ -35,25 +34,21 @@ def request_stop(c: Run, reason: str) -> list[Outgoing]:
         # checkpoint is taken after the train phase's next step
         generating = colocation.is_colocated(c) and colocation.phase(c).value == "rollout"
         if c.batch_in_flight is not None or generating:
-            c.ckpt.stop_after_step(reason)
+            c.ckpt.defer_stop(reason)
             return []
         return checkpoint_then_stop(c, reason)
-    return stop_now(c, reason)
-
-
-def stop_now(c: Run, reason: str) -> list[Outgoing]:
     return c.stop_now(reason)
 
 
 def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
     if c.ckpt.saved(c.step) and not c.data.has_outstanding:
-        return stop_now(c, reason)  # this step is saved already, and nothing is in flight
+        return c.stop_now(reason)  # this step is saved already, and nothing is in flight
     if c.ckpt.pending is not None:  # one is being written: stop after it
         c.ckpt.stop_after_it(reason)
         return park_rollouts(c)
     out = request_checkpoint(c, then_stop=reason)
     if c.ckpt.pending is None:
-        return stop_now(c, reason)
+        return c.stop_now(reason)
     return out + park_rollouts(c)
 
 
@@ -117,15 +112,11 @@ def end_when_parked(c: Run, *, give_up: bool = False) -> list[Outgoing]:
     pending = c.ckpt.pending
     if pending is None:
         return []
-    if give_up and pending.parking:
-        c.data.count_parked("ranks_not_reported", c.ckpt.stop_waiting_for(set(pending.parking)))
-    if pending.parking or pending.trainer is None:
+    if give_up and pending.awaiting:
+        c.data.count_parked("ranks_not_reported", c.ckpt.stop_waiting_for(set(pending.awaiting)))
+    if pending.awaiting or pending.trainer is None:
         return []
     return end_checkpoint(c, *pending.trainer)
-
-
-def parking_overdue(c: Run, now: float) -> bool:
-    return c.ckpt.parking_overdue(now, PARK_TIMEOUT_S)
 
 
 def request_checkpoint(c: Run, then_stop: str | None) -> list[Outgoing]:
@@ -150,14 +141,14 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
 
 def end_checkpoint(c: Run, trainer_ok: bool, error: str) -> list[Outgoing]:
     pending = c.ckpt.pending
-    if pending is not None and pending.parking and trainer_ok:
+    if pending is not None and pending.awaiting and trainer_ok:
         pending.trainer = (trainer_ok, error)  # the parked rollouts are not all in yet
         return []
     then_stop = c.ckpt.end(
         trainer_ok, error, c.policy_version, lambda: coordinator_state(c), c.data.parked_kept
     )
     if then_stop is not None:
-        return stop_now(c, then_stop)
+        return c.stop_now(then_stop)
     return colocation.advance(c)  # a colocated train phase waited for the checkpoint
 
 
@@ -198,8 +189,3 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     c.rebalance.resume(saved_layout, bool(state["auto_rebalance"]), c.step)
     brief = {"from": source, "step": c.step, "policy_version": c.policy_version}
     c.resumed_from(int(state["attempt"]) + 1, state["evals"], {**brief, "buffer": c.data.digest()})
-
-
-def buffer_digest(c: Run) -> dict[str, Any]:
-    """Sample ids and checksums of everything the buffer holds, and the queue."""
-    return c.data.digest()

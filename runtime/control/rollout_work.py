@@ -32,7 +32,7 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if w is None:
         return []
     requests: list[Request] = []
-    if c.ckpt.parking:
+    if c.ckpt.holds_work:
         # the run stops after this checkpoint, which takes what is in flight: no more
         return [(identity, wire.work_message(requests, c.policy_version))]
     if not c.members.drives(msg.rank):

@@ -252,11 +252,11 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
                 "bound": f"control.checkpoint_timeout_s={ctl.checkpoint_timeout_s:g}",
             }
         )
-        if pending.parking:
+        if pending.awaiting:
             out.append(
                 {
                     "what": "the parked rollouts of the requests in flight, for the checkpoint",
-                    "from": sorted(pending.parking),
+                    "from": sorted(pending.awaiting),
                     "for_s": round(now - pending.parked_at, 3),
                     "bound": (
                         f"{PARK_TIMEOUT_S:g} s (then their requests are saved from the prompt)"
