@@ -387,6 +387,8 @@ class TorchTrainer:
 
     def reload(self) -> OffloadRecord:
         """The state :meth:`offload` moved, back on the device, values unchanged."""
+        if self.offload_state != "offloaded":
+            raise RuntimeError(f"reload with the trainer state {self.offload_state}")
         return self.residency.reload()
 
     def release(self) -> None:
