@@ -19,27 +19,23 @@ from rich.live import Live
 
 from jobs import launch as launching
 from jobs import rejoin as rejoining
-from jobs.allocation import plan_ranks
 from jobs.control import ControlClient
 from jobs.errors import UserError
-from jobs.runs import find_run, runs_dir
-from jobs.slurm import render_sbatch, slurm_available, slurm_parameters
+from jobs.runs import find_run
+from jobs.slurm import slurm_available
+from reflow_cli import numbers
 from reflow_cli import plan as memory
+from reflow_cli.dry_run import show_dry_run
+from reflow_cli.preflight import Where, preflight
 from reflow_cli.reward import reward_app
 from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from reflow_cli.tune import tune
-from reflow_cli.view import eval_lines, plan_view, status_view
-from runtime.config.layout import LayoutError, initial_layout, parse_ratio
+from reflow_cli.view import eval_lines, status_view
+from runtime.config.layout import LayoutError, parse_ratio
 from runtime.config.recipe import RecipeError, load_recipe
-from runtime.data.datasets import DatasetError, check_dataset
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
 from runtime.transport import protocol as p
-from runtime.workloads.agents import environment
-from runtime.workloads.rewards import custom as custom_reward
-from runtime.workloads.rewards.code.spec import record_check
-from runtime.workloads.sandbox import SandboxError, check_sandbox
-from runtime.workloads.user_code import UserCodeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 app.add_typer(reward_app, name="reward")
@@ -64,7 +60,10 @@ def launch(
         Optional[str],  # noqa: UP045
         typer.Option(help="continue RUN (name or folder) from its newest valid checkpoint"),
     ] = None,
-    nodes: Annotated[Optional[int], typer.Option(help="override resources.nodes")] = None,  # noqa: UP045
+    nodes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="override resources.nodes", parser=numbers.NODES),
+    ] = None,
     local: Annotated[bool, typer.Option("--local", help="run on this machine")] = False,
     set_: Annotated[
         Optional[list[str]],  # noqa: UP045
@@ -78,14 +77,17 @@ def launch(
     partition: Annotated[Optional[str], typer.Option(help="override slurm.partition")] = None,  # noqa: UP045
     time_min: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--time", help="override slurm.time_min (minutes)"),
+        typer.Option("--time", help="override slurm.time_min (minutes)", parser=numbers.MINUTES),
     ] = None,
     account: Annotated[Optional[str], typer.Option(help="override slurm.account")] = None,  # noqa: UP045
     qos: Annotated[Optional[str], typer.Option(help="override slurm.qos")] = None,  # noqa: UP045
     constraint: Annotated[Optional[str], typer.Option(help="override slurm.constraint")] = None,  # noqa: UP045
     gpu_memory_gib: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option(help="GPU memory for the memory plan (default: this machine's, or 80)"),
+        typer.Option(
+            help="GPU memory for the memory plan (default: this machine's, or 80)",
+            parser=numbers.GIB,
+        ),
     ] = None,
     no_memory_check: Annotated[
         bool,
@@ -117,72 +119,37 @@ def launch(
     # Slurm is asked only for a recipe that loads: sinfo can take its whole 10 s timeout
     # (a client with no controller), which a typo in the recipe's name should not cost.
     backend = _backend(local)
+    where = Where(str(recipe), backend, gpu_memory_gib, memory_check=not no_memory_check)
     if dry_run:
-        layout = initial_layout(cfg)
-        out.print(
-            f"[bold]{cfg.name}[/]: {cfg.resources.nodes} node(s) x {cfg.resources.gpus_per_node} "
-            f"ranks = {cfg.world_size} ranks, {layout.n_rollout_ranks} rollout "
-            f"(groups of {layout.rollout_group_size}) : {layout.n_trainer_ranks} trainer "
-            f"(groups of {layout.trainer_group_size}); mode {cfg.reflow.mode}; backend {backend}"
-        )
-        out.print(plan_view(plan_ranks(cfg)))
-        out.print("r = rollout, t = trainer, number = replica group")
-        typer.echo()
-        _print_memory_plan(cfg, backend, gpu_memory_gib)
-        out.print("\n[bold]sbatch parameters[/] (submitit, used on Slurm):")
-        for key, value in slurm_parameters(cfg, cfg.name).items():
-            out.print(f"  {key} = {value}")
-        out.print("\n[bold]sbatch script[/] (what submitit submits on Slurm):")
-        folder = runs_dir(cfg).resolve() / f"{cfg.name}-<time>" / "submitit"
-        # Plain stdout, never wrapped: this is a script to read or copy exactly.
-        typer.echo(render_sbatch(cfg, cfg.name, folder, sys.executable))
+        show_dry_run(out, cfg, backend, gpu_memory_gib)
+        preflight(cfg, where)  # what the launch would refuse, refused here too (exit 2)
+        out.print("[bold]checks[/]: the launch would start (memory, data, sandbox, user code)")
         return
-    if not no_memory_check:  # a recipe that cannot fit its GPUs fails here, not at step 1
-        memory.check_fits(cfg, str(recipe), backend, gpu_memory_gib)
-    try:  # a missing file, column or sandbox should fail here, not after the engines started
-        check_dataset(cfg, record_check(cfg.workload.kind))
-        check_sandbox(cfg)
-        if cfg.workload.reward_fn is not None:  # loaded once here; its path made absolute
-            cfg.workload.reward_fn = custom_reward.check(cfg.workload.reward_fn)
-        if (cfg.workload.kind == "custom") != (cfg.workload.agent is not None):
-            raise UserError(
-                "workload.agent: an environment class goes with workload.kind custom, and "
-                "kind custom needs one"
-            )
-        if cfg.workload.agent is not None:
-            cfg.workload.agent = environment.check(cfg.workload.agent)
-    except (DatasetError, SandboxError, UserCodeError) as exc:
-        raise UserError(str(exc)) from None
+    # a missing file, column or sandbox, or a GPU plan that does not fit, fails here, not
+    # after the engines started (the dry run above refused the same)
+    preflight(cfg, where)
     sub = launching.submit(cfg, backend, name)
     out.print(f"run [bold]{sub.paths.name}[/] submitted ({backend} job {sub.job_id})")
     out.print(f"  folder: {sub.paths.root}")
     _follow(sub, cfg, wait)
 
 
-def _print_memory_plan(cfg, backend: str, gpu_memory_gib: float | None) -> None:
-    """The dry run's memory plan; a model whose shape is unknown gets a line saying so."""
-    gpu = memory.runs_on_gpus(cfg, backend)
-    gpu_bytes, source = memory.gpu_memory(gpu_memory_gib) if gpu else (None, None)
-    try:
-        plan = memory.make_plan(cfg, gpu_bytes)
-    except UserError as exc:
-        typer.echo(f"memory plan: none ({exc})")
-        return
-    for line in memory.plan_lines(cfg, plan, source):
-        typer.echo(line)
-
-
 @app.command()
 def plan(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
-    nodes: Annotated[Optional[int], typer.Option(help="override resources.nodes")] = None,  # noqa: UP045
+    nodes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="override resources.nodes", parser=numbers.NODES),
+    ] = None,
     set_: Annotated[
         Optional[list[str]],  # noqa: UP045
         typer.Option("--set", help="override a field, e.g. --set train.micro_batch_tokens=32768"),
     ] = None,
     gpu_memory_gib: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option(help="memory of one GPU (default: this machine's first GPU, or 80)"),
+        typer.Option(
+            help="memory of one GPU (default: this machine's first GPU, or 80)", parser=numbers.GIB
+        ),
     ] = None,
 ) -> None:
     """Per-GPU memory of RECIPE's trainer and rollout roles: weights, gradients and AdamW
@@ -347,7 +314,9 @@ def rebalance(
 @app.command()
 def stop(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
-    grace: Annotated[float, typer.Option(help="seconds before the job is killed")] = 60.0,
+    grace: Annotated[
+        float, typer.Option(help="seconds before the job is killed", parser=numbers.SECONDS)
+    ] = 60.0,
 ) -> None:
     """Stop a run gracefully (the job is killed if it does not end within --grace)."""
     paths = find_run(run)
@@ -358,12 +327,17 @@ def stop(
 @app.command()
 def rejoin(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
-    rank: Annotated[int, typer.Option(help="the lost rank to start again")] = -1,
+    rank: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="the lost rank to start again", parser=numbers.RANK),
+    ] = None,
 ) -> None:
     """Start a lost rank of a running run again (on Slurm: a step on the run's allocation,
     on the rank's node): it registers and takes its role back at a later layout epoch, with
     the current weights (rollout) or the trainer state of the replicas that stayed
     (trainer, once its whole replica group is back)."""
+    if rank is None:
+        raise UserError("rejoin: give --rank K, the lost rank to start again")
     paths = find_run(run)
     where = rejoining.start(paths, rank)
     out.print(f"run {paths.name}: rank {rank} started again ({where}, see logs/rank{rank}.*)")
@@ -375,7 +349,7 @@ def export(
     out: Annotated[Path, typer.Argument(help="folder to write (new or empty)")],
     step: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(help="which saved policy version (default: the latest)"),
+        typer.Option(help="which saved policy version (default: the latest)", parser=numbers.STEPS),
     ] = None,
     checkpoint: Annotated[
         Optional[str],  # noqa: UP045
@@ -404,7 +378,9 @@ def export(
 @app.command()
 def simulate(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
-    gpus: Annotated[int, typer.Option(help="GPUs of the simulated cluster (whole nodes)")],
+    gpus: Annotated[
+        int, typer.Option(help="GPUs of the simulated cluster (whole nodes)", parser=numbers.GPUS)
+    ],
     mode: Annotated[
         Optional[list[str]],  # noqa: UP045
         typer.Option(help="execution mode(s) to compare; default the recipe's"),
@@ -413,24 +389,28 @@ def simulate(
         Optional[int],  # noqa: UP045
         typer.Option(
             help="train.steps to simulate (default: the protocol's warm-up + measured steps, "
-            "not the recipe's train.steps, unless --set train.steps gives one)"
+            "not the recipe's train.steps, unless --set train.steps gives one)",
+            parser=numbers.STEPS,
         ),
     ] = None,
     model: ModelOption = None,
     workload: WorkloadOption = None,
     profiles: ProfilesOption = None,
     set_: SetOption = None,
-    seed: Annotated[int, typer.Option(help="workload seed")] = 0,
+    seed: Annotated[int, typer.Option(help="workload seed", parser=numbers.SEED)] = 0,
     warmup_steps: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
             help="trainer steps before the measured ones (default: 5 sync intervals, "
-            "10 for agent workloads)"
+            "10 for agent workloads)",
+            parser=numbers.STEPS,
         ),
     ] = None,
     measure_steps: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(help="trainer steps measured (default as --warmup-steps)"),
+        typer.Option(
+            help="trainer steps measured (default as --warmup-steps)", parser=numbers.STEPS
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per mode")] = False,
 ) -> None:
@@ -538,8 +518,8 @@ def simulate(
 @app.command()
 def logs(
     run: Annotated[Optional[str], typer.Argument(help="run name or folder; default newest")] = None,  # noqa: UP045
-    rank: Annotated[int, typer.Option(help="which rank's log")] = 0,
-    tail: Annotated[int, typer.Option(help="last N lines (0 = all)")] = 100,
+    rank: Annotated[int, typer.Option(help="which rank's log", parser=numbers.RANK)] = 0,
+    tail: Annotated[int, typer.Option(help="last N lines (0 = all)", parser=numbers.LINES)] = 100,
 ) -> None:
     """Print a rank's log."""
     paths = find_run(run)
@@ -548,6 +528,21 @@ def logs(
         raise UserError(f"{path}: no log for rank {rank}")
     lines = path.read_text(errors="replace").splitlines()
     print("\n".join(lines[-tail:] if tail else lines))
+
+
+def _click_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage errors, other click errors) of click and of typer's own copy of it (typer
+    0.20 and later vendor click as ``typer._click``: its exceptions are not click's, and
+    an unknown option printed "internal error: NoSuchOption")."""
+    import click
+
+    usage: list[type] = [click.exceptions.UsageError]
+    other: list[type] = [click.exceptions.ClickException]
+    vendored = getattr(getattr(typer, "_click", None), "exceptions", None)
+    if vendored is not None:
+        usage.append(vendored.UsageError)
+        other.append(vendored.ClickException)
+    return tuple(usage), tuple(other)
 
 
 def main() -> None:
@@ -568,9 +563,11 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        usage, other = _click_errors()
+        if isinstance(exc, usage):  # a bad option or value: one line, as a UserError
+            err.print(f"reflow: {exc.format_message()}", markup=False, highlight=False)
+            sys.exit(2)
+        if isinstance(exc, other):
             exc.show()
             sys.exit(exc.exit_code)
         err.print(

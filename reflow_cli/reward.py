@@ -18,6 +18,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from reflow_cli import numbers
+
 reward_app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 
 _WORKERS = min(4, os.cpu_count() or 1)
@@ -107,7 +109,9 @@ def _serve(score: Callable[[tuple[int, str]], dict[str, Any]], workers: int) -> 
 
 @reward_app.command("math")
 def math_cmd(
-    workers: Annotated[int, typer.Option(help="parallel scoring processes")] = _WORKERS,
+    workers: Annotated[
+        int, typer.Option(help="parallel scoring processes", parser=numbers.WORKERS)
+    ] = _WORKERS,
 ) -> None:
     """Score {"response", "gold"} lines with the math reward (math-verify)."""
     _serve(_score_math, workers)
@@ -115,7 +119,9 @@ def math_cmd(
 
 @reward_app.command("code")
 def code_cmd(
-    workers: Annotated[int, typer.Option(help="programs scored at once")] = _WORKERS,
+    workers: Annotated[
+        int, typer.Option(help="programs scored at once", parser=numbers.WORKERS)
+    ] = _WORKERS,
     recipe: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="take the sandbox limits from this recipe (default: the defaults)"),
@@ -177,9 +183,13 @@ async def _score_custom(ref: str, lines: list[tuple[int, str]], workers: int, ti
 @reward_app.command("custom")
 def custom_cmd(
     fn: Annotated[str, typer.Option("--fn", help="PATH.py:NAME or module:NAME (verl's signature)")],
-    workers: Annotated[int, typer.Option(help="calls at once")] = _WORKERS,
+    workers: Annotated[int, typer.Option(help="calls at once", parser=numbers.WORKERS)] = _WORKERS,
     timeout_s: Annotated[
-        float, typer.Option(help="per call, as workload.reward_timeout_s (then it scores 0)")
+        float,
+        typer.Option(
+            help="per call, as workload.reward_timeout_s (then it scores 0)",
+            parser=numbers.SECONDS,
+        ),
     ] = 10.0,
 ) -> None:
     """Score {"solution_str", "ground_truth"?, "data_source"?, "extra_info"?} lines with

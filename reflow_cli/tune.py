@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.errors import UserError
+from reflow_cli import numbers
 from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from runtime.config.modes import policy
 from runtime.config.recipe import RecipeError, config_to_dict, load_recipe
@@ -136,13 +137,19 @@ def causes(shares: dict[str, float]) -> str:
 
 def tune(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
-    gpus: Annotated[int, typer.Option(help="GPUs of the cluster (whole nodes)")],
+    gpus: Annotated[
+        int, typer.Option(help="GPUs of the cluster (whole nodes)", parser=numbers.GPUS)
+    ],
     from_: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("--from", help="fit the rates from this finished run's folder"),
     ] = None,
     budget: Annotated[
-        int, typer.Option(help="search runs per mode (shorter protocol), besides the full runs")
+        int,
+        typer.Option(
+            help="search runs per mode (shorter protocol), besides the full runs",
+            parser=numbers.STEPS,
+        ),
     ] = DEFAULT_BUDGET,
     modes: Annotated[
         Optional[list[str]],  # noqa: UP045
@@ -158,7 +165,9 @@ def tune(
     workload: WorkloadOption = None,
     profiles: ProfilesOption = None,
     set_: SetOption = None,
-    seed: Annotated[int, typer.Option(help="workload seed (every run uses it)")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="workload seed (every run uses it)", parser=numbers.SEED)
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Predict every mode's protocol throughput at its best rollout:trainer placement

@@ -80,14 +80,16 @@ def test_launch_refuses_a_recipe_that_cannot_fit_in_one_line(runs_dir):
 
 
 def test_dry_run_shows_the_plan_and_its_verdict(runs_dir):
-    done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", check=True)
+    done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run")
     assert "memory plan: Qwen3-8B" in done.stdout
     assert "verdict: fits" in done.stdout
-    done = reflow(
-        "launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", *WHOLE_PASS, check=True
-    )  # a dry run shows a refusal and still exits 0
+    # the recipe's data is a cluster path, absent here: refused, as the launch would be
+    assert done.returncode == 2 and "/data/apps/train.jsonl" in done.stderr
+    done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", *WHOLE_PASS)
     assert "verdict: refused at launch: trainer role needs " in done.stdout
     assert "#SBATCH" in done.stdout  # the plan comes before the sbatch script, which stays
+    # then the refusal itself, the launch's line (memory is checked before the data)
+    assert done.returncode == 2 and "trainer role needs " in done.stderr
     assert not runs_dir.exists()
 
 

@@ -112,7 +112,9 @@ def test_launch_rebalance_stop(tmp_path, runs_dir):
 
 
 def test_dry_run_of_the_cluster_recipe_needs_no_slurm(runs_dir):
-    done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run", check=True)
+    done = reflow("launch", "recipes/apps_coding.yaml", "--nodes", "8", "--dry-run")
+    # the plan, then the launch's refusal: the recipe's data is a cluster path, absent here
+    assert done.returncode == 2 and "/data/apps/train.jsonl" in done.stderr
     lines = done.stdout.splitlines()
     assert "8 node(s) x 8 ranks = 64 ranks, 48 rollout (groups of 1) : 16 trainer" in done.stdout
     node_rows = [ln for ln in lines if ln.strip()[:1].isdigit() and ":" in ln]
@@ -132,6 +134,21 @@ def test_dry_run_of_the_cluster_recipe_needs_no_slurm(runs_dir):
             "(allowed: 0 <= sigma < 1)",
         ),
         (["status", "no-such-run"], "reflow: no-such-run: no such run"),
+        # numbers: ASCII digits in range (click's INT took these, or overflowed later)
+        (
+            ["launch", "recipes/demo.yaml", "--nodes", "\uff18", "--dry-run"],
+            "reflow: Invalid value for '--nodes': '\uff18' is not a whole number from 1 to "
+            "100000 in ASCII digits",
+        ),
+        (
+            ["simulate", "recipes/demo.yaml", "--gpus", "1" * 23],
+            "reflow: Invalid value for '--gpus': '11111111111111111111111'",
+        ),
+        (
+            ["plan", "recipes/demo.yaml", "--gpu-memory-gib", "nan"],
+            "reflow: Invalid value for '--gpu-memory-gib': 'nan' is not a number",
+        ),
+        (["rejoin", "x"], "reflow: rejoin: give --rank K"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_2(runs_dir, args, message):
