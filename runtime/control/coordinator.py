@@ -60,30 +60,30 @@ class Coordinator(Run):
         if self.members.is_anonymous(identity) and (
             len(frames) != 1 or len(frames[0]) > p.MAX_ANONYMOUS_BYTES
         ):
-            self.reject("anonymous_too_large")
+            self.messages.reject("anonymous_too_large")
             return []
         try:
             msg = p.decode(frames)
         except p.ProtocolError as exc:
-            self.reject("malformed", str(exc))
+            self.messages.reject("malformed", str(exc))
             return []
         return self.handle(identity, msg)
 
     def handle(self, identity: bytes, msg: p.Message) -> list[Outgoing]:
         handler = HANDLERS.get(type(msg))
         if handler is None:  # a valid message that only the coordinator sends
-            self.reject("unexpected")
+            self.messages.reject("unexpected")
             return []
         return handler(self, identity, msg)
 
     # --- client requests ---------------------------------------------------------------
 
     def _on_status_request(self, identity: bytes, msg: p.StatusRequest) -> list[Outgoing]:
-        self.accept()
+        self.messages.accept()
         return [(identity, p.StatusReply(status=self.status()))]
 
     def _on_rebalance(self, identity: bytes, msg: p.RebalanceRequest) -> list[Outgoing]:
-        self.accept()
+        self.messages.accept()
         if self.state != RunState.RUNNING:
             return [(identity, p.Reply(ok=False, text=f"run is {self.state}, not RUNNING"))]
         if colocation.is_colocated(self):
@@ -103,7 +103,7 @@ class Coordinator(Run):
         return [(identity, p.Reply(ok=True, text=text)), *now]
 
     def _on_allocator(self, identity: bytes, msg: p.AllocatorRequest) -> list[Outgoing]:
-        self.accept()
+        self.messages.accept()
         if msg.auto and self.cfg.reflow.policy.baseline:
             text = f"mode={self.cfg.reflow.mode} keeps its placement: no allocator"
             return [(identity, p.Reply(ok=False, text=text))]
@@ -112,7 +112,7 @@ class Coordinator(Run):
         return [(identity, p.Reply(ok=True, text=text))]
 
     def _on_stop_request(self, identity: bytes, msg: p.StopRequest) -> list[Outgoing]:
-        self.accept()
+        self.messages.accept()
         if self.state in TERMINAL:
             return [(identity, p.Reply(ok=True, text=f"run already {self.state}"))]
         out = self.request_stop(msg.reason or "stop requested")
@@ -209,7 +209,7 @@ class Coordinator(Run):
         """The server could not hand ``msg`` to ``identity`` (no pipe to that peer, or its
         queue full). Work handed out in it goes back to the queue at once; everything else
         is asked for again by the rank (batches, acks) or repeated (heartbeat acks)."""
-        self.undeliverable[msg.TYPE] += 1
+        self.messages.undelivered(msg.TYPE)
         rank = self.members.rank_of(identity)
         if isinstance(msg, p.Batch) and rank is not None:
             # Only the leader asks for batches; a trainer replica that missed its copy
@@ -309,7 +309,7 @@ class Coordinator(Run):
         # may have moved on while the leader was syncing)
         known = msg.layout_epoch <= self.layout_epoch
         if msg.rank != 0 or not known or msg.peer not in self.sync_receivers():
-            self.reject("bad_peer_lost")
+            self.messages.reject("bad_peer_lost")
             return []
         if target is None or target.gone:
             return []

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from runtime.config.schema import Config
+from runtime.config.schema import ReflowConfig, TrainConfig
 from runtime.control.dispatcher import Dispatcher
 from runtime.control.replay_buffer import Batch, ReplayBuffer
 from runtime.control.samplers import make_replay_filter, make_sampler
@@ -21,11 +21,14 @@ from runtime.data.sample import ParkedRollout, Request, Sample, sample_digest
 class DataPlane:
     def __init__(
         self,
-        cfg: Config,
+        rf: ReflowConfig,
+        train: TrainConfig,
+        group_size: int,
         prompts: Iterator[dict[str, Any]],
         clock: Callable[[], float],
     ) -> None:
-        rf, train = cfg.reflow, cfg.train
+        """Its own sections of the run's config: ``reflow``, ``train`` and
+        ``algorithm.group_size`` (the run builds it: runtime/control/run.py)."""
         assert rf.sigma is not None and rf.B_max is not None, "config not validated"
         self.clock = clock
         self.mode_policy = rf.policy  # barrier or streaming, replay (runtime/config/modes.py)
@@ -34,7 +37,7 @@ class DataPlane:
             batch_size=train.batch_size,
             sigma=rf.replay_share,
             delta=rf.delta,
-            group_size=cfg.algorithm.group_size,
+            group_size=group_size,
             sampler=make_sampler(rf.sampler),
             replay_filter=make_replay_filter(rf.replay_filter) if rf.replays else None,
             seed=train.seed,
@@ -43,7 +46,7 @@ class DataPlane:
         )
         self.dispatcher = Dispatcher(
             prompts=prompts,
-            group_size=cfg.algorithm.group_size,
+            group_size=group_size,
             B_max=rf.B_max,
             delta=rf.delta,
             batch_size=train.batch_size,

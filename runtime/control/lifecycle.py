@@ -73,7 +73,7 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
     if c.known(identity, msg.rank) is None:
         return []
     if not c.ckpt.parked(msg.rank):
-        c.reject("unexpected_parked")
+        c.messages.reject("unexpected_parked")
         return []
     for sid, rollout in wire.parked(msg).items():
         request = c.data.outstanding_at(sid, msg.rank)
@@ -134,7 +134,7 @@ def on_checkpoint_saved(c: Run, identity: bytes, msg: p.CheckpointSaved) -> list
         return []
     pending = c.ckpt.pending
     if msg.rank != 0 or pending is None or msg.step != pending.step:
-        c.reject("unexpected_checkpoint")
+        c.messages.reject("unexpected_checkpoint")
         return []
     return end_checkpoint(c, msg.ok, msg.error)
 

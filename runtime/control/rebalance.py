@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config.layout import Layout, parse_ratio
-from runtime.config.schema import Config
+from runtime.config.schema import ReflowConfig, SchedulerConfig, TrainConfig
 from runtime.control.replay_buffer import version_of
 from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.data.sample import Sample
@@ -132,14 +132,16 @@ class Rebalancer:
 
     def __init__(
         self,
-        cfg: Config,
         layout: Layout,
+        sch: SchedulerConfig,
+        train: TrainConfig,
+        rf: ReflowConfig,
         clock: Callable[[], float],
-        sigma: float,
         lost: Callable[[], AbstractSet[int]] = frozenset,
     ):
-        """``lost``: the run's lost ranks now (membership owns them; they play no role)."""
-        sch, res = cfg.scheduler, cfg.resources
+        """Its own sections of the run's config: ``scheduler``, ``train`` and ``reflow``;
+        the world and the replica sizes come with the layout. ``lost``: the run's lost
+        ranks now (membership owns them; they play no role)."""
         self.clock = clock
         self.layout = layout
         self._previous = layout  # the layout before the current one (moving ranks)
@@ -154,26 +156,26 @@ class Rebalancer:
         self.switches: list[SwitchRecord] = []
         self.auto = sch.auto_rebalance
         self.allocator = ProducerConsumerAllocator(
-            cfg.world_size,
-            res.rollout_gpus_per_replica,
-            res.trainer_gpus_per_replica,
-            sigma=sigma,
+            layout.world_size,
+            layout.rollout_group_size,
+            layout.trainer_group_size,
+            sigma=rf.replay_share,
             cooldown_steps=sch.cooldown_steps,
             margin=sch.rebalance_margin,
             min_window_steps=min(3, sch.window_steps),
-            decision_every=cfg.train.sync_every,  # allocate() runs at sync points
+            decision_every=train.sync_every,  # allocate() runs at sync points
         )
         self._window_steps = sch.window_steps
         # the first steps train what rollout made before the first batch: admission lets
         # it run (delta + 1) x sync_every steps ahead, with up to B_max in flight
-        assert cfg.reflow.B_max is not None and cfg.train.batch_size is not None
+        assert rf.B_max is not None and train.batch_size is not None
         self._warmup_steps = max(
-            math.ceil(cfg.reflow.B_max / cfg.train.batch_size),
-            cfg.train.last_step_for(0, cfg.reflow.delta),
+            math.ceil(rf.B_max / train.batch_size),
+            train.last_step_for(0, rf.delta),
         )
-        self._delta = cfg.reflow.delta
-        self._version_of = version_of(cfg.reflow.age_from)  # as the buffer counts ages
-        self._train = cfg.train
+        self._delta = rf.delta
+        self._version_of = version_of(rf.age_from)  # as the buffer counts ages
+        self._train = train
         self._marks: list[Mark] = []
         self.fresh_total = 0  # samples trained on for the first time
         self.replay_life_total = 0  # later batches those could still join (delta - age)

@@ -18,12 +18,12 @@ from runtime.transport.states import TERMINAL, RunState, WorkerState
 
 def on_hello(c: Run, identity: bytes, msg: p.Hello) -> list[Outgoing]:
     if msg.world_size != c.cfg.world_size:
-        c.reject("wrong_world")
+        c.messages.reject("wrong_world")
         return []
     if not c.members.may_register(identity, msg.rank):
-        c.reject("duplicate_rank")
+        c.messages.reject("duplicate_rank")
         return []
-    c.accept()
+    c.messages.accept()
     if c.state in TERMINAL or c.state == RunState.STOPPING:
         return [(identity, p.Stop(reason=f"run is {c.state}"))]
     if msg.rank in c.members.lost and needs_collective(c.cfg):

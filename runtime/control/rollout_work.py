@@ -36,7 +36,7 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
         # the run stops after this checkpoint, which takes what is in flight: no more
         return [(identity, wire.work_message(requests, c.policy_version))]
     if not c.members.drives(msg.rank):
-        c.reject("work_from_tp_member")
+        c.messages.reject("work_from_tp_member")
         return [(identity, wire.work_message(requests, c.policy_version))]
     if msg.rank in c.members.lost:  # rejoining: no work before the epoch that brings the weights
         return [(identity, wire.work_message(requests, c.policy_version))]
@@ -74,7 +74,7 @@ def tools_waiting(c: Run, msg: p.WorkRequest, running: int) -> int:
     tools, so the rank gets no more than a rank whose every episode waits in a tool: its
     cap, never the claim. Across ranks ``B_max`` and staleness admission bound the total."""
     if msg.in_tools > running:
-        c.reject("in_tools_over_running")
+        c.messages.reject("in_tools_over_running")
         return running
     return msg.in_tools
 

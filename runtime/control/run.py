@@ -25,6 +25,7 @@ from runtime.control.data_plane import DataPlane
 from runtime.control.decode_rates import EngineRateProfile
 from runtime.control.idle import IdleBook
 from runtime.control.membership import Membership, Outgoing, WorkerInfo
+from runtime.control.message_book import MessageBook
 from runtime.control.rebalance import Rebalancer
 from runtime.control.reward_watch import ZeroRewardWatch
 from runtime.control.sample_check import RunBounds
@@ -128,9 +129,16 @@ class Run:
 
         rollout_group = cfg.resources.rollout_gpus_per_replica
         self.members = Membership(cfg.world_size, clock, rollout_group)
-        self.data = DataPlane(cfg, prompts if prompts is not None else iter(()), clock)
-        sigma = cfg.reflow.replay_share
-        self.rebalance = Rebalancer(cfg, layout, clock, sigma, lost=lambda: self.members.lost)
+        self.data = DataPlane(
+            cfg.reflow,
+            cfg.train,
+            cfg.algorithm.group_size,
+            prompts if prompts is not None else iter(()),
+            clock,
+        )
+        self.rebalance = Rebalancer(
+            layout, cfg.scheduler, cfg.train, cfg.reflow, clock, lost=lambda: self.members.lost
+        )
         self.ckpt = Checkpoints(save_checkpoint, clock)
         self.generation = GenerationScheduler(
             clock,
@@ -153,11 +161,7 @@ class Run:
         # the batch in training (the data plane's): when it went out, copies sent again
         self.trainer_link = TrainerLink()
         self._next_overdue_check = 0.0
-        # control-plane accounting
-        self.accepted = 0
-        self.rejected: Counter[str] = Counter()
-        self.last_rejected = ""  # its category and what was wrong, for rank 0's log
-        self.undeliverable: Counter[str] = Counter()  # replies no pipe would take, by type
+        self.messages = MessageBook()  # taken, refused by category, undeliverable replies
         self.reports = RunReports()
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
@@ -281,15 +285,6 @@ class Run:
 
     # --- the moves every handler makes ------------------------------------------------
 
-    def reject(self, category: str, detail: str = "") -> None:
-        """A message refused, counted by ``category``; ``detail`` says what was wrong."""
-        self.rejected[category] += 1
-        self.last_rejected = f"{category}: {detail}" if detail else category
-
-    def accept(self) -> None:
-        """A message taken (the senders checked by :meth:`known` are counted there)."""
-        self.accepted += 1
-
     def open_trainer_window(self, now: float) -> None:
         """The first step: trainer idle counts from here (before, the pools warm up)."""
         if self.trainer_window is None:
@@ -306,9 +301,9 @@ class Run:
         """The registered, live worker behind a message, or None (counted) if it is not."""
         w = self.members.sender(identity, rank)
         if isinstance(w, str):
-            self.reject(w)
+            self.messages.reject(w)
             return None
-        self.accepted += 1
+        self.messages.accept()
         return w
 
     def window(self) -> WindowStats | None:

@@ -188,13 +188,7 @@ def status(c: Run) -> dict[str, Any]:
             "auto": c.auto_rebalance,
             "decisions": [d.as_dict() for d in allocator.decisions[-5:]],
         },
-        "control": {
-            "accepted": c.accepted,
-            "rejected": sum(c.rejected.values()),
-            "rejected_by_reason": dict(c.rejected),
-            "undeliverable": dict(c.undeliverable),
-            "batches_resent": c.trainer_link.resent,
-        },
+        "control": {**c.messages.status(), "batches_resent": c.trainer_link.resent},
         "ledger_violations": c.reports.ledger_violations[-5:],
         "updated_at": c.wall(),
     }

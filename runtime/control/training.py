@@ -25,7 +25,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     if w is None or c.state != RunState.RUNNING:
         return []
     if msg.rank != 0 or c.layout.role_of(0) != Role.TRAINER:
-        c.reject("step_not_from_leader")
+        c.messages.reject("step_not_from_leader")
         return []
     if msg.step <= c.step:  # a report sent again (its ack was lost): nothing new
         return []
@@ -33,13 +33,13 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     # next step, and the version that step publishes: one more at a sync point, the same
     # otherwise (a forged step would end or skip the run).
     if msg.step != c.step + 1:
-        c.reject("bad_step")
+        c.messages.reject("bad_step")
         return []
     if c.batch_in_flight is None or msg.batch_id != c.batch_in_flight:
-        c.reject("unknown_batch")
+        c.messages.reject("unknown_batch")
         return []
     if msg.policy_version != c.cfg.train.version_at(msg.step):
-        c.reject("bad_policy_version")
+        c.messages.reject("bad_policy_version")
         return []
     now = c.clock()
     c.open_trainer_window(now)

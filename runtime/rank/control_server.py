@@ -133,17 +133,19 @@ class ControlServer:
                         break
                     frames = self._sock.recv_multipart(copy=True)
                     if len(frames) < 2:
-                        coord.reject("malformed", "no frames after the identity")
+                        coord.messages.reject("malformed", "no frames after the identity")
                         continue
-                    refused = coord.rejected.total()
+                    refused = coord.messages.rejected.total()
                     try:
                         out = coord.on_frames(frames[0], frames[1:])
                     except Exception:  # a bug must not take rank 0 down; count and go on
-                        coord.reject("handler_error")
+                        coord.messages.reject("handler_error")
                         self._bounded(logging.ERROR, "error", "handler failed", exc_info=True)
                         continue
-                    if coord.rejected.total() > refused:  # counted by reason; a line at times
-                        why = f"refused a message: {coord.last_rejected[:200]}"
+                    if (
+                        coord.messages.rejected.total() > refused
+                    ):  # counted by reason; a line at times
+                        why = f"refused a message: {coord.messages.last_rejected[:200]}"
                         self._bounded(logging.WARNING, "refused", why)
                     self._send(out)
                 self._send(coord.tick())
@@ -151,7 +153,7 @@ class ControlServer:
                     self._flush_metrics()
                 except Exception:  # a line that cannot be written must not end rank 0
                     log.exception("writing metrics failed")
-                    coord.reject("metrics_write_error")
+                    coord.messages.reject("metrics_write_error")
                 now = time.monotonic()
                 if coord.state != last_state or now - last_snapshot > SNAPSHOT_PERIOD_S:
                     if coord.state != last_state:

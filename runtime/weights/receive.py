@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import Config
 from runtime.weights import nccl, p2p
 from runtime.weights.protocols import PolicyTarget, SyncGroup
+from runtime.weights.settings import WeightPathConfig
 from runtime.weights.wire import WeightsHeader
 
 log = logging.getLogger(__name__)
@@ -49,14 +49,14 @@ Strategy = Callable[[WeightsHeader, float, Callable[[], None]], Update | None]
 class PolicyReceiver:
     def __init__(
         self,
-        cfg: Config,
+        config: WeightPathConfig,
         rank: int,
         engine: PolicyTarget,
         group: SyncGroup | None,
         root: Path,
         timeout_s: float,
     ) -> None:
-        self.cfg, self.rank, self.engine, self.group = cfg, rank, engine, group
+        self.config, self.rank, self.engine, self.group = config, rank, engine, group
         self.root = root  # one folder per version, private to this rank
         self.timeout_s = timeout_s  # a transfer waits as long as the leader's collectives
         # one record per weight sync received (bytes, seconds, GB/s), for metrics/status
@@ -168,7 +168,7 @@ class PolicyReceiver:
         if self.engine.serves_adapter:
             if not all(map(lora_format.is_adapter_name, weights)):
                 raise ValueError(f"weights v{version}: a LoRA engine was sent non-adapter tensors")
-            lora_format.write_adapter(folder, weights, self.cfg.model.lora, self.engine.model_path)
+            lora_format.write_adapter(folder, weights, self.config.lora, self.engine.model_path)
         else:
             save_file(weights, str(folder / "model.safetensors"))
         return folder

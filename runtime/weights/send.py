@@ -34,12 +34,13 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import Config, LoraConfig
+from runtime.config.schema import LoraConfig
 from runtime.rank.groups import LEADER
 from runtime.rank.sync_pairs import SyncPairs
 from runtime.rank.trainer_mesh import TrainerMesh
 from runtime.weights import lora_format, p2p
 from runtime.weights.protocols import BucketSender, SyncGroup
+from runtime.weights.settings import WeightPathConfig
 from runtime.weights.wire import TensorSpec, WeightsHeader, plan_buckets
 
 
@@ -255,15 +256,17 @@ class WeightStreamer:
     into the vLLM engines under ``resources.device: cuda``, its group kept while the
     layout stands) and the records of the last syncs (the leader's)."""
 
-    def __init__(self, cfg: Config, sync: SyncPairs, mesh: TrainerMesh, history: int = 64) -> None:
+    def __init__(
+        self, config: WeightPathConfig, sync: SyncPairs, mesh: TrainerMesh, history: int = 64
+    ) -> None:
         self.sync, self.mesh = sync, mesh
-        self.rollout_group_size = cfg.resources.rollout_gpus_per_replica
-        self.dtype: torch.dtype = getattr(torch, cfg.model.dtype)
-        self.bucket_bytes = int(cfg.engine.weight_bucket_mb * 2**20)
-        self.lora = cfg.model.lora
-        # An adapter (~1% of the bytes) goes over the gloo group and is loaded from a file
-        # by vLLM's LoRA path; NCCL streams straight into load_weights, base weights only.
-        self.cuda = cfg.resources.device == "cuda" and not self.lora.syncs_adapter
+        self.rollout_group_size = config.rollout_group_size
+        self.dtype: torch.dtype = getattr(torch, config.dtype)
+        self.bucket_bytes = config.bucket_bytes
+        self.lora = config.lora
+        # NCCL streams straight into load_weights, base weights only; an adapter goes over
+        # the gloo group and is loaded from a file by vLLM's LoRA path
+        self.cuda = config.nccl
         self._transport: BucketSender | None = None
         self.records: collections.deque[SyncRecord] = collections.deque(maxlen=history)
 

@@ -101,10 +101,10 @@ def running():
 @given(frames=fuzzed_frames(), sender=st.sampled_from([b"stranger", ident(1), b"cli"]))
 def test_ten_thousand_fuzzed_messages_are_rejected_without_a_state_change(running, frames, sender):
     c, before = running
-    rejected = sum(c.rejected.values())
+    rejected = sum(c.messages.rejected.values())
     out = c.on_frames(sender, frames)
     assert out == []
-    assert sum(c.rejected.values()) == rejected + 1
+    assert sum(c.messages.rejected.values()) == rejected + 1
     assert snapshot(c) == before
 
 

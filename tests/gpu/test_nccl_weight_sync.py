@@ -132,10 +132,11 @@ def rank_script(rank: int, world: int, group: int, strategy: str, model: str, ou
     if rank < rollout:
         from runtime.engines.torch.trainer import TorchTrainer
         from runtime.weights.send import WeightStreamer
+        from runtime.weights.settings import WeightPathConfig
 
         trainer = TorchTrainer(cfg, model, rank, c.mesh)
         trainer.train_step(train_batch(), c.data_parallel, rank, rollout)
-        streamer = WeightStreamer(cfg, c.sync, c.mesh)
+        streamer = WeightStreamer(WeightPathConfig.from_config(cfg), c.sync, c.mesh)
         if streamer.takes_part(trainer.sharded):
             first = streamer.stream(trainer.model, trainer.version)  # the joining rank
             again = streamer.stream(trainer.model, trainer.version)  # drained: same version

@@ -168,7 +168,7 @@ def test_a_reply_to_a_peer_with_no_pipe_reaches_the_coordinator(tmp_path):
         srv._sock.close(linger=0)
         srv._auth.stop()
         srv._ctx.term()
-    assert coord.undeliverable["work"] == 1
+    assert coord.messages.undeliverable["work"] == 1
     assert coord.data.dispatcher.outstanding == {}
     assert coord.data.dispatcher.requeue_reasons["undelivered"] == 2
 

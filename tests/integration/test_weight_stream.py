@@ -32,6 +32,7 @@ from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.weights import p2p
 from runtime.weights.send import WeightStreamer, streaming_ranks
+from runtime.weights.settings import WeightPathConfig
 from tests.integration.test_fsdp_trainer import batch, join
 
 pytestmark = pytest.mark.integration
@@ -71,7 +72,7 @@ def stream_script(rank: int, world: int, group: int, strategy: str, model_dir: s
         trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
         trainer.train_step(batch(), c.data_parallel, c.trainer_ranks.index(rank), world - 1)
         expected = trainer.gather_weights()  # every trainer rank, the whole state on 0
-        streamer = WeightStreamer(cfg, c.sync, c.mesh)
+        streamer = WeightStreamer(WeightPathConfig.from_config(cfg), c.sync, c.mesh)
         result["streams"] = streamer.takes_part(trainer.sharded)
         result["streaming_ranks"] = streaming_ranks(c.mesh, trainer.sharded)
         if result["streams"]:
@@ -171,7 +172,9 @@ def vllm_script(rank: int, model_dir: str, out: str) -> None:
             batch(), c.data_parallel, rank, 2
         )  # the weights move away from the file's
         result["record"] = (
-            WeightStreamer(cfg, c.sync, c.mesh).stream(trainer.model, trainer.version).as_dict()
+            WeightStreamer(WeightPathConfig.from_config(cfg), c.sync, c.mesh)
+            .stream(trainer.model, trainer.version)
+            .as_dict()
         )
         tokens = _tokens_from_rank_2(None)
         sample = Sample(

@@ -424,10 +424,12 @@ def roundtrip(state):
 @pytest.mark.parametrize("seed", range(6))
 def test_a_restored_data_plane_makes_the_same_batches_and_requests(seed):
     clock = Clock()
-    original = DataPlane(CFG, prompts(), clock)
+    original = DataPlane(CFG.reflow, CFG.train, CFG.algorithm.group_size, prompts(), clock)
     drive(original, random.Random(seed), 5, drain=True)
     state = roundtrip(original.state_dict())
-    restored = DataPlane(CFG, prompts(), clock)  # a fresh prompt stream, as after a crash
+    restored = DataPlane(
+        CFG.reflow, CFG.train, CFG.algorithm.group_size, prompts(), clock
+    )  # a fresh prompt stream, as after a crash
     restored.load_state_dict(state)
     assert restored.ledger() == original.ledger()
     # Same seed for the drivers from here: the sampler's RNG, the pools' order and the data
@@ -444,10 +446,10 @@ def test_a_restored_data_plane_makes_the_same_batches_and_requests(seed):
 
 def test_work_out_at_rollout_when_saved_comes_back_first_and_nothing_is_lost():
     clock = Clock()
-    dp = DataPlane(CFG, prompts(), clock)
+    dp = DataPlane(CFG.reflow, CFG.train, CFG.algorithm.group_size, prompts(), clock)
     out = dp.request_work(2, 6)
     dp.deliver(traj(out[0], 0, worker=2))
-    restored = DataPlane(CFG, prompts(), clock)
+    restored = DataPlane(CFG.reflow, CFG.train, CFG.algorithm.group_size, prompts(), clock)
     restored.load_state_dict(roundtrip(dp.state_dict()))
     assert [r.sample_id for r in list(restored.dispatcher.pending)[:5]] == [
         r.sample_id for r in out[1:]
@@ -464,7 +466,7 @@ def test_work_out_at_rollout_when_saved_comes_back_first_and_nothing_is_lost():
 
 def test_a_batch_in_training_cannot_be_saved():
     clock = Clock()
-    dp = DataPlane(CFG, prompts(), clock)
+    dp = DataPlane(CFG.reflow, CFG.train, CFG.algorithm.group_size, prompts(), clock)
     for r in dp.request_work(2, 8):
         dp.deliver(traj(r, 0, worker=2))
     assert dp.next_batch() is not None
@@ -537,7 +539,7 @@ def test_checkpoints_are_taken_every_n_steps_and_hold_batches_meanwhile(clock):
     ((_, wait),) = c.handle(ident(0), p.BatchRequest(rank=0))
     assert isinstance(wait, p.BatchWait) and "checkpoint" in wait.reason
     assert c.handle(ident(1), p.CheckpointSaved(rank=1, step=2, ok=True, error="")) == []
-    assert c.rejected["unexpected_checkpoint"] == 1  # only the leader's answer counts
+    assert c.messages.rejected["unexpected_checkpoint"] == 1  # only the leader's answer counts
     c.handle(ident(0), p.CheckpointSaved(rank=0, step=2, ok=True, error=""))
     ((step, version, state),) = saves.calls
     # a sync every 2 steps: version 1 after step 2

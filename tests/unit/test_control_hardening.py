@@ -77,9 +77,9 @@ def test_info_with_bytes_or_extension_types_is_refused_and_the_logs_stay_json(cl
     c = running(clock, logging={"samples": True})
     (req,) = take_work(c, slots=1)
     msg = done(req, info={"x": value})
-    before = c.rejected["malformed"]
+    before = c.messages.rejected["malformed"]
     c.on_frames(ident(2), frames_of(msg))
-    assert c.rejected["malformed"] == before + 1
+    assert c.messages.rejected["malformed"] == before + 1
     assert c.data.delivered_ids == {}
     json.dumps(c.reports.new_samples)  # what the server writes to samples.jsonl
     json.dumps(c.status())
@@ -103,7 +103,7 @@ def test_an_unregistered_peer_is_refused_before_its_message_is_decoded(clock, mo
     big = p.encode(p.StatusReply(status={"pad": "x" * 100_000}))
     assert c.on_frames(b"stranger", big) == []
     assert c.on_frames(b"stranger", [*p.encode(p.StatusRequest()), b"blob"]) == []
-    assert decoded == [] and c.rejected["anonymous_too_large"] == 2
+    assert decoded == [] and c.messages.rejected["anonymous_too_large"] == 2
     # the CLI's requests and a Hello are small: they still get through
     (reply,) = c.on_frames(b"cli", p.encode(p.StatusRequest()))
     assert isinstance(reply[1], p.StatusReply)
@@ -148,7 +148,7 @@ def test_a_prompt_that_is_not_a_list_of_ints_is_refused_by_the_protocol(clock, p
     c = running(clock)
     (req,) = take_work(c, slots=1)
     c.on_frames(ident(2), frames_of(done(req, prompt_token_ids=prompt)))
-    assert c.rejected["malformed"] == 1
+    assert c.messages.rejected["malformed"] == 1
     assert c.data.delivered_ids == {} and not list(c.data.buffer.samples())
     assert c.data.ledger_problems() == []
 
@@ -201,15 +201,15 @@ def test_a_rollout_rank_cannot_end_the_run_with_a_forged_step(clock):
     forged = p.StepDone(rank=2, step=10**9, policy_version=10**9, batch_id=0, metrics={})
     assert c.handle(ident(2), forged) == []
     assert c.state == "RUNNING" and c.step == 0
-    assert c.rejected["step_not_from_leader"] == 1
+    assert c.messages.rejected["step_not_from_leader"] == 1
 
 
 def test_the_leader_reports_only_the_next_step_for_the_batch_in_flight(clock):
     c = running(clock)
     skip = p.StepDone(rank=0, step=5, policy_version=1, batch_id=0, metrics={})
-    assert c.handle(ident(0), skip) == [] and c.rejected["bad_step"] == 1
+    assert c.handle(ident(0), skip) == [] and c.messages.rejected["bad_step"] == 1
     no_batch = p.StepDone(rank=0, step=1, policy_version=1, batch_id=0, metrics={})
-    assert c.handle(ident(0), no_batch) == [] and c.rejected["unknown_batch"] == 1
+    assert c.handle(ident(0), no_batch) == [] and c.messages.rejected["unknown_batch"] == 1
     train_step(c, 1)
     assert c.step == 1 and c.reports.new_lines[-1]["ledger_ok"] is True
     # a report sent again after its ack was lost changes nothing
@@ -225,7 +225,7 @@ def test_a_step_report_may_not_jump_the_policy_version(clock):
     ((_, batch), *_) = c.handle(ident(0), p.BatchRequest(rank=0))
     assert isinstance(batch, p.Batch)
     jump = p.StepDone(rank=0, step=1, policy_version=50, batch_id=batch.batch_id, metrics={})
-    assert c.handle(ident(0), jump) == [] and c.rejected["bad_policy_version"] == 1
+    assert c.handle(ident(0), jump) == [] and c.messages.rejected["bad_policy_version"] == 1
 
 
 # --- dead ranks ------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_a_rank_declared_dead_stays_dead_until_it_registers_again(clock):
     c.tick()
     assert c.workers[2].state == "dead"
     assert c.handle(ident(2), beat(2)) == []
-    assert c.workers[2].state == "dead" and c.rejected["dead_sender"] == 1
+    assert c.workers[2].state == "dead" and c.messages.rejected["dead_sender"] == 1
     # registering again is the way back
     (welcome,) = c.handle(ident(2), p.Hello(rank=2, world_size=4, node="n", pid=999))
     assert isinstance(welcome[1], p.Welcome) and c.workers[2].state == "starting"

@@ -112,7 +112,7 @@ def test_garbage_and_impostors_are_counted_not_obeyed(clock):
     assert c.handle(b"dup", p.Hello(rank=2, world_size=4, node="x", pid=9)) == []
     assert c.handle(b"w", p.Hello(rank=2, world_size=8, node="x", pid=9)) == []
     assert c.state == "RUNNING"
-    assert dict(c.rejected) == {
+    assert dict(c.messages.rejected) == {
         "malformed": 1,
         "unknown_sender": 1,
         "unexpected": 1,
@@ -433,7 +433,7 @@ def test_a_lost_rollout_rank_with_process_groups_regroups_the_live_ranks(clock):
     ]
     for msg in bad:
         c.handle(ident(msg.rank), msg)
-    assert c.rejected["bad_peer_lost"] == 3 and len(c.members.lost_ranks) == 1
+    assert c.messages.rejected["bad_peer_lost"] == 3 and len(c.members.lost_ranks) == 1
     # from the epoch before (the leader was syncing while rank 0 moved on): it counts, as
     # rank 2 is still a receiver
     out = c.handle(ident(0), p.PeerLost(rank=0, peer=2, layout_epoch=0, reason="bucket 3: closed"))
@@ -567,7 +567,7 @@ def test_the_policy_version_goes_up_at_syncs_not_at_every_step(clock):
     batch = take_batch(c)
     per_step = p.StepDone(rank=0, step=1, policy_version=1, batch_id=batch.batch_id, metrics={})
     assert c.handle(ident(0), per_step) == [] and c.step == 0
-    assert c.rejected["bad_policy_version"] == 1
+    assert c.messages.rejected["bad_policy_version"] == 1
     ok = p.StepDone(rank=0, step=1, policy_version=0, batch_id=batch.batch_id, metrics={})
     assert c.handle(ident(0), ok) == [] and (c.step, c.policy_version) == (1, 0)
     out = train_step(c, 2, {})

@@ -90,7 +90,7 @@ def run_events(seed, b, n, sigma, tau, delta, bmax_factor, events):
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     running = {}  # sample_id -> (request, worker, version when started)
     ghosts = []  # requests a departed worker may still report late (its outbox)
     duplicates = resent = stale = 0
@@ -256,7 +256,7 @@ def test_staleness_admission_stops_work_that_would_be_evicted():
             "reflow": {"delta": 0, "B_max": 100, "mode": "async"},
         }
     )
-    dp = DataPlane(cfg, prompts(), Clock())
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), Clock())
     got = dp.request_work(1, 100)
     assert len(got) == 4  # fresh_per_step=4, delta=0: at most 4 can be consumed in time
     assert dp.dispatcher.blocked["staleness"] == 1
@@ -278,7 +278,7 @@ def test_execution_modes_gate_generation(mode):
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     first = dp.request_work(1, 100)
     if mode == "async":
         assert len(first) == 8  # bounded only by staleness admission: (delta + 1) * b
@@ -311,7 +311,7 @@ def test_a_disaggregated_baselines_step_is_one_weight_publication(mode):
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     first = dp.request_work(1, 1000)
     assert len(first) == (32 if mode == "one_step_off" else 16)
     _fill(dp, clock, first, 0)
@@ -335,7 +335,7 @@ def test_a_colocated_rollout_phase_generates_every_batch_up_to_the_next_sync():
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     first = dp.request_work(1, 100)
     assert len(first) == 8 and dp.request_work(1, 100) == []
     assert dp.last_refusal == "colocated_sync_barrier"
@@ -360,7 +360,7 @@ def test_the_batch_barrier_never_strands_a_started_group(mode):
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     got = dp.request_work(1, 100)
     ahead = 2 if mode == "one_step_off" else 1  # batches (one_step_off: the next one too)
     assert len(got) == 4 * ahead
@@ -381,7 +381,7 @@ def test_admission_counts_the_trainers_demand_not_the_fresh_samples_it_took():
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     for step in range(1, 41):  # batches of two fresh samples (replay fills the rest)
         _fill(dp, clock, dp.request_work(1, 4 if step == 1 else 2), dp.policy_version)
         batch = dp.next_batch()
@@ -402,7 +402,7 @@ def test_admission_horizon_counts_the_steps_left_before_a_version_is_too_old():
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     assert len(dp.request_work(1, 100)) == 2 * 8  # fresh run: 8 steps of version 0
     dp.worker_gone(1)
     dp.step = 3
@@ -426,7 +426,7 @@ def test_admission_leaves_out_the_step_whose_batch_is_in_training(delta):
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     for step in range(1, 4):
         _fill(dp, clock, dp.request_work(1, b), dp.policy_version)
         batch = dp.next_batch()
@@ -450,7 +450,7 @@ def test_with_sync_every_2_a_sample_first_trained_after_its_publication_is_repla
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     train = cfg.train
 
     def step(n: int, fresh: int) -> list[int]:
@@ -482,7 +482,7 @@ def test_a_late_result_after_its_new_owner_delivered_is_stale_not_a_duplicate():
     # sample sent by a worker never handed it (CI once counted the late one: 4 of them).
     cfg = build_config({"train": {"batch_size": 4}, "algorithm": {"group_size": 1}})
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     (req,) = dp.request_work(1, 1)
     assert dp.worker_gone(1) == 1
     (again,) = dp.request_work(2, 1)
@@ -506,7 +506,7 @@ def test_disaggregated_sync_finishes_its_interval_while_the_first_batches_train(
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     _fill(dp, clock, dp.request_work(1, 4), 0)
     batch = dp.next_batch()
     assert batch is not None
@@ -527,7 +527,7 @@ def test_a_started_group_is_never_refused_its_rest_by_staleness():
         }
     )
     clock = Clock()
-    dp = DataPlane(cfg, prompts(), clock)
+    dp = DataPlane(cfg.reflow, cfg.train, cfg.algorithm.group_size, prompts(), clock)
     got = dp.request_work(1, 100)
     assert len(got) == 8 and {r.group_id for r in got} == {0, 1}
     _fill(dp, clock, got, 0)

@@ -299,7 +299,7 @@ def test_an_unasked_report_is_refused():
     c = coordinator(clock, Saves(), checkpoint_every=0)
     register_all(c)
     c.handle(ident(2), wire.parked_message(2, {0: parked_rollout()}))
-    assert c.rejected["unexpected_parked"] == 1 and not c.data.dispatcher.parked
+    assert c.messages.rejected["unexpected_parked"] == 1 and not c.data.dispatcher.parked
 
 
 # --- an agent continues a parked rollout -----------------------------------------------

@@ -47,17 +47,17 @@ def test_a_rank_whose_episodes_wait_in_a_slow_tool_still_receives_work_up_to_its
     assert ask(c, 16, CAP) == 0 and c.data.dispatcher.blocked["concurrency_cap"] > blocked
     # three of them are done with the tool: the rank generates 7 of its 8, over its cap
     assert ask(c, 16, 1) == 0
-    assert c.rejected["in_tools_over_running"] == 0
+    assert c.messages.rejected["in_tools_over_running"] == 0
 
 
 def test_a_rank_claiming_more_in_tools_than_it_runs_gets_no_more_than_its_cap():
     c, _ = coordinator()
     assert ask(c, 16, 1000) == CAP  # it runs nothing here: nothing of it can be in a tool
-    assert c.rejected["in_tools_over_running"] == 1
+    assert c.messages.rejected["in_tools_over_running"] == 1
     # running CAP, claiming 1000 in tools: taken as CAP, so at most CAP more, like an
     # honest rank whose every episode waits in a tool; never 1000 + CAP
     assert ask(c, 16, 1000) == CAP and c.data.dispatcher.running_at(2) == 2 * CAP
-    assert c.rejected["in_tools_over_running"] == 2
+    assert c.messages.rejected["in_tools_over_running"] == 2
 
 
 def test_the_empty_share_of_a_ranks_slots_does_not_count_its_episodes_in_tools():
@@ -136,6 +136,6 @@ def test_simulated_agent_ranks_report_the_requests_between_turns_and_get_work_pa
     assert all(reported == expected for reported, expected, _ in asked)
     assert any(reported > 0 for reported, _, _ in asked)
     assert all(reported <= running for reported, _, running in asked)
-    assert sim.coord.rejected["in_tools_over_running"] == 0
+    assert sim.coord.messages.rejected["in_tools_over_running"] == 0
     # episodes in the sandbox left room under the cap: ranks ran more than it at once
     assert peak > cap

@@ -130,7 +130,7 @@ def test_work_goes_to_drivers_only_and_a_member_asking_is_refused_and_counted():
     c = running(clock, 4, "2:2")
     ((to, answer),) = c.handle(ident(3), p.WorkRequest(rank=3, slots=8))
     assert to == ident(3) and isinstance(answer, p.Work) and answer.requests == []
-    assert c.rejected["work_from_tp_member"] == 1
+    assert c.messages.rejected["work_from_tp_member"] == 1
     assert c.data.dispatcher.running_at(3) == 0 and not c.data.dispatcher.outstanding
     ((_, granted),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=8))
     assert len(granted.requests) == 8 and c.data.dispatcher.running_at(2) == 8
@@ -236,7 +236,7 @@ def test_a_role_switch_moves_members_with_their_group():
     assert not c.rebalance.switching()
     assert c.weight_sync_ranks() == [0, 2, 4]
     ((_, answer),) = c.handle(ident(3), p.WorkRequest(rank=3, slots=4))
-    assert answer.requests == [] and c.rejected["work_from_tp_member"] == 1
+    assert answer.requests == [] and c.messages.rejected["work_from_tp_member"] == 1
     ((_, granted),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=4))
     assert len(granted.requests) == 4
     # and back: the replica [2, 3] leaves rollout together; its driver's work is requeued

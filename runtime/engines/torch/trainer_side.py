@@ -48,6 +48,7 @@ from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.transport.protocol import GONE_ROLE
 from runtime.weights.send import WeightStreamer
+from runtime.weights.settings import WeightPathConfig
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class TorchTrainerSide(BatchConsumer):
         # gathers each bucket of its shards; runtime/weights/send.py); the
         # whole model is gathered once, at the last step, for the final policy and eval.
         self.streamer = (
-            WeightStreamer(cfg, self.sync, self.mesh)
+            WeightStreamer(WeightPathConfig.from_config(cfg), self.sync, self.mesh)
             if self.sync is not None and self.mesh is not None
             else None
         )

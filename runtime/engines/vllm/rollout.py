@@ -48,6 +48,7 @@ from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
 from runtime.transport import protocol as p
 from runtime.weights.receive import PolicyReceiver
+from runtime.weights.settings import WeightPathConfig
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.pool import RewardPool
@@ -103,7 +104,12 @@ class VLLMRolloutSide(RolloutSide[Future]):
         start_s = cfg.control.register_timeout_s
         self._await(self.engine.start(0), start_s, "engine start (control.register_timeout_s)")
         self.receiver = PolicyReceiver(
-            cfg, rank, self.engine, self.sync, self.weights_root, self._transfer_timeout_s
+            WeightPathConfig.from_config(cfg),
+            rank,
+            self.engine,
+            self.sync,
+            self.weights_root,
+            self._transfer_timeout_s,
         )
         from runtime.data.codec import codec_for
 

@@ -1,0 +1,48 @@
+"""Components that take their own section of the config (issue 50 item 4, as torchtitan's
+components take their own ``Config``): they import no whole run ``Config``; the edge that
+builds them does (``from_config`` in their settings module)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+# folder -> the modules of it that may read the whole config: the edge that builds the
+# others, and what is not converted yet (named, so that it shrinks, never grows)
+OWN_SECTION = {
+    "runtime/weights": {"settings.py"},
+    "runtime/control": {"run.py"},  # the run builds rank 0's components
+}
+
+
+def whole_config_imports(source: str) -> list[str]:
+    tree = ast.parse(source)
+    return [
+        f"line {node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "runtime.config.schema"
+        and any(a.name == "Config" for a in node.names)
+    ]
+
+
+def test_components_with_a_section_of_their_own_import_no_whole_config():
+    found = []
+    for folder, edges in OWN_SECTION.items():
+        files = sorted((REPO / folder).rglob("*.py"))
+        assert files, folder
+        for path in files:
+            if path.name not in edges:
+                found += [
+                    f"{path.relative_to(REPO)} {w}" for w in whole_config_imports(path.read_text())
+                ]
+    assert not found, f"a component reads the whole run config: {found}"
+
+
+def test_the_check_sees_an_import_of_the_whole_config():
+    assert whole_config_imports("from runtime.config.schema import Config, LoraConfig\n")
+    assert not whole_config_imports("from runtime.config.schema import LoraConfig\n")
