@@ -77,8 +77,11 @@ def wait_for_status(run: str, predicate, timeout: float = 120) -> dict:
 
 
 def running(s: dict) -> dict:
-    """``s`` (a status) of a run still RUNNING; else the test fails with its reason."""
-    assert s["state"] == "RUNNING", s.get("reason")
+    """``s`` (a status) of a run still RUNNING; else the test fails saying where it was."""
+    assert s["state"] == "RUNNING", (
+        f"the run is {s['state']} at step {s.get('step')} before the test's next action "
+        f"({s.get('reason') or 'no reason given'})"
+    )
     return s
 
 

@@ -29,7 +29,12 @@ from tests.helpers import REPO, reflow, running, switched_to
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
-STEPS = 36  # room for two switches, two losses, and steps after each
+# The test acts at steps the run reaches (each wait is on a condition, bounded), and the run
+# must still be running when it acts: its own actions need about 15 steps and a heartbeat
+# timeout, but each `reflow status` poll starts a Python process, slow on a loaded VM, and
+# at 36 steps the run once reached its last step before the test looked. 100 steps leave
+# about 85 to spare (a step takes about a second here).
+STEPS = 100
 
 
 def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
