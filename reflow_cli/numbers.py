@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -23,39 +24,36 @@ def _shown(text: object) -> str:
     return repr(s) if len(s) <= 24 else repr(s[:24]) + "..."
 
 
+def _ranged(
+    pattern: re.Pattern[str],
+    convert: Callable[[str], float],
+    defaults: tuple[type, ...],
+    low: float,
+    high: float,
+    what: str,
+) -> Callable[[object], Any]:
+    def parse(value: object) -> Any:
+        if isinstance(value, defaults) and not isinstance(value, bool) and low <= value <= high:
+            return convert(value)  # type: ignore[arg-type]  # a default
+        text = str(value).strip()
+        if not pattern.fullmatch(text) or not low <= convert(text) <= high:
+            raise typer.BadParameter(f"{_shown(value)} is not {what} in ASCII digits")
+        return convert(text)
+
+    parse.__name__ = f"{convert.__name__}_{low:g}_{high:g}"
+    return parse
+
+
 def whole(low: int, high: int) -> Callable[[object], int]:
     """A parser of whole numbers from ``low`` to ``high`` in ASCII digits."""
-
-    def parse(value: object) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-            return value  # a default
-        text = str(value).strip()
-        if not _WHOLE.fullmatch(text) or not low <= int(text) <= high:
-            raise typer.BadParameter(
-                f"{_shown(value)} is not a whole number from {low} to {high} in ASCII digits"
-            )
-        return int(text)
-
-    parse.__name__ = f"whole_{low}_{high}"
-    return parse
+    return _ranged(_WHOLE, int, (int,), low, high, f"a whole number from {low} to {high}")
 
 
 def decimal(low: float, high: float) -> Callable[[object], float]:
     """A parser of decimal numbers from ``low`` to ``high`` in ASCII digits (no sign, no
     exponent, no nan or inf)."""
-
-    def parse(value: object) -> float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high:
-            return float(value)  # a default
-        text = str(value).strip()
-        if not _DECIMAL.fullmatch(text) or not low <= float(text) <= high:
-            raise typer.BadParameter(
-                f"{_shown(value)} is not a number from {low:g} to {high:g} in ASCII digits"
-            )
-        return float(text)
-
-    parse.__name__ = f"decimal_{low:g}_{high:g}"
-    return parse
+    what = f"a number from {low:g} to {high:g}"
+    return _ranged(_DECIMAL, float, (int, float), low, high, what)
 
 
 # the ranges the CLI's options take

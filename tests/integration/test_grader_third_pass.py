@@ -4,24 +4,15 @@ and the correct program in the same style."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from runtime.workloads.rewards.code import TestSpec, parse_tests, run_tests, sandbox_for
+from runtime.workloads.rewards.code import TestSpec, parse_tests
+from tests.integration import test_grader_second_pass as second_pass
 
-pytestmark = pytest.mark.skipif(
-    not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"
-)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    return sandbox_for()
-
-
-def grade(program: str, tests: TestSpec, sandbox):
-    return run_tests(program, tests, sandbox, test_timeout_s=4, total_timeout_s=20)
+# the same bubblewrap condition, sandbox fixture and grading call as the second pass
+pytestmark = second_pass.pytestmark
+sandbox = second_pass.sandbox
+grade = second_pass.grade
 
 
 # -- 1. a prelude name as APPS's fn_name: the call reached the prelude's function --
