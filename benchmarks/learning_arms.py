@@ -270,7 +270,16 @@ def _command(pid: str) -> str:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"
+    return shorten_command(raw)
+
+
+def shorten_command(raw: bytes, width: int = 80) -> str:
+    """A `/proc/PID/cmdline` as one line of `width` characters, the program by its file name:
+    a checkout's path (`/check/work/main/.venv/bin/python3`) would otherwise eat the width
+    and cut off the arguments that tell one process from another."""
+    program, _, args = raw.strip(b"\0").partition(b"\0")
+    line = b" ".join([program.rsplit(b"/", 1)[-1], args.replace(b"\0", b" ")])
+    return line.decode(errors="replace").strip()[:width] or "?"
 
 
 def kill_tree(root_pid: int, marker: bytes, settle_s: float = 10.0) -> None:

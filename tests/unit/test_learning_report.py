@@ -468,3 +468,16 @@ def test_grid_from_distills_a_sim_grid_and_the_report_projects_it(folder, tmp_pa
     (folder / "grid.json").write_text('{"cells": []}')
     with pytest.raises(SystemExit, match=r"grid.json: not a distilled grid"):
         learning.main(["--report-only", str(folder)])
+
+
+def test_a_command_is_shown_by_its_program_name_so_a_long_path_keeps_its_arguments():
+    """CI's checkout path cut the arguments off `foreign_seen`'s keys (issue 49's CI run)."""
+    deep = (
+        b"/check/work/main/"
+        + b"x/" * 30
+        + b".venv/bin/python3\0-c\0while time.time() - t < 3: pass\0"
+    )
+    assert learning_arms.shorten_command(deep) == "python3 -c while time.time() - t < 3: pass"
+    assert learning_arms.shorten_command(b"sleep\x0010\x00") == "sleep 10"
+    assert learning_arms.shorten_command(b"") == "?"
+    assert len(learning_arms.shorten_command(b"a\0" + b"y" * 200)) == 80
