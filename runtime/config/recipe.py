@@ -439,6 +439,7 @@ def check_feasible(cfg: Config) -> None:
         rf.B_max = derived
     if rf.B_max is None:
         rf.B_max = train.batch_size
+    _size_sandbox(cfg)
     if train.steps % train.sync_every:
         raise _FieldError(
             "train.steps",
@@ -540,6 +541,25 @@ def check_feasible(cfg: Config) -> None:
         )
     if not cfg.name or any(c in cfg.name for c in "/\\ ") or cfg.name.startswith("."):
         raise _FieldError("name", f"{cfg.name!r} must be a non-empty name without spaces or /")
+
+
+def _size_sandbox(cfg: Config) -> None:
+    """The reward pool's concurrency and the node's uid pool, where the recipe leaves them
+    to be derived: every conversation of every engine on a node may be in the sandbox at
+    once, a grading holding up to max(2, parallel) processes (its program and tests, or
+    ``parallel`` test cases)."""
+    sb, res = cfg.sandbox, cfg.resources
+    if sb.concurrency is None:
+        sb.concurrency = cfg.scheduler.max_concurrency
+    if sb.uid_slots is None:
+        engines = res.gpus_per_node // res.rollout_gpus_per_replica
+        sb.uid_slots = engines * sb.concurrency * max(2, sb.parallel)
+    last = sb.uid_base + sb.uid_slots - 1
+    if last >= 2**31:  # tools that keep uids in a signed int misread those above
+        raise _FieldError(
+            "sandbox.uid_slots",
+            f"{sb.uid_slots} uids from uid_base={sb.uid_base} pass 2147483647 (last {last})",
+        )
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

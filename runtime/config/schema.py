@@ -453,6 +453,20 @@ class SandboxConfig:
     output_kb: int = opt(1024, "stdout + stderr kept; more kills the program", ge=1)
     parallel: int = opt(4, "test cases of one program run at once", ge=1)
     reward_workers: int = opt(2, "processes computing rewards next to each rollout engine", ge=1)
+    concurrency: int | None = opt(
+        None,
+        "rewards and tool calls one rollout engine runs at once (threads over its "
+        "reward_workers); none = scheduler.max_concurrency, every conversation at once",
+        ge=1,
+    )
+    # 0x78000000: a range no account scheme uses (runtime/workloads/sandbox/uids.py)
+    uid_base: int = opt(2013265920, "first uid of the node's pool for sandboxed programs", ge=1000)
+    uid_slots: int | None = opt(
+        None,
+        "uids in the node's pool, one per sandboxed process running at once; none = rollout "
+        "engines per node x concurrency x max(2, parallel)",
+        ge=2,
+    )
 
 
 @dataclass

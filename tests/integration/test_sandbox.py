@@ -22,12 +22,13 @@ import pytest
 
 from runtime.workloads.sandbox import RunResult, Sandbox, SandboxLimits
 from runtime.workloads.sandbox.runner import _processes_of
+from runtime.workloads.sandbox.uids import DEFAULT_UID_BASE
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("bwrap"), reason="bubblewrap not installed (make install adds it)"
 )
 LIMITS = SandboxLimits(wall_s=4.0, cpu_s=2, memory_mb=512, max_processes=16, scratch_mb=16)
-UIDS = range(61000, 61064)
+UIDS = range(DEFAULT_UID_BASE, DEFAULT_UID_BASE + 64)  # Sandbox()'s own pool
 
 
 @pytest.fixture(scope="module")

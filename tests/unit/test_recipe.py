@@ -432,3 +432,18 @@ def test_the_command_line_notes_a_field_left_out_and_refuses_a_contradiction():
         "does not apply to mode=colocated_sync (every rank plays both roles in turn): leave "
         "it unset (null)"
     ]
+
+
+def test_the_sandbox_is_sized_for_a_node_of_the_recipe():
+    """Every conversation of every engine on a node may be in the sandbox at once, each
+    holding up to max(2, parallel) processes: the uid pool has a uid for each."""
+    cfg = load_recipe(REPO / "recipes" / "apps_coding.yaml")
+    assert cfg.sandbox.concurrency == cfg.scheduler.max_concurrency == 128
+    assert cfg.resources.gpus_per_node == 8 and cfg.sandbox.parallel == 4
+    assert cfg.sandbox.uid_slots == 8 * 128 * 4
+    given = load_recipe(
+        REPO / "recipes" / "apps_coding.yaml", ["sandbox.concurrency=16", "sandbox.uid_slots=100"]
+    )
+    assert (given.sandbox.concurrency, given.sandbox.uid_slots) == (16, 100)
+    with pytest.raises(RecipeError, match=r"sandbox.uid_slots: .* pass 2147483647"):
+        load_recipe(REPO / "recipes" / "apps_coding.yaml", ["sandbox.uid_base=2147483000"])

@@ -34,7 +34,13 @@ def sandbox_for(cfg: Any | None = None) -> Sandbox:
                 scratch_mb=s.scratch_mb,
                 output_bytes=s.output_kb * 1024,
             )
-            _DEFAULT[key] = Sandbox(limits, isolation=s.isolation, python=s.python)
+            _DEFAULT[key] = Sandbox(
+                limits,
+                isolation=s.isolation,
+                python=s.python,
+                uid_base=s.uid_base,
+                uid_slots=s.uid_slots or 64,  # a section never derived: a bare default
+            )
     return _DEFAULT[key]
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from runtime.workloads.sandbox import cgroups, seccomp
 from runtime.workloads.sandbox.isolation import ISOLATION, resolve
 from runtime.workloads.sandbox.limits import RunResult, SandboxLimits
-from runtime.workloads.sandbox.uids import UidPool
+from runtime.workloads.sandbox.uids import DEFAULT_UID_BASE, UidPool, accounts_in
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ class Sandbox:
         *,
         isolation: str = "auto",
         python: str = "/usr/bin/python3",
-        uid_base: int = 61000,
+        uid_base: int = DEFAULT_UID_BASE,
         uid_slots: int = 64,
+        uid_wait_s: float = 60.0,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.isolation = resolve(isolation)
@@ -74,6 +75,14 @@ class Sandbox:
         if not os.access(python, os.X_OK):
             raise SandboxError(f"sandbox.python: {python!r} is not an executable file")
         self.uids = UidPool(uid_base, uid_slots) if os.geteuid() == 0 else None
+        self.uid_wait_s = uid_wait_s
+        if self.uids is not None:
+            taken = accounts_in(uid_base, uid_slots)
+            if taken:
+                raise SandboxError(
+                    f"sandbox.uid_base: the pool's uids {uid_base}-{uid_base + uid_slots - 1} "
+                    f"include accounts ({', '.join(taken[:3])}); move the pool past them"
+                )
         self.cgroups, no_cgroup = cgroups.detect()
         self.seccomp = (
             seccomp.build_filter() if self.isolation == "bwrap" and seccomp.supported() else None
@@ -142,10 +151,24 @@ class Sandbox:
             return run.result(out, err, why)
 
     @contextlib.contextmanager
-    def launched(self, source: str, limits: SandboxLimits) -> Iterator[Launched]:
+    def reserve(self, count: int) -> Iterator[list[int]]:
+        """Uids for ``count`` processes that must run at once (a grading's program and
+        tests), claimed together: hand the list to each :meth:`launched`, which takes one.
+        An empty list without a uid switch."""
+        if self.uids is None:
+            yield []
+            return
+        with self.uids.claim(count, self.uid_wait_s) as uids:
+            yield list(uids)
+
+    @contextlib.contextmanager
+    def launched(
+        self, source: str, limits: SandboxLimits, reserved: list[int] | None = None
+    ) -> Iterator[Launched]:
         """``source`` started as ``/code/main.py`` under every layer of the sandbox, its
         stdin, stdout and stderr pipes open; on leaving, its process group, its uid's
-        processes and its cgroup are killed and its folders removed."""
+        processes and its cgroup are killed and its folders removed. Its uid is the next
+        of ``reserved`` (from :meth:`reserve`), else one claimed for it alone."""
         scratch = self._scratch_root()
         with contextlib.ExitStack() as stack:
             code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-", dir=scratch))
@@ -159,7 +182,10 @@ class Sandbox:
             (code_dir / "main.py").chmod(0o644)
             uid = None
             if self.uids is not None:
-                uid = stack.enter_context(self.uids.claim())
+                if reserved:
+                    uid = reserved.pop()
+                else:
+                    (uid,) = stack.enter_context(self.uids.claim(1, self.uid_wait_s))
                 os.chown(work_dir, uid, uid)
                 work_dir.chmod(0o700)
                 stack.callback(_kill_uid, uid)

@@ -133,8 +133,10 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(sandbox: Sandbox, source: str, limits: SandboxLimits) -> Iterator[Session]:
+def session(
+    sandbox: Sandbox, source: str, limits: SandboxLimits, reserved: list[int] | None = None
+) -> Iterator[Session]:
     """``source`` started in ``sandbox`` as a :class:`Session`, stopped and cleaned up on
-    leaving."""
-    with sandbox.launched(source, limits) as run:
+    leaving; its uid from ``reserved`` when given (:meth:`Sandbox.reserve`)."""
+    with sandbox.launched(source, limits, reserved) as run:
         yield Session(run, run.start + limits.wall_s, limits.output_bytes)

@@ -35,8 +35,9 @@ def converse(
     in the tests (text, never run there)."""
     outcomes: list[Outcome] = []
     with (
-        session(sandbox, _HARNESS, limits) as program,
-        session(sandbox, _HARNESS, limits) as tests,
+        sandbox.reserve(2) as uids,  # both at once: one held while waiting deadlocks
+        session(sandbox, _HARNESS, limits, uids) as program,
+        session(sandbox, _HARNESS, limits, uids) as tests,
     ):
         program.send(json.dumps({**program_job, "mode": "serve"}).encode())
         tests.send(json.dumps({"mode": "tests", "units": units, "sources": sources or {}}).encode())
