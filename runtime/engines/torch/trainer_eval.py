@@ -110,7 +110,9 @@ class HeldOutEval:
                     from runtime.workloads.agents.pool import RewardPool
 
                     timeout_s = cfg.workload.reward_timeout_s + 30
-                    self._reward_pool = RewardPool(cfg.sandbox.reward_workers, timeout_s)
+                    self._reward_pool = RewardPool(
+                        cfg.sandbox.reward_workers, timeout_s, cfg.sandbox.concurrency
+                    )
                 version = trainer.version
                 generators = eval_generators(cfg, model, version)
                 out.update(

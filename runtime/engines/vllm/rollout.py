@@ -120,7 +120,11 @@ class VLLMRolloutSide(RolloutSide[Future]):
             record = prompt_set(cfg).record
         # Rewards and tool calls run in processes of their own, so a slow or crashing one
         # never stalls the engine's loop (the pool starts on first use: arith needs none).
-        self.pool = RewardPool(cfg.sandbox.reward_workers, cfg.workload.reward_timeout_s + 30)
+        self.pool = RewardPool(
+            cfg.sandbox.reward_workers,
+            cfg.workload.reward_timeout_s + 30,
+            cfg.sandbox.concurrency,
+        )
         self.env = AgentEnv(
             cfg, codec_for(model_path, cfg.model.path), self.engine, record, self.pool
         )

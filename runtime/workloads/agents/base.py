@@ -207,11 +207,14 @@ class AgentEnv:
             return self.cfg.workload.kind
         return Path(self.cfg.data.files()[0].path).stem
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
-        """``fn(*args)`` in the reward pool: (value, None) or (None, why it failed)."""
+    async def call(
+        self, fn: Callable[..., Any], *args: Any, on_thread: bool = False
+    ) -> tuple[Any, str | None]:
+        """``fn(*args)`` in the reward pool: (value, None) or (None, why it failed).
+        ``on_thread``: a call that waits on the sandbox (see RewardPool)."""
         self.in_tools += 1
         try:
-            return await self.pool.call(fn, *args)
+            return await self.pool.call(fn, *args, on_thread=on_thread)
         finally:
             self.in_tools -= 1
 

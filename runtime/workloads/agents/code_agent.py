@@ -67,7 +67,14 @@ class CodeAgent:
             if not public or turn == w.max_turns - 1:
                 break
             result, error = await env.call(
-                scoring.code_score, program, tests, fn_name, public, settings, w.reward_timeout_s
+                scoring.code_score,
+                program,
+                tests,
+                fn_name,
+                public,
+                settings,
+                w.reward_timeout_s,
+                on_thread=True,
             )
             if result is not None and result["score"] == 1.0:
                 ep.info["public_passed_at"] = turn + 1
@@ -79,7 +86,14 @@ class CodeAgent:
         if await env.custom_reward(ep, prompt):  # the recipe's own reward replaces the tests'
             return ep
         result, error = await env.call(
-            scoring.code_score, program, tests, fn_name, hidden, settings, w.reward_timeout_s
+            scoring.code_score,
+            program,
+            tests,
+            fn_name,
+            hidden,
+            settings,
+            w.reward_timeout_s,
+            on_thread=True,
         )
         ep.reward = float(result["score"]) if result else 0.0
         ep.info["hidden_passed"] = result["passed"] if result else 0

@@ -68,7 +68,9 @@ class Tools:
         happen at all (a timeout, a dead process)."""
         from runtime.workloads.agents import scoring
 
-        result, error = await self._env.call(scoring.run_snippet, code, self._env.cfg.sandbox)
+        result, error = await self._env.call(
+            scoring.run_snippet, code, self._env.cfg.sandbox, on_thread=True
+        )
         if result is None:
             raise RuntimeError(f"the sandbox run failed: {error}")
         return result

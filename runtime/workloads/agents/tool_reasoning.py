@@ -47,7 +47,9 @@ class ToolAgent:
             if not called or turn == w.max_turns - 1:
                 break
             code = text.rsplit(w.tool_open, 1)[1].rsplit(w.tool_close, 1)[0]
-            result, error = await env.call(scoring.run_snippet, code, env.cfg.sandbox)
+            result, error = await env.call(
+                scoring.run_snippet, code, env.cfg.sandbox, on_thread=True
+            )
             calls += 1
             ids = env.codec.encode(tool_output_text(result, error))
             if len(ep.context) + len(ids) >= env.cfg.model.max_seq_len:
