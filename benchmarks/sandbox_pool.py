@@ -63,17 +63,21 @@ class Task:
     def one_process(self) -> str:
         """The program and its tests as one script (the one-process harness)."""
         if self.apps_cases:
-            return _APPS_LOOP.format(cases=self.apps_cases, program=self.program)
+            return _APPS_LOOP.format(cases=self.apps_cases, program=self.program, pre=PRELUDE)
         return f"{self.program}\n{self.after}\n"
 
 
-# The one-process harness for APPS: every case through the program's code in this process.
+# The one-process harness for APPS, as APPS's own testing_util runs it: every case through
+# the program's code in this process, a stdin program wrapped in a function (APPS
+# solutions may ``return`` at their top level), the prelude's names in its namespace.
 _APPS_LOOP = """
-import io, json, sys
+import io, json, sys, textwrap
 _CASES = json.loads({cases!r})
 _SRC = {program!r}
+_PRE = {pre!r}
 for _inp, _out in zip(_CASES["inputs"], _CASES["outputs"]):
     _ns = {{"__name__": "__main__"}}
+    exec(_PRE, _ns)
     if "fn_name" in _CASES:
         exec(_SRC, _ns)
         _fn = _ns["Solution"]().__getattribute__(_CASES["fn_name"]) if "Solution" in _ns \\
@@ -82,15 +86,23 @@ for _inp, _out in zip(_CASES["inputs"], _CASES["outputs"]):
         if _got != _out and [_got] != _out:
             sys.exit(1)
         continue
-    sys.stdin, _buf = io.StringIO(_inp), io.StringIO()
-    _real, sys.stdout = sys.stdout, _buf
+    # text streams over bytes, so that a program reading sys.stdin.buffer works too
+    sys.stdin = io.TextIOWrapper(io.BytesIO(str(_inp).encode()))
+    _raw = io.BytesIO()
+    _real, sys.stdout = sys.stdout, io.TextIOWrapper(_raw, write_through=True)
     try:
-        exec(_SRC, _ns)
+        exec("def _code():\\n" + textwrap.indent(_SRC, "    ") + "\\n    pass\\n", _ns)
+        _ns["_code"]()
     except SystemExit:
         pass
     finally:
+        try:
+            sys.stdout.flush()
+            _got = _raw.getvalue()  # before the wrapper goes: it closes what it wraps
+        except ValueError:  # the program closed its stdout
+            _got = b""
         sys.stdout = _real
-    if _buf.getvalue().split() != str(_out).split():
+    if _got.decode(errors="replace").split() != str(_out).split():
         sys.exit(1)
 """
 

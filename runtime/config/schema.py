@@ -459,6 +459,12 @@ class SandboxConfig:
         "reward_workers); none = scheduler.max_concurrency, every conversation at once",
         ge=1,
     )
+    running: int | None = opt(
+        None,
+        "sandboxed programs running at once on a node, every rank's together (a grading's "
+        "program and tests count once); none = the node's CPUs",
+        ge=1,
+    )
     # 0x78000000: a range no account scheme uses (runtime/workloads/sandbox/uids.py)
     uid_base: int = opt(2013265920, "first uid of the node's pool for sandboxed programs", ge=1000)
     uid_slots: int | None = opt(

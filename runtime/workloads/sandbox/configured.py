@@ -40,6 +40,7 @@ def sandbox_for(cfg: Any | None = None) -> Sandbox:
                 python=s.python,
                 uid_base=s.uid_base,
                 uid_slots=s.uid_slots or 64,  # a section never derived: a bare default
+                running=s.running,
             )
     return _DEFAULT[key]
 

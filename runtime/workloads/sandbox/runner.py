@@ -16,6 +16,7 @@ the machine) is in :attr:`Sandbox.weakened`, each line logged once per process.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import logging
 import os
@@ -33,7 +34,13 @@ from pathlib import Path
 from runtime.workloads.sandbox import cgroups, seccomp
 from runtime.workloads.sandbox.isolation import ISOLATION, resolve
 from runtime.workloads.sandbox.limits import RunResult, SandboxLimits
-from runtime.workloads.sandbox.uids import DEFAULT_UID_BASE, UidPool, accounts_in
+from runtime.workloads.sandbox.uids import (
+    DEFAULT_UID_BASE,
+    LOCK_DIR,
+    NodeSlots,
+    UidPool,
+    accounts_in,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +70,8 @@ class Sandbox:
         python: str = "/usr/bin/python3",
         uid_base: int = DEFAULT_UID_BASE,
         uid_slots: int = 64,
-        uid_wait_s: float = 60.0,
+        running: int | None = None,
+        wait_s: float = 120.0,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.isolation = resolve(isolation)
@@ -75,7 +83,14 @@ class Sandbox:
         if not os.access(python, os.X_OK):
             raise SandboxError(f"sandbox.python: {python!r} is not an executable file")
         self.uids = UidPool(uid_base, uid_slots) if os.geteuid() == 0 else None
-        self.uid_wait_s = uid_wait_s
+        # Programs running at once on the node, every rank's together: a wall-clock limit
+        # is only fair to a program that gets a core (256 gradings on 2 cores failed 52 of
+        # 512 HumanEval references on their 6 s limit).
+        self.running = NodeSlots(
+            "run", 0, running or os.cpu_count() or 1, _lock_dir(), "sandbox.running"
+        )
+        self.wait_s = wait_s  # for uids and run slots; then the caller gets a TimeoutError
+        self._admitted = False
         if self.uids is not None:
             taken = accounts_in(uid_base, uid_slots)
             if taken:
@@ -151,6 +166,20 @@ class Sandbox:
             return run.result(out, err, why)
 
     @contextlib.contextmanager
+    def admitted(self, count: int) -> Iterator[Sandbox]:
+        """This sandbox with ``count`` of the node's run slots held (all or none, waiting up
+        to ``wait_s``) for the programs a grading runs at once: what it launches inside
+        claims none of its own, and its clocks start once it holds them. A grading's
+        program and tests take one slot: they run in turn, each waiting on the other."""
+        if self._admitted:
+            yield self
+            return
+        with self.running.claim(min(count, self.running.slots), self.wait_s):
+            inside = copy.copy(self)
+            inside._admitted = True
+            yield inside
+
+    @contextlib.contextmanager
     def reserve(self, count: int) -> Iterator[list[int]]:
         """Uids for ``count`` processes that must run at once (a grading's program and
         tests), claimed together: hand the list to each :meth:`launched`, which takes one.
@@ -158,7 +187,7 @@ class Sandbox:
         if self.uids is None:
             yield []
             return
-        with self.uids.claim(count, self.uid_wait_s) as uids:
+        with self.uids.claim(count, self.wait_s) as uids:
             yield list(uids)
 
     @contextlib.contextmanager
@@ -168,9 +197,12 @@ class Sandbox:
         """``source`` started as ``/code/main.py`` under every layer of the sandbox, its
         stdin, stdout and stderr pipes open; on leaving, its process group, its uid's
         processes and its cgroup are killed and its folders removed. Its uid is the next
-        of ``reserved`` (from :meth:`reserve`), else one claimed for it alone."""
+        of ``reserved`` (from :meth:`reserve`), else one claimed for it alone; it runs in a
+        run slot of its own unless the sandbox was :meth:`admitted`."""
         scratch = self._scratch_root()
         with contextlib.ExitStack() as stack:
+            if not self._admitted:  # before the uid: every caller claims in this order
+                stack.enter_context(self.running.claim(1, self.wait_s))
             code_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-", dir=scratch))
             stack.callback(shutil.rmtree, code_dir, ignore_errors=True)
             work_dir = Path(tempfile.mkdtemp(prefix="reflow-sbx-work-", dir=scratch))
@@ -185,7 +217,7 @@ class Sandbox:
                 if reserved:
                     uid = reserved.pop()
                 else:
-                    (uid,) = stack.enter_context(self.uids.claim(1, self.uid_wait_s))
+                    (uid,) = stack.enter_context(self.uids.claim(1, self.wait_s))
                 os.chown(work_dir, uid, uid)
                 work_dir.chmod(0o700)
                 stack.callback(_kill_uid, uid)
@@ -399,6 +431,14 @@ def _processes_of(uid: int) -> list[tuple[int, str, int]]:
         except (OSError, ValueError, KeyError, IndexError):
             continue
     return out
+
+
+def _lock_dir() -> Path:
+    """Where the node's slot locks live: root's folder, shared by every rank; another
+    user's own (a non-root worker shares its slots with its own processes only)."""
+    if os.geteuid() == 0 or "REFLOW_SANDBOX_LOCKS" in os.environ:
+        return LOCK_DIR
+    return Path(tempfile.gettempdir()) / f"reflow-sandbox-{os.geteuid()}"
 
 
 def _kill_uid(uid: int) -> None:

@@ -24,6 +24,7 @@ import os
 import pwd
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -32,59 +33,102 @@ LOCK_DIR = Path(os.environ.get("REFLOW_SANDBOX_LOCKS", "/run/reflow-sandbox"))
 DEFAULT_UID_BASE = 0x78000000
 
 
-class UidPool:
-    def __init__(self, base: int, slots: int, lock_dir: Path = LOCK_DIR) -> None:
-        self.base, self.slots, self.lock_dir = base, slots, lock_dir
+class NodeSlots:
+    """``slots`` numbered places that every process of a node shares: ``flock``s on the
+    files ``<kind>-<number>`` in ``lock_dir``, numbered from ``first``. ``setting`` names the
+    recipe field that sizes them (for the error when none frees up in time)."""
+
+    def __init__(self, kind: str, first: int, slots: int, lock_dir: Path, setting: str) -> None:
+        self.kind, self.first, self.slots = kind, first, slots
+        self.lock_dir, self.setting = lock_dir, setting
         self._turn = itertools.count()
-        self.waits = 0  # claims of this process that found too few uids free at first
+        self.waits = 0  # claims of this process that found too few free at first
         self._waits_lock = threading.Lock()
+        # The threads of this process that wait, first come first served: only the first
+        # polls the locks, the others sleep (256 threads polling every 10 ms took the CPU
+        # the programs needed, and the luckiest kept winning).
+        self._queue: deque[threading.Event] = deque()
+        self._queue_lock = threading.Lock()
 
     @contextmanager
     def claim(self, count: int = 1, timeout_s: float = 60.0) -> Iterator[tuple[int, ...]]:
-        """``count`` uids of the pool, all held until the block ends; waits up to
-        ``timeout_s`` for that many to be free at once, never holding some while waiting
-        for the rest."""
+        """``count`` slots, all held until the block ends; waits up to ``timeout_s`` for
+        that many to be free at once, never holding some while waiting for the rest."""
         if not 1 <= count <= self.slots:
-            raise ValueError(f"sandbox: {count} uids asked of a pool of {self.slots}")
+            raise ValueError(f"sandbox: {count} {self.kind} slots asked of {self.slots}")
         self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
-        waited = False
-        while True:
-            with ExitStack() as held:
-                uids = self._try_claim(count, held)
-                if uids is not None:
-                    yield uids
-                    return
-            # fewer than ``count`` free: the ones taken went back with the ExitStack
-            if waited is False:
-                waited = True
+        with ExitStack() as held:
+            with self._queue_lock:
+                others_wait = bool(self._queue)
+            got = None if others_wait else self._try_claim(count, held)
+            if got is None:
+                held.close()  # fewer than ``count`` free: the ones taken go back
                 with self._waits_lock:
                     self.waits += 1
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"sandbox: {count} of {self.slots} uids not free at once for "
-                    f"{timeout_s:.0f} s (sandbox.uid_slots)"
-                )
-            time.sleep(0.01)
+                got = self._wait_for(count, held, deadline, timeout_s)
+            yield got
+
+    def _wait_for(
+        self, count: int, held: ExitStack, deadline: float, timeout_s: float
+    ) -> tuple[int, ...]:
+        turn = threading.Event()
+        with self._queue_lock:
+            self._queue.append(turn)
+            if self._queue[0] is turn:
+                turn.set()
+        try:
+            if not turn.wait(max(0.0, deadline - time.monotonic())):
+                raise self._timed_out(count, timeout_s)
+            pause = 0.002
+            while True:
+                got = self._try_claim(count, held)
+                if got is not None:
+                    return got
+                held.close()
+                if time.monotonic() > deadline:
+                    raise self._timed_out(count, timeout_s)
+                time.sleep(pause)
+                pause = min(0.02, pause * 1.5)
+        finally:
+            with self._queue_lock:
+                first = self._queue[0] is turn
+                self._queue.remove(turn)
+                if first and self._queue:
+                    self._queue[0].set()  # the next one's turn
+
+    def _timed_out(self, count: int, timeout_s: float) -> TimeoutError:
+        return TimeoutError(
+            f"sandbox: {count} of {self.slots} {self.kind} slots not free at once for "
+            f"{timeout_s:.0f} s ({self.setting})"
+        )
 
     def _try_claim(self, count: int, held: ExitStack) -> tuple[int, ...] | None:
-        # Rotate through the pool (and spread processes over it): a uid just released may
-        # still have processes being torn down.
+        # Rotate through the slots (and spread processes over them): a uid just released
+        # may still have processes being torn down.
         start = (os.getpid() + next(self._turn) * count) % self.slots
         got: list[int] = []
         for i in range(self.slots):
-            slot = (start + i) % self.slots
-            fd = os.open(self.lock_dir / f"uid-{self.base + slot}", os.O_CREAT | os.O_RDWR)
+            number = self.first + (start + i) % self.slots
+            fd = os.open(self.lock_dir / f"{self.kind}-{number}", os.O_CREAT | os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 continue
             held.callback(os.close, fd)  # closing releases the lock
-            got.append(self.base + slot)
+            got.append(number)
             if len(got) == count:
                 return tuple(got)
         return None
+
+
+class UidPool(NodeSlots):
+    """The node's uids for sandboxed processes: ``slots`` of them from ``base``."""
+
+    def __init__(self, base: int, slots: int, lock_dir: Path = LOCK_DIR) -> None:
+        super().__init__("uid", base, slots, lock_dir, "sandbox.uid_slots")
+        self.base = base
 
 
 def accounts_in(base: int, slots: int) -> list[str]:

@@ -105,7 +105,27 @@ def run_tests(
     parallel: int = 4,
     fail_fast: bool = False,
 ) -> CodeResult:
-    """Run ``program`` against ``tests``; never raises for anything the program does."""
+    """Run ``program`` against ``tests``; never raises for anything the program does.
+
+    The grading first holds the node's run slots for the programs it runs at once (one
+    for the program and tests in turn, else up to ``parallel`` test cases): its limits
+    count from then, not from a wait behind other gradings."""
+    at_once = 1 if tests.kind in ("script", "asserts") else min(max(1, parallel), tests.total)
+    with sandbox.admitted(max(1, at_once)) as admitted:
+        return _graded(
+            program, tests, admitted, test_timeout_s, total_timeout_s, parallel, fail_fast
+        )
+
+
+def _graded(
+    program: str,
+    tests: TestSpec,
+    sandbox: Sandbox,
+    test_timeout_s: float | None,
+    total_timeout_s: float,
+    parallel: int,
+    fail_fast: bool,
+) -> CodeResult:
     start = time.monotonic()
     deadline = start + total_timeout_s
     per_test = test_timeout_s or sandbox.limits.wall_s
