@@ -169,3 +169,39 @@ def test_program_sources_are_the_programs_text():
     assert got["S.g"] == "    def g(self):\n        return 1\n"
     assert got["S"].startswith("class S:") and "os" not in got
     assert program_sources("def (:") == {}
+
+
+# APPS's harness runs a stdin program inside a function: 3 of the APPS sample's 101
+# references return at their top level, which scored 0 here ('return' outside function).
+TOP_LEVEL_RETURN = """n = int(input())
+if n < 0:
+    print("negative")
+    return
+for i in range(n):
+    print(i * {k})
+"""
+COUNT = parse_tests({"inputs": ["3\n", "-1\n"], "outputs": ["0\n2\n4\n", "negative\n"]})
+
+
+def test_a_stdin_program_that_returns_at_its_top_level_runs_as_apps_runs_it(sandbox):
+    assert grade(TOP_LEVEL_RETURN.format(k=2), COUNT, sandbox).score == 1.0
+    wrong = grade(TOP_LEVEL_RETURN.format(k=3), COUNT, sandbox)
+    assert wrong.score == 0.0 and wrong.passed == 1
+    # a program that Python accepts runs as written, line numbers and all
+    broken = grade("n = int(input())\nprint(undefined_name)\n", COUNT, sandbox)
+    assert 'File "main.py", line 2' in broken.failures[0].got
+    # and a wrapped one's lines are the program's own too
+    wrapped = grade("n = int(input())\nprint(undefined_name)\nreturn\n", COUNT, sandbox)
+    assert 'File "main.py", line 2' in wrapped.failures[0].got, wrapped.failures[0].got
+
+
+def test_only_a_return_outside_every_function_counts_as_top_level():
+    from runtime.workloads.rewards.code.names import returns_at_top_level
+
+    assert returns_at_top_level("if True:\n    return\n")
+    nested = "for x in []:\n    try:\n        return\n    except E:\n        pass\n"
+    assert returns_at_top_level(nested)
+    assert not returns_at_top_level("def f():\n    return 1\nprint(f())\n")
+    assert not returns_at_top_level("class A:\n    def m(self):\n        return 2\n")
+    assert not returns_at_top_level("f = lambda: 1\n")
+    assert not returns_at_top_level("def broken(:\n")

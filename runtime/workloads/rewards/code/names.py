@@ -52,6 +52,25 @@ def parse(code: str, mode: str = "exec") -> ast.AST:
         return ast.parse(code, mode=mode)
 
 
+def returns_at_top_level(program: str) -> bool:
+    """Whether ``program`` has a ``return`` outside any function (in its module body or a
+    block of it): what APPS's harness allows by running a stdin program inside a
+    function, and Python refuses in a module."""
+    try:
+        tree = _parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
 def _parse(code: str) -> ast.Module:
     return parse(code)  # type: ignore[return-value]
 
