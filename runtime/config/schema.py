@@ -455,15 +455,11 @@ class SandboxConfig:
     reward_workers: int = opt(2, "processes computing rewards next to each rollout engine", ge=1)
     concurrency: int | None = opt(
         None,
-        "rewards and tool calls one rollout engine runs at once (threads over its "
-        "reward_workers); none = scheduler.max_concurrency, every conversation at once",
+        "sandbox calls one rollout engine runs at once; none = scheduler.max_concurrency",
         ge=1,
     )
     running: int | None = opt(
-        None,
-        "sandboxed programs running at once on a node, every rank's together (a grading's "
-        "program and tests count once); none = the node's CPUs",
-        ge=1,
+        None, "sandboxed programs running at once on a node, all ranks'; none = its CPUs", ge=1
     )
     # 0x78000000: a range no account scheme uses (runtime/workloads/sandbox/uids.py)
     uid_base: int = opt(2013265920, "first uid of the node's pool for sandboxed programs", ge=1000)
