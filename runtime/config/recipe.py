@@ -195,6 +195,14 @@ def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
         raw["reflow"]["B_max_per_gpu"] = None
     elif raw["reflow"].get("B_max_per_gpu") is not None:
         raw["reflow"]["B_max"] = None  # derived again for the new size
+    # The sandbox's sizes, where they hold what the old config derives, are derived again
+    # from the new one (a --gpus that changes the rollout replica's size changes a node's
+    # engines); a value the recipe gave, or a change that names the field, stays.
+    concurrency, uid_slots = _sandbox_sizes(cfg, cfg.sandbox.concurrency)
+    if "sandbox.uid_slots" not in changes and cfg.sandbox.uid_slots == uid_slots:
+        raw["sandbox"]["uid_slots"] = None
+    if "sandbox.concurrency" not in changes and cfg.sandbox.concurrency == concurrency:
+        raw["sandbox"]["concurrency"] = None
     return build_config(raw, source=source)
 
 
@@ -548,18 +556,28 @@ def _size_sandbox(cfg: Config) -> None:
     to be derived: every conversation of every engine on a node may be in the sandbox at
     once, a grading holding up to max(2, parallel) processes (its program and tests, or
     ``parallel`` test cases)."""
-    sb, res = cfg.sandbox, cfg.resources
+    sb = cfg.sandbox
+    concurrency, uid_slots = _sandbox_sizes(cfg, sb.concurrency)
     if sb.concurrency is None:
-        sb.concurrency = cfg.scheduler.max_concurrency
+        sb.concurrency = concurrency
     if sb.uid_slots is None:
-        engines = res.gpus_per_node // res.rollout_gpus_per_replica
-        sb.uid_slots = engines * sb.concurrency * max(2, sb.parallel)
+        sb.uid_slots = uid_slots
     last = sb.uid_base + sb.uid_slots - 1
     if last >= 2**31:  # tools that keep uids in a signed int misread those above
         raise _FieldError(
             "sandbox.uid_slots",
             f"{sb.uid_slots} uids from uid_base={sb.uid_base} pass 2147483647 (last {last})",
         )
+
+
+def _sandbox_sizes(cfg: Config, concurrency: int | None) -> tuple[int, int]:
+    """What ``sandbox.concurrency`` and ``sandbox.uid_slots`` derive to from the rest of
+    ``cfg`` (the uid pool from ``concurrency`` where one is given)."""
+    res = cfg.resources
+    derived = cfg.scheduler.max_concurrency
+    engines = res.gpus_per_node // res.rollout_gpus_per_replica
+    uid_slots = engines * (concurrency or derived) * max(2, cfg.sandbox.parallel)
+    return derived, uid_slots
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

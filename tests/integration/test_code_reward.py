@@ -13,7 +13,7 @@ import pytest
 from runtime.config.schema import SandboxConfig
 from runtime.data.datasets import load_records
 from runtime.workloads.rewards.code import parse_tests, run_tests, sandbox_for
-from runtime.workloads.rewards.code.names import returns_at_top_level
+from runtime.workloads.rewards.code.names import program_bindings
 from tests.helpers import DATA_SLICES, SHARED_DATA, needs_full_data
 
 pytestmark = pytest.mark.skipif(
@@ -99,7 +99,7 @@ def test_apps_reference_solutions_pass_in_both_styles():
             assert r.total == spec.total and 0 <= r.passed <= r.total
     row = next(r for r in _apps() if r["problem_id"] == "2287")
     solutions = json.loads(row["solutions"])
-    assert sum(returns_at_top_level(s) for s in solutions) == 3
+    assert sum(program_bindings(s).returns_at_top_level for s in solutions) == 3
 
 
 @needs_full_data("the APPS sample (apps/apps_train_sample_coderl.jsonl)")

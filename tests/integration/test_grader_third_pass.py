@@ -196,7 +196,10 @@ def test_a_stdin_program_that_returns_at_its_top_level_runs_as_apps_runs_it(sand
 
 
 def test_only_a_return_outside_every_function_counts_as_top_level():
-    from runtime.workloads.rewards.code.names import returns_at_top_level
+    from runtime.workloads.rewards.code.names import program_bindings
+
+    def returns_at_top_level(program: str) -> bool:
+        return program_bindings(program).returns_at_top_level
 
     assert returns_at_top_level("if True:\n    return\n")
     nested = "for x in []:\n    try:\n        return\n    except E:\n        pass\n"

@@ -85,3 +85,54 @@ def test_a_grading_that_waits_for_its_slot_keeps_its_whole_time_limit():
         release.set()
         holder.join()
     assert result.score == 1.0, result.error
+
+
+_AS_NOBODY = """
+import os
+from runtime.workloads.sandbox.runner import _lock_dir
+from runtime.workloads.sandbox.uids import NodeSlots
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # imported first: root's files
+folder = _lock_dir()
+try:
+    with NodeSlots("run", 0, 2, folder, "sandbox.running").claim(2, timeout_s=1) as got:
+        print("claimed", sorted(got), folder, oct(folder.stat().st_mode & 0o777))
+except PermissionError as e:
+    print("refused", e)
+"""
+
+
+def test_a_non_root_worker_claims_in_a_folder_of_its_own_and_refuses_another_users(tmp_path):
+    """A worker that is not root shares run slots with its own processes only, in a
+    folder whose name anyone can know: one another user made first (and could fill with
+    held locks) is refused with the folder named, not used."""
+    import subprocess
+    import sys
+    import tempfile
+
+    def as_nobody(tmp: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "REFLOW_SANDBOX_LOCKS"}
+        env["TMPDIR"] = tmp
+        done = subprocess.run(
+            [sys.executable, "-c", _AS_NOBODY], env=env, capture_output=True, text=True,
+            timeout=60, cwd=os.getcwd(),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    for planted in (False, True):
+        tmp = tempfile.mkdtemp(prefix="reflow-slots-")  # under /tmp: nobody can reach it
+        try:
+            os.chmod(tmp, 0o1777)
+            folder = os.path.join(tmp, "reflow-sandbox-65534")
+            if planted:  # another user (root here) made it first, open to all
+                os.mkdir(folder)
+                os.chmod(folder, 0o777)
+                assert as_nobody(tmp) == (
+                    f"refused sandbox: lock folder {folder} is not this user's own (owner "
+                    "uid 0, mode 777): remove it, or set REFLOW_SANDBOX_LOCKS"
+                )
+            else:
+                assert as_nobody(tmp) == f"claimed [0, 1] {folder} 0o700"
+                assert os.stat(folder).st_uid == 65534
+        finally:
+            shutil.rmtree(tmp)

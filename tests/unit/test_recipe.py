@@ -447,3 +447,25 @@ def test_the_sandbox_is_sized_for_a_node_of_the_recipe():
     assert (given.sandbox.concurrency, given.sandbox.uid_slots) == (16, 100)
     with pytest.raises(RecipeError, match=r"sandbox.uid_slots: .* pass 2147483647"):
         load_recipe(REPO / "recipes" / "apps_coding.yaml", ["sandbox.uid_base=2147483000"])
+
+
+def test_a_rebuilt_config_sizes_its_sandbox_again():
+    """The simulator's --gpus gives rollout replicas a new size: a node's engines, and so
+    its uid pool, change with it (the old derived pool was carried over before); a size the
+    recipe gave stays."""
+    cfg = load_recipe(REPO / "recipes" / "apps_coding.yaml")
+    assert cfg.resources.rollout_gpus_per_replica == 1 and cfg.sandbox.uid_slots == 4096
+    wider = rebuild(
+        cfg,
+        {"resources.rollout_gpus_per_replica": 2, "scheduler.max_concurrency": 64},
+        source="--gpus 16",
+    )
+    assert wider.sandbox.concurrency == 64
+    assert wider.sandbox.uid_slots == 4 * 64 * 4
+    given = load_recipe(
+        REPO / "recipes" / "apps_coding.yaml", ["sandbox.concurrency=16", "sandbox.uid_slots=100"]
+    )
+    kept = rebuild(given, {"resources.rollout_gpus_per_replica": 2}, source="--gpus 16")
+    assert (kept.sandbox.concurrency, kept.sandbox.uid_slots) == (16, 100)
+    named = rebuild(cfg, {"sandbox.uid_slots": 512}, source="x")
+    assert named.sandbox.uid_slots == 512

@@ -22,6 +22,7 @@ import fcntl
 import itertools
 import os
 import pwd
+import stat
 import threading
 import time
 from collections import deque
@@ -42,6 +43,7 @@ class NodeSlots:
         self.kind, self.first, self.slots = kind, first, slots
         self.lock_dir, self.setting = lock_dir, setting
         self._turn = itertools.count()
+        self._folder_checked = False
         self.waits = 0  # claims of this process that found too few free at first
         self._waits_lock = threading.Lock()
         # The threads of this process that wait, first come first served: only the first
@@ -56,7 +58,9 @@ class NodeSlots:
         that many to be free at once, never holding some while waiting for the rest."""
         if not 1 <= count <= self.slots:
             raise ValueError(f"sandbox: {count} {self.kind} slots asked of {self.slots}")
-        self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self._folder_checked:
+            own_lock_folder(self.lock_dir)
+            self._folder_checked = True
         deadline = time.monotonic() + timeout_s
         with ExitStack() as held:
             with self._queue_lock:
@@ -123,12 +127,24 @@ class NodeSlots:
         return None
 
 
+def own_lock_folder(path: Path) -> None:
+    """Make ``path`` this user's own folder, or refuse one that is not: a folder another
+    user made (a non-root worker's lives in the shared temp folder, its name known) could
+    be filled with held locks, so that no grading ever gets a slot."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(
+            f"sandbox: lock folder {path} is not this user's own (owner uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):o}): remove it, or set REFLOW_SANDBOX_LOCKS"
+        )
+
+
 class UidPool(NodeSlots):
     """The node's uids for sandboxed processes: ``slots`` of them from ``base``."""
 
     def __init__(self, base: int, slots: int, lock_dir: Path = LOCK_DIR) -> None:
         super().__init__("uid", base, slots, lock_dir, "sandbox.uid_slots")
-        self.base = base
 
 
 def accounts_in(base: int, slots: int) -> list[str]:

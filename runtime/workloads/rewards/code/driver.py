@@ -18,7 +18,6 @@ from runtime.workloads.rewards.code.names import (
     program_bindings,
     program_names,
     program_sources,
-    returns_at_top_level,
 )
 from runtime.workloads.rewards.code.plain import _decode, _object_name
 from runtime.workloads.rewards.code.prelude import NODE_HELPER_NAMES, NODE_HELPERS, PRELUDE
@@ -154,7 +153,7 @@ def _graded(
 
     outcome: dict[int, tuple[bool, str, str]] = {}  # (ok, status, got)
     stdin_program, wrapped = program, 0
-    if tests.kind == "stdio" and returns_at_top_level(program):
+    if tests.kind == "stdio" and bindings.returns_at_top_level:
         # APPS's harness runs a stdin program inside a function, so its references may
         # return at their top level (3 of the APPS sample's 101 do); such a program, and
         # only such, runs wrapped the same way (one line above its first).

@@ -52,14 +52,10 @@ def parse(code: str, mode: str = "exec") -> ast.AST:
         return ast.parse(code, mode=mode)
 
 
-def returns_at_top_level(program: str) -> bool:
-    """Whether ``program`` has a ``return`` outside any function (in its module body or a
-    block of it): what APPS's harness allows by running a stdin program inside a
-    function, and Python refuses in a module."""
-    try:
-        tree = _parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+def _returns_at_top_level(tree: ast.Module) -> bool:
+    """Whether the module has a ``return`` outside any function (in its body or a block of
+    it): what APPS's harness allows by running a stdin program inside a function, and
+    Python refuses in a module."""
     todo: list[ast.AST] = list(tree.body)
     while todo:
         node = todo.pop()
@@ -105,11 +101,13 @@ class Bindings:
     """What a program binds at module level (in its top-level ``if``/``try``/``with``/loop
     bodies too): by def, class or assignment (``defined``; imports left out, since a
     program's ``import math`` is the same ``math`` the tests get), the classes among them,
-    and the names it imports."""
+    the names it imports, and whether it returns at its top level (outside any function,
+    as APPS's stdin programs may)."""
 
     defined: frozenset[str] = frozenset()
     classes: frozenset[str] = frozenset()
     imported: frozenset[str] = frozenset()
+    returns_at_top_level: bool = False
 
 
 def program_bindings(program: str) -> Bindings:
@@ -135,7 +133,9 @@ def program_bindings(program: str) -> Bindings:
         elif isinstance(s, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             todo += [c for c in ast.iter_child_nodes(s) if isinstance(c, ast.stmt)]
             todo += [c for h in getattr(s, "handlers", []) for c in h.body]
-    return Bindings(frozenset(out), frozenset(classes), frozenset(imported))
+    return Bindings(
+        frozenset(out), frozenset(classes), frozenset(imported), _returns_at_top_level(tree)
+    )
 
 
 # The standard library modules whose names a test may star-import (LeetCodeDataset's
