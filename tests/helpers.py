@@ -85,6 +85,21 @@ def running(s: dict) -> dict:
     return s
 
 
+def reached(step: int):
+    """A status predicate: the run is RUNNING at ``step`` or later, or it has ended (which
+    :func:`running` then reports). A restart's STARTING (its ranks registering) is on the
+    way, not an end."""
+    return lambda s: (
+        (s["state"] == "RUNNING" and s["step"] >= step)
+        or s["state"]
+        in (
+            "COMPLETED",
+            "FAILED",
+            "STOPPED",
+        )
+    )
+
+
 def switched_to(rollout_gpus: int):
     """A status predicate: the switch to ``rollout_gpus`` rollout GPUs is done (or the run
     is no longer RUNNING, which :func:`running` then reports)."""

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tests.helpers import launch_recipe_text, reflow
+from tests.helpers import launch_recipe_text, reflow, running, status_json, switched_to
 from tests.helpers import wait_for_status as wait_for
 
 # Rollout slower than the default synthetic engine (2 ms a token): replay fills a batch only
@@ -17,7 +17,7 @@ name: flow
 data: {train: "embedded:synthetic"}
 workload: {max_response_tokens: 64}
 algorithm: {group_size: 4}
-train: {steps: 200, batch_size: 16, lr: 0.001}
+train: {steps: 100000, batch_size: 16, lr: 0.001}
 reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
 resources: {nodes: 1, gpus_per_node: 4, initial_ratio: "2:2", device: cpu}
 engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.002}
@@ -26,31 +26,32 @@ control: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 20}
 
 
 def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):
+    """The run has no step budget to race (with 200 steps, a fast machine could finish
+    before the second rebalance): it trains until the test has seen both switches and 20
+    steps after the second, then the test stops it."""
     run_dir, run = launch_recipe_text(tmp_path, RECIPE, runs_dir)
 
-    wait_for(run, lambda s: s["step"] >= 20 or s["state"] != "RUNNING")
+    running(wait_for(run, lambda s: s["step"] >= 20 or s["state"] != "RUNNING", 300))
     reflow("rebalance", "--ratio", "3:1", run, check=True)
-    s = wait_for(
-        run,
-        lambda s: (
-            (s["layout"]["rollout_gpus"] == 3 and not s["layout"]["switching"])
-            or s["state"] != "RUNNING"
-        ),
-    )
-    step_at_switch = s["step"]
-    wait_for(run, lambda s: s["step"] >= step_at_switch + 20 or s["state"] != "RUNNING")
+    step_at_switch = running(wait_for(run, switched_to(3), 300))["step"]
+    running(wait_for(run, lambda s: s["step"] >= step_at_switch + 20 or s["state"] != "RUNNING"))
     reflow("rebalance", "--ratio", "2:2", run, check=True)
-    final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 240)
-    assert final["state"] == "COMPLETED", final.get("reason")
+    back_at = running(wait_for(run, switched_to(2), 300))["step"]
+    running(wait_for(run, lambda s: s["step"] >= back_at + 20 or s["state"] != "RUNNING"))
+    assert f"run {run}: STOPPED reflow stop" in reflow("stop", run, check=True).stdout
+    final = status_json(run)
+    assert final["state"] == "STOPPED", final.get("reason")
+    steps = final["step"]
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == list(range(1, 201))
+    assert [x["step"] for x in lines] == list(range(1, steps + 1))
     for x in lines:
         assert x["batch_unused"] + x["batch_replay"] == 16
         assert x["batch_unused"] >= math.ceil(16 * (1 - 0.5))
         assert x["max_sample_age"] <= 1
     assert any(x["batch_replay"] > 0 for x in lines), "replay never used"
     assert {x["layout"] for x in lines} >= {"2:2", "3:1"}
+    assert lines[-1]["layout"] == "2:2"  # and back
 
     buffer = final["buffer"]
     ledger = buffer["ledger"]
@@ -61,8 +62,8 @@ def test_samples_flow_through_buffer_with_role_switches(tmp_path, runs_dir):
     assert by_rank["2"] > 0 and by_rank["3"] > 0 and by_rank.get("1", 0) > 0
     assert sum(by_rank.values()) == ledger["delivered"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 200 and summary["samples"]["lost"] == 0
-    assert summary["samples"]["consumed"] == 200 * 16
+    assert summary["steps"] == steps and summary["samples"]["lost"] == 0
+    assert summary["samples"]["consumed"] == steps * 16
     human = reflow("status", run, check=True).stdout
     assert "buffer: unused" in human and "replay fraction" in human
 
@@ -75,7 +76,7 @@ def test_each_execution_mode_runs(tmp_path, runs_dir, mode):
     sigma = 0.5 if mode == "reflow" else 0.0
     # generations of ~0.3 s: long enough to be in flight across a weight sync
     recipe.write_text(
-        RECIPE.replace("train: {steps: 200", "train: {steps: 12")
+        RECIPE.replace("train: {steps: 100000", "train: {steps: 12")
         .replace("mode: reflow, sigma: 0.5", f"mode: {mode}, sigma: {sigma}")
         .replace("trainer: synthetic}", "trainer: synthetic, synthetic_token_s: 0.005}")
         .replace(

@@ -13,7 +13,7 @@ import pytest
 from runtime.config.recipe import build_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 from runtime.entry import cpu_threads_bind
-from tests.helpers import REPO, launch_recipe_text, reflow
+from tests.helpers import REPO, launch_recipe_text, reflow, running, status_json, switched_to
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_vllm_engine import hf_logprobs
 
@@ -73,33 +73,29 @@ def test_a_tp2_replica_on_four_ranks_generates_on_its_driver_only(tmp_path, runs
 
 @pytest.mark.slow  # ~2 minutes; the unit tier moves members with their group at a switch
 def test_a_rebalance_moves_whole_tp2_replicas(tmp_path, runs_dir):
-    text = recipe(6, "4:2", 100, train_token_s=0.001)
+    """No step budget to race: the run trains until the test has seen the switch and ten
+    steps after it, then the test stops it."""
+    text = recipe(6, "4:2", 100_000, train_token_s=0.001)
     run_dir, run = launch_recipe_text(tmp_path, text, runs_dir)
-    s = wait_for(run, lambda s: s["step"] >= 10 or s["state"] != "RUNNING", 240)
-    assert s["state"] == "RUNNING", s.get("reason")
+    s = running(wait_for(run, lambda s: s["step"] >= 10 or s["state"] != "RUNNING", 240))
     assert [g["ranks"] for g in s["rollout_replicas"]] == [[2, 3], [4, 5]]
     bad = reflow("rebalance", "--ratio", "3:3", run)
     assert bad.returncode != 0 and "multiples of the rollout replica size 2" in bad.stderr
     reflow("rebalance", "--ratio", "2:4", run, check=True)
-    s = wait_for(
-        run,
-        lambda s: (
-            (s["layout"]["rollout_gpus"] == 2 and not s["layout"]["switching"])
-            or s["state"] != "RUNNING"
-        ),
-        240,
-    )
-    assert s["state"] == "RUNNING", s.get("reason")
+    s = running(wait_for(run, switched_to(2), 240))
     assert [g["ranks"] for g in s["rollout_replicas"]] == [[4, 5]]
     delivered_by_2 = s["buffer"]["delivered_by_rank"].get("2", 0)
-    final = wait_for(run, lambda s: s["state"] in ("COMPLETED", "FAILED", "STOPPED"), 300)
-    assert final["state"] == "COMPLETED", final.get("reason")
+    at = s["step"]
+    running(wait_for(run, lambda s: s["step"] >= at + 10 or s["state"] != "RUNNING", 240))
+    assert "STOPPED" in reflow("stop", run, check=True, timeout=120).stdout
+    final = status_json(run)
+    assert final["state"] == "STOPPED", final.get("reason")
     by_rank = check_ledger(final, {"2", "4"})
     assert by_rank["2"] > 0 and by_rank["4"] > 0
     # rank 2 left rollout with its member: it made nothing after the switch
     assert by_rank["2"] == delivered_by_2
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 100 and summary["samples"]["lost"] == 0
+    assert summary["steps"] == final["step"] and summary["samples"]["lost"] == 0
     switch = summary["switches"][-1]
     assert switch["ratio"] == "2:4" and switch["duration_s"] is not None
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

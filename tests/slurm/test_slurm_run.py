@@ -89,7 +89,7 @@ name: preempt
 data: {train: "embedded:synthetic"}
 workload: {max_response_tokens: 64}
 algorithm: {group_size: 4}
-train: {steps: 400, batch_size: 16, lr: 0.001, sync_every: 2, checkpoint_every: 0}
+train: {steps: 100000, batch_size: 16, lr: 0.001, sync_every: 2, checkpoint_every: 0}
 reflow: {mode: reflow, sigma: 0.5, tau: 0.5, delta: 1}
 resources: {nodes: 1, gpus_per_node: 2, initial_ratio: "2:2", device: cpu}
 engine: {rollout: synthetic, trainer: synthetic, synthetic_token_s: 0.004}
