@@ -10,7 +10,8 @@ recorded, busy (wall clock left out) or missing (never averaged over).
 - ``variants``: one change at a time from reflow's default (the age rule, sigma, delta),
   seeds 0-2 choose; ``confirm``: the same on seeds 3-5 with the default beside them;
 - ``multiturn``: the age rule and delta on ``examples/arith_retry``, whose episodes
-  cross syncs.
+  cross syncs; ``multiturn-confirm``: on seeds 3-5, the age rule (no worse on seeds 0-2
+  there; delta 2 was worse, so no confirming seeds could change the default for it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ RETRY_STEPS, RETRY_EVAL_EVERY = 200, 50
 MODES = ("colocated_sync", "one_step_off", "async", "reflow")
 SYNC_IN_EFFECT = ("reflow.delta=0", "reflow.sigma=0")
 VARIANTS = (("reflow.age_from=newest_span",), ("reflow.sigma=0.25",), ("reflow.delta=2",))
+MULTITURN_VARIANTS = (VARIANTS[0], VARIANTS[2])  # the age rule and delta
 CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 # the held-out figure each recipe's arms are judged by: the arith kind's greedy accuracy on
 # its 512 embedded problems; arith_retry's greedy reward on its draws set (64 sums of the
@@ -53,10 +55,9 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "modes": [demo(m, seed) for seed in CHOOSE_SEEDS for m in MODES],
         "variants": [demo("reflow", seed, v) for seed in CHOOSE_SEEDS for v in VARIANTS],
         "confirm": [demo("reflow", seed, v) for seed in CONFIRM_SEEDS for v in ((), *VARIANTS)],
-        "multiturn": [
-            retry(seed, v)
-            for seed in CHOOSE_SEEDS
-            for v in ((), ("reflow.age_from=newest_span",), ("reflow.delta=2",))
+        "multiturn": [retry(seed, v) for seed in CHOOSE_SEEDS for v in ((), *MULTITURN_VARIANTS)],
+        "multiturn-confirm": [
+            retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
     }
 

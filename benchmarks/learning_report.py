@@ -378,7 +378,10 @@ def section_variants(by_name: dict[str, Arm], recipe: str, variants, seed_sets) 
             var = [by_name.get(_spec(recipe, s, v).name) for s in seeds]
             ok = [x for x in base + var if x is not None and not x.problem]
             if len(ok) < 2 * len(seeds):
-                rows.append({"seeds": list(seeds), "verdict": "missing arms", "have": len(ok)})
+                # confirming seeds are run only for a variant no worse on the choosing ones
+                settled = any(r["verdict"] == "worse" for r in rows)
+                verdict = "not run: worse on the choosing seeds" if settled else "missing arms"
+                rows.append({"seeds": list(seeds), "verdict": verdict, "have": len(ok)})
                 continue
             fb, fv = spread([a.area for a in base]), spread([a.area for a in var])
             rows.append(
@@ -418,7 +421,7 @@ def build(records: Path, grid: dict | None = None) -> dict:
             by_name, plan.DEMO, plan.VARIANTS, (plan.CHOOSE_SEEDS, plan.CONFIRM_SEEDS)
         ),
         "multiturn": section_variants(
-            by_name, plan.RETRY, plan.VARIANTS[::2], (plan.CHOOSE_SEEDS,)
+            by_name, plan.RETRY, plan.MULTITURN_VARIANTS, (plan.CHOOSE_SEEDS, plan.CONFIRM_SEEDS)
         ),
         "unplanned": sorted(a.name for a in all_arms if a.name not in planned),
     }
