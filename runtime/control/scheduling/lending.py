@@ -1,0 +1,170 @@
+"""When a waiting trainer's ranks generate: the lend gate, pure logic with the caller's clock.
+
+A trainer that waits for fresh samples waits idle, though every rank of ReFlow holds a
+rollout side too. The gate decides, from what rank 0 already knows, whether to lend the
+trainer's replica groups to rollout *now* (inside a step, not at the next sync point) and
+when to take them back:
+
+- **Lend** when the trainer is short of fresh samples and the predicted wait (the fresh
+  samples the next batch still lacks over the rate they arrive at) exceeds the round trip
+  of a switch (lend + reclaim, each direction's measured cost) by the gate's margin: a
+  shorter wait would be spent switching.
+- **Reclaim** once the buffer will hold the batch by the time the lent groups are back:
+  the fresh samples still missing, at the rate every rollout rank (the lent ones with
+  them) delivers them, arrive within the reclaim's cost.
+- **Learn.** Each direction's cost starts at the memory plan's estimate and follows the
+  run's own lends (a moving average of the measured seconds). A lend that did not pay (its
+  reclaim found the trainer waiting for samples anyway: the groups came back too early,
+  or the wait was shorter than predicted) raises the margin; a lend that paid lowers it,
+  within bounds, as verl's switch threshold adapts (+0.05 / -0.03 of a batch there).
+
+Nothing here moves a rank: the coordinator asks, acts (runtime/control/rebalance.py
+moves whole replica groups), and reports back what a lend cost and whether it paid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Supply:
+    """The fresh-sample supply at a moment, as rank 0 sees it."""
+
+    fresh_needed: int  # fresh samples the next batch still lacks (0: it can be formed)
+    fresh_rate: float  # fresh samples per second arriving lately, all rollout ranks
+    rollout_ranks: int  # ranks generating now (the lent ones included)
+
+
+@dataclass
+class SwitchCost:
+    """Seconds of a switch in one direction: the memory plan's estimate until the run has
+    measured its own, then a moving average of those (``weight`` for the newest)."""
+
+    estimate_s: float
+    weight: float = 0.5
+    measured: list[float] = field(default_factory=list)
+    _average: float | None = None
+
+    def seconds(self) -> float:
+        return self.estimate_s if self._average is None else self._average
+
+    def observe(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"a switch cannot take {seconds!r} s")
+        self.measured.append(seconds)
+        avg = self._average
+        self._average = seconds if avg is None else avg + self.weight * (seconds - avg)
+
+
+@dataclass
+class Lend:
+    """One lend, from the decision to the verdict on it."""
+
+    groups: int
+    decided_at: float
+    predicted_wait_s: float
+    reclaimed_at: float | None = None
+    paid: bool | None = None  # decided when the reclaimed groups train again
+
+
+class LendGate:
+    """Decides lends and reclaims of the trainer's replica groups (see the module).
+
+    ``margin``: how many round trips the predicted wait must exceed to lend; it moves by
+    ``margin_up`` after a lend that did not pay and ``margin_down`` after one that did,
+    within [``min_margin``, ``max_margin``].
+    """
+
+    def __init__(
+        self,
+        lend_estimate_s: float,
+        reclaim_estimate_s: float,
+        clock: Callable[[], float],
+        *,
+        margin: float = 1.5,
+        margin_up: float = 0.5,
+        margin_down: float = 0.1,
+        min_margin: float = 1.0,
+        max_margin: float = 8.0,
+    ) -> None:
+        if not min_margin <= margin <= max_margin:
+            raise ValueError(f"margin {margin} outside [{min_margin}, {max_margin}]")
+        self.lend_cost = SwitchCost(lend_estimate_s)
+        self.reclaim_cost = SwitchCost(reclaim_estimate_s)
+        self.clock = clock
+        self.margin = margin
+        self.margin_up, self.margin_down = margin_up, margin_down
+        self.min_margin, self.max_margin = min_margin, max_margin
+        self.current: Lend | None = None
+        self.history: list[Lend] = []
+
+    # --- the decisions --------------------------------------------------------------
+
+    def round_trip_s(self) -> float:
+        return self.lend_cost.seconds() + self.reclaim_cost.seconds()
+
+    @staticmethod
+    def predicted_wait_s(supply: Supply) -> float:
+        """Seconds until the batch's fresh samples are in, at the current rate."""
+        if supply.fresh_needed <= 0:
+            return 0.0
+        return math.inf if supply.fresh_rate <= 0 else supply.fresh_needed / supply.fresh_rate
+
+    def should_lend(self, supply: Supply, trainer_groups: int) -> int:
+        """Trainer replica groups to lend now (0: none). Ask it only while the trainer
+        waits for fresh samples with rollout unhindered (the idle cause ``fresh_short``):
+        where admission holds rollout back, lent ranks would be held back too. All of
+        them or none: the trainer steps with every group, so one kept back would only
+        wait."""
+        if self.current is not None or trainer_groups < 1:
+            return 0
+        wait = self.predicted_wait_s(supply)
+        if wait <= self.margin * self.round_trip_s():
+            return 0
+        self.current = Lend(trainer_groups, self.clock(), wait)
+        return trainer_groups
+
+    def should_reclaim(self, supply: Supply) -> bool:
+        """Whether the lent groups should come back now: the batch's missing fresh samples
+        will be in by the time the reclaim is done."""
+        if self.current is None or self.current.reclaimed_at is not None:
+            return False
+        if self.predicted_wait_s(supply) > self.reclaim_cost.seconds():
+            return False
+        self.current.reclaimed_at = self.clock()
+        return True
+
+    # --- what the coordinator reports back ------------------------------------------
+
+    def lent(self, seconds: float) -> None:
+        """The lend's switch is done: it took ``seconds`` (its slowest rank)."""
+        self.lend_cost.observe(seconds)
+
+    def reclaimed(self, seconds: float, trainer_waited: bool) -> None:
+        """The reclaim's switch is done in ``seconds``; ``trainer_waited``: the trainer,
+        whole again, still found too few fresh samples for its batch. Such a lend did not
+        pay: the margin rises, and falls after one that did."""
+        lend = self.current
+        if lend is None or lend.reclaimed_at is None:
+            raise RuntimeError("a reclaim reported with no lend being reclaimed")
+        self.reclaim_cost.observe(seconds)
+        lend.paid = not trainer_waited
+        step = self.margin_up if trainer_waited else -self.margin_down
+        self.margin = min(self.max_margin, max(self.min_margin, self.margin + step))
+        self.history.append(lend)
+        self.current = None
+
+    def status(self) -> dict[str, Any]:
+        """For ``reflow status`` and the metrics: lends, their cost and their yield."""
+        return {
+            "lent_now": self.current.groups if self.current is not None else 0,
+            "lends": len(self.history),
+            "paid": sum(1 for x in self.history if x.paid),
+            "margin": round(self.margin, 3),
+            "lend_s": round(self.lend_cost.seconds(), 3),
+            "reclaim_s": round(self.reclaim_cost.seconds(), 3),
+        }
