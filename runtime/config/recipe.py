@@ -196,13 +196,11 @@ def rebuild(cfg: Config, changes: dict[str, Any], *, source: str) -> Config:
     elif raw["reflow"].get("B_max_per_gpu") is not None:
         raw["reflow"]["B_max"] = None  # derived again for the new size
     # The sandbox's sizes, where they hold what the old config derives, are derived again
-    # from the new one (a --gpus that changes the rollout replica's size changes a node's
-    # engines); a value the recipe gave, or a change that names the field, stays.
-    concurrency, uid_slots = _sandbox_sizes(cfg, cfg.sandbox.concurrency)
-    if "sandbox.uid_slots" not in changes and cfg.sandbox.uid_slots == uid_slots:
-        raw["sandbox"]["uid_slots"] = None
-    if "sandbox.concurrency" not in changes and cfg.sandbox.concurrency == concurrency:
-        raw["sandbox"]["concurrency"] = None
+    # (a --gpus that resizes rollout replicas changes a node's engines); given ones stay.
+    derived = _sandbox_sizes(cfg, cfg.sandbox.concurrency)
+    for name, value in zip(("concurrency", "uid_slots"), derived, strict=True):
+        if f"sandbox.{name}" not in changes and getattr(cfg.sandbox, name) == value:
+            raw["sandbox"][name] = None
     return build_config(raw, source=source)
 
 
@@ -558,10 +556,8 @@ def _size_sandbox(cfg: Config) -> None:
     ``parallel`` test cases)."""
     sb = cfg.sandbox
     concurrency, uid_slots = _sandbox_sizes(cfg, sb.concurrency)
-    if sb.concurrency is None:
-        sb.concurrency = concurrency
-    if sb.uid_slots is None:
-        sb.uid_slots = uid_slots
+    sb.concurrency = concurrency if sb.concurrency is None else sb.concurrency
+    sb.uid_slots = uid_slots if sb.uid_slots is None else sb.uid_slots
     last = sb.uid_base + sb.uid_slots - 1
     if last >= 2**31:  # tools that keep uids in a signed int misread those above
         raise _FieldError(
@@ -571,8 +567,7 @@ def _size_sandbox(cfg: Config) -> None:
 
 
 def _sandbox_sizes(cfg: Config, concurrency: int | None) -> tuple[int, int]:
-    """What ``sandbox.concurrency`` and ``sandbox.uid_slots`` derive to from the rest of
-    ``cfg`` (the uid pool from ``concurrency`` where one is given)."""
+    """What ``sandbox.concurrency`` and ``uid_slots`` derive to (the pool from ``concurrency``)."""
     res = cfg.resources
     derived = cfg.scheduler.max_concurrency
     engines = res.gpus_per_node // res.rollout_gpus_per_replica
