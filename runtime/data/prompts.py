@@ -66,15 +66,19 @@ class PromptSet:
         return range(self.offsets[i], end)
 
 
-_LOADED: dict[tuple[int, str], PromptSet] = {}
+# (id of the config, file) -> (that config, its prompts). The config is kept with its
+# prompts: keyed by id alone, a config freed and a new one made at the same address got
+# the old one's prompts (a test drew a 60-prompt mix's indices from a 7-prompt file).
+_LOADED: dict[tuple[int, str], tuple[Config, PromptSet]] = {}
 
 
 def prompt_set(cfg: Config, source: str | None = None) -> PromptSet:
     """One loaded copy per process, config and file (``None``: the training files)."""
     key = (id(cfg), source or "")
-    if key not in _LOADED:
-        _LOADED[key] = PromptSet(cfg, source)
-    return _LOADED[key]
+    held = _LOADED.get(key)
+    if held is None or held[0] is not cfg:
+        held = _LOADED[key] = (cfg, PromptSet(cfg, source))
+    return held[1]
 
 
 def file_prompts(cfg: Config) -> Iterator[dict[str, Any]]:

@@ -96,3 +96,20 @@ def test_a_missing_file_of_a_mix_is_named(tmp_path):
     )
     with pytest.raises(ValueError, match=r"gone\.jsonl"):
         check_dataset(cfg)
+
+
+def test_a_new_config_never_gets_the_prompts_of_a_freed_one(tmp_path, monkeypatch):
+    """The prompt cache was keyed by ``id(cfg)``: a config freed and a new one made at
+    the same address drew the old one's prompts (make test once drew a 60-prompt mix's
+    indices from a 7-prompt file). The reuse is forced here: every config gets one id."""
+    from runtime.data import prompts as prompts_module
+
+    monkeypatch.setattr(prompts_module, "_LOADED", {})
+    monkeypatch.setattr(prompts_module, "id", lambda obj: 1, raising=False)
+    files = _files(tmp_path, {"big": 50, "one": 7})
+    big = build_config({"workload": {"kind": "math"}, "data": {"train": files["big"]}})
+    assert len(prompts_module.prompt_set(big).records) == 50
+    one = build_config({"workload": {"kind": "math"}, "data": {"train": files["one"]}})
+    assert len(prompts_module.prompt_set(one).records) == 7
+    drawn = [p["index"] for p in itertools.islice(file_prompts(one), 14)]
+    assert sorted(set(drawn)) == list(range(7))
