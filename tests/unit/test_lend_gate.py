@@ -24,30 +24,30 @@ def gate(clock: Clock) -> LendGate:
 
 def test_a_wait_longer_than_the_margin_of_round_trips_lends_every_trainer_group():
     g = gate(Clock())
-    assert g.should_lend(Supply(fresh_needed=64, fresh_rate=4.0, rollout_ranks=6), 2) == 2
+    assert g.should_lend(Supply(fresh_needed=64, fresh_rate=4.0), 2) == 2
     assert g.status()["lent_now"] == 2
     # one lend at a time
-    assert g.should_lend(Supply(64, 4.0, 8), 2) == 0
+    assert g.should_lend(Supply(64, 4.0), 2) == 0
 
 
 def test_a_wait_shorter_than_the_margin_of_round_trips_lends_nothing():
     g = gate(Clock())
-    assert g.should_lend(Supply(fresh_needed=20, fresh_rate=4.0, rollout_ranks=6), 2) == 0
-    assert g.should_lend(Supply(fresh_needed=0, fresh_rate=0.0, rollout_ranks=6), 2) == 0
-    assert g.should_lend(Supply(fresh_needed=64, fresh_rate=4.0, rollout_ranks=6), 0) == 0
+    assert g.should_lend(Supply(fresh_needed=20, fresh_rate=4.0), 2) == 0
+    assert g.should_lend(Supply(fresh_needed=0, fresh_rate=0.0), 2) == 0
+    assert g.should_lend(Supply(fresh_needed=64, fresh_rate=4.0), 0) == 0
     assert g.status()["lent_now"] == 0
 
 
 def test_the_groups_come_back_once_the_batch_fills_within_the_reclaim():
     clock = Clock()
     g = gate(clock)
-    g.should_lend(Supply(64, 4.0, 6), 2)
+    g.should_lend(Supply(64, 4.0), 2)
     g.lent(1.5)
     clock.t = 5.0
-    assert not g.should_reclaim(Supply(fresh_needed=40, fresh_rate=8.0, rollout_ranks=8))
+    assert not g.should_reclaim(Supply(fresh_needed=40, fresh_rate=8.0))
     clock.t = 9.0
-    assert g.should_reclaim(Supply(fresh_needed=12, fresh_rate=8.0, rollout_ranks=8))
-    assert not g.should_reclaim(Supply(12, 8.0, 8))  # asked once
+    assert g.should_reclaim(Supply(fresh_needed=12, fresh_rate=8.0))
+    assert not g.should_reclaim(Supply(12, 8.0))  # asked once
     g.reclaimed(2.5, trainer_waited=False)
     (lend,) = g.history
     assert lend.paid and (lend.decided_at, lend.reclaimed_at) == (0.0, 9.0)
@@ -58,12 +58,12 @@ def test_the_groups_come_back_once_the_batch_fills_within_the_reclaim():
 
 def test_a_lend_that_did_not_pay_raises_the_margin_and_the_next_wait_like_it_stays():
     g = gate(Clock())
-    assert g.should_lend(Supply(28, 4.0, 6), 2) == 2  # 7 s predicted > 6 s
+    assert g.should_lend(Supply(28, 4.0), 2) == 2  # 7 s predicted > 6 s
     g.lent(2.0)
-    assert g.should_reclaim(Supply(4, 4.0, 8))
+    assert g.should_reclaim(Supply(4, 4.0))
     g.reclaimed(2.0, trainer_waited=True)  # back, and the trainer still waited
     assert g.history[-1].paid is False and g.margin == pytest.approx(2.0)
-    assert g.should_lend(Supply(28, 4.0, 6), 2) == 0  # 7 s < 2.0 x 4 s now
+    assert g.should_lend(Supply(28, 4.0), 2) == 0  # 7 s < 2.0 x 4 s now
     assert g.status() == {
         "lent_now": 0, "lends": 1, "paid": 0, "margin": 2.0, "lend_s": 2.0, "reclaim_s": 2.0,
     }  # fmt: skip
@@ -71,19 +71,19 @@ def test_a_lend_that_did_not_pay_raises_the_margin_and_the_next_wait_like_it_sta
 
 def test_slow_measured_switches_make_the_gate_wait_for_longer_gaps():
     g = gate(Clock())
-    g.should_lend(Supply(64, 4.0, 6), 2)
+    g.should_lend(Supply(64, 4.0), 2)
     g.lent(9.0)  # a first offload far slower than planned
-    g.should_reclaim(Supply(0, 4.0, 8))
+    g.should_reclaim(Supply(0, 4.0))
     g.reclaimed(9.0, trainer_waited=False)
     # 16 s predicted wait, against 1.4 x 18 s of round trip now: no lend
-    assert g.should_lend(Supply(64, 4.0, 6), 2) == 0
+    assert g.should_lend(Supply(64, 4.0), 2) == 0
 
 
 def test_the_margin_stays_within_its_bounds_and_bad_reports_are_refused():
     g = LendGate(0.1, 0.1, Clock(), margin=1.0, margin_up=5.0, max_margin=3.0)
     for _ in range(3):
-        assert g.should_lend(Supply(100, 1.0, 2), 1) == 1
-        assert g.should_reclaim(Supply(0, 1.0, 3))
+        assert g.should_lend(Supply(100, 1.0), 1) == 1
+        assert g.should_reclaim(Supply(0, 1.0))
         g.reclaimed(0.1, trainer_waited=True)
     assert g.margin == 3.0
     with pytest.raises(RuntimeError, match="no lend being reclaimed"):

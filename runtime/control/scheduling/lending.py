@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -36,7 +36,6 @@ class Supply:
 
     fresh_needed: int  # fresh samples the next batch still lacks (0: it can be formed)
     fresh_rate: float  # fresh samples per second arriving lately, all rollout ranks
-    rollout_ranks: int  # ranks generating now (the lent ones included)
 
 
 @dataclass
@@ -46,7 +45,6 @@ class SwitchCost:
 
     estimate_s: float
     weight: float = 0.5
-    measured: list[float] = field(default_factory=list)
     _average: float | None = None
 
     def seconds(self) -> float:
@@ -55,7 +53,6 @@ class SwitchCost:
     def observe(self, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"a switch cannot take {seconds!r} s")
-        self.measured.append(seconds)
         avg = self._average
         self._average = seconds if avg is None else avg + self.weight * (seconds - avg)
 
