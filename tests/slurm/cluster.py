@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,22 @@ def wait_job_ended(job_id: str, timeout_s: float = 60) -> None:
     while squeue_state(job_id) in ACTIVE_STATES:
         assert time.monotonic() < deadline, squeue_state(job_id)
         time.sleep(1)
+
+
+def slurm_diagnosis(job_id: str, run_dir: Path, lines: int = 15) -> str:
+    """What a failed Slurm test prints besides the run's status: Slurm's record of the job,
+    the daemons' log lines that name it, and the tail of each submitit log (CI keeps no
+    files, so a failure there is read from this text alone)."""
+    parts = []
+    job = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    parts.append(f"scontrol show job {job_id}:\n{job.stdout or job.stderr}")
+    logs = Path(os.environ.get("REFLOW_SLURM_BASE", "/tmp/reflow-slurm")) / "log"
+    for log in sorted(logs.glob("*.log")):
+        named = [x for x in log.read_text(errors="replace").splitlines() if job_id in x]
+        parts.append(f"{log.name} (lines naming {job_id}):\n" + "\n".join(named[-lines:]))
+    for out in sorted((run_dir / "submitit").glob("*.out")) + sorted(
+        (run_dir / "submitit").glob("*.err")
+    ):
+        tail = out.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"{out.name} (last {lines} lines):\n" + "\n".join(tail))
+    return "\n\n".join(parts)

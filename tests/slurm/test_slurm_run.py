@@ -7,7 +7,7 @@ import time
 
 from tests.helpers import reflow
 from tests.helpers import wait_for_status as wait_for
-from tests.slurm.cluster import RECIPE, require_cluster, squeue_state
+from tests.slurm.cluster import RECIPE, require_cluster, slurm_diagnosis, squeue_state
 
 require_cluster()
 
@@ -117,12 +117,15 @@ def test_preemption_checkpoints_requeues_and_continues(tmp_path, runs_dir):
     submitit.SlurmJob(run_dir / "submitit", job_id)._interrupt()
 
     # Slurm holds a requeued job for two minutes (BeginTime); once it is back in the queue,
-    # make it eligible now (only the wait is skipped: the requeue is submitit's).
+    # make it eligible in 3 s (only the wait is shortened: the requeue is submitit's). Not
+    # "now": slurmd revoked the job's credential at the requeue and refuses one created in
+    # the same second (it compares whole seconds), which fails the job at once (CI saw
+    # FAILED, elapsed 0:00, the run never at attempt 2).
     deadline = time.monotonic() + 120
     while True:
         info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
         if "Restarts=1" in info.stdout and "JobState=PENDING" in info.stdout:
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+3"], check=True)
             break
         if "Restarts=1" in info.stdout and "JobState=RUNNING" in info.stdout:
             break  # already started again (it may pass through REQUEUED/COMPLETING first)
@@ -130,14 +133,17 @@ def test_preemption_checkpoints_requeues_and_continues(tmp_path, runs_dir):
         time.sleep(0.5)
 
     # The requeued job's rank 0 resumes: a new attempt, from the checkpoint of the signal.
-    s = wait_for(
-        run,
-        lambda s: (
-            (s.get("attempt") == 2 and s.get("step", 0) > (s["resumed"] or {}).get("step", 0))
-            or s["state"] == "FAILED"
-        ),
-        600,
-    )
+    try:
+        s = wait_for(
+            run,
+            lambda s: (
+                (s.get("attempt") == 2 and s.get("step", 0) > (s["resumed"] or {}).get("step", 0))
+                or s["state"] == "FAILED"
+            ),
+            600,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{slurm_diagnosis(job_id, run_dir)}") from None
     assert s["state"] == "RUNNING", s.get("reason")
     saved = s["resumed"]["step"]
     assert saved >= 4 and s["resumed"]["from"] == f"step-{saved:08d}"
