@@ -67,6 +67,16 @@ def check_environment(cfg: Config, where: Where) -> None:
         cfg.workload.agent = environment.check(cfg.workload.agent)
 
 
+def check_lending(cfg: Config, where: Where) -> None:
+    """``scheduler.lend_trainer``: rank 0 and the simulator lend, the workers cannot yet (a
+    lent rank would wait for weights from a trainer leader that is generating too)."""
+    if cfg.scheduler.lend_trainer:
+        raise UserError(
+            "scheduler.lend_trainer: only `reflow simulate` lends for now; the ranks' side "
+            "of a lend (weights in place, parked requests) is not built yet"
+        )
+
+
 Check = Callable[[Config, Where], None]
 
 # in the order a launch runs them: the cheap memory arithmetic first, then what reads files
@@ -76,6 +86,7 @@ LAUNCH_CHECKS: tuple[Check, ...] = (
     check_isolation,
     check_reward,
     check_environment,
+    check_lending,
 )
 
 

@@ -66,6 +66,9 @@ def status_view(s: dict[str, Any]) -> Group:
                 f"{d['trainer_rate']:.2f}/rank-s"
             )
         parts.append(Text(line, "dim"))
+    lends = s.get("lends")
+    if lends:
+        parts.append(Text(lend_line(lends), "yellow" if lends.get("lent_now") else "dim"))
     for line in eval_lines(s.get("evals") or {}):
         parts.append(Text(line))
     ckpt = s.get("checkpoint") or {}
@@ -168,3 +171,13 @@ def eval_lines(evals: dict[str, Any]) -> list[str]:
         prompts = int((last or start).get("prompts", 0))
         out.append(f"eval {name} ({prompts} prompts): " + ", ".join(shown))
     return out
+
+
+def lend_line(lends: dict) -> str:
+    """The trainer's lends (scheduler.lend_trainer): now, so far, and what they cost."""
+    now = f"{lends['lent_now']} trainer group(s) lent now" if lends.get("lent_now") else "none now"
+    return (
+        f"lends: {now}; {lends.get('lends', 0)} done, {lends.get('paid', 0)} paid; margin "
+        f"{lends.get('margin')}; switch {lends.get('lend_s')} s out, "
+        f"{lends.get('reclaim_s')} s back"
+    )

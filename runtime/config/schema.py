@@ -40,6 +40,7 @@ RENAMED_MODES = {"sync": "disaggregated_sync (the colocated baseline is colocate
 BASELINE_FIXED = {
     "scheduler.auto_rebalance": "the baselines keep their placement",
     "scheduler.adaptive_caps": "the baselines keep fixed concurrency caps",
+    "scheduler.lend_trainer": "the baselines never lend their trainer",
 }
 
 
@@ -377,18 +378,11 @@ class ResourcesConfig:
 
 @dataclass
 class SchedulerConfig:
-    auto_rebalance: bool = opt(
-        False,
-        "let the producer/consumer allocator move replica groups (runtime/control/scheduling)",
-    )
+    auto_rebalance: bool = opt(False, "let the allocator move replica groups (docs/scheduling.md)")
     cooldown_steps: int = opt(5, "min training steps between two placement changes", ge=0)
     window_steps: int = opt(5, "training steps the allocator measures rates over", ge=1)
-    rebalance_margin: float = opt(
-        0.1, "a new placement must beat the current one by this |log coverage| margin", ge=0
-    )
-    adaptive_caps: bool = opt(
-        False, "AIMD control of each rollout rank's concurrency cap from its engine's load"
-    )
+    rebalance_margin: float = opt(0.1, "a new placement's least gain in |log coverage|", ge=0)
+    adaptive_caps: bool = opt(False, "AIMD control of each rollout rank's cap by its engine load")
     cap_interval_s: float = opt(2.0, "seconds between two cap updates of a rank", gt=0)
     token_admission: bool = opt(
         True, "admit a request only if its expected tokens fit the engine's KV budget"
@@ -398,6 +392,9 @@ class SchedulerConfig:
     target_kv_util: float = opt(
         0.8, "AIMD: the cap grows while KV utilisation is below this minus 0.1", gt=0, le=1
     )
+    lend_trainer: bool = opt(False, "lend the waiting trainer to rollout (docs/scheduling.md)")
+    lend_margin: float = opt(1.5, "lend when the wait is this many switch round trips", ge=1, le=8)
+    lend_estimate_s: float = opt(10.0, "a lend's switch cost until one is measured, s", gt=0)
 
 
 @dataclass

@@ -27,7 +27,15 @@ from typing import Any
 
 from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS, needs_collective
-from runtime.control import colocation, lifecycle, registration, rollout_work, telemetry, training
+from runtime.control import (
+    colocation,
+    lends,
+    lifecycle,
+    registration,
+    rollout_work,
+    telemetry,
+    training,
+)
 from runtime.control.checkpoints import PARK_TIMEOUT_S, SaveCheckpoint
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
@@ -177,6 +185,7 @@ class Coordinator(Run):
             else:
                 out += self._wait_for_parked(now)
         out += colocation.advance(self)
+        out += lends.poll(self)
         self.check_ended()
         return out
 

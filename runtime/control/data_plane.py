@@ -176,6 +176,10 @@ class DataPlane:
         """Samples in the buffer no batch has taken yet."""
         return len(self.buffer.unused)
 
+    def fresh_missing(self) -> int:
+        """Fresh samples the next batch still lacks (0: it has enough)."""
+        return max(0, self.buffer.min_unused - len(self.buffer.unused))
+
     @property
     def shortfall(self) -> str | None:
         """What the last batch that could not be made lacked (fresh, replay, or what the

@@ -12,7 +12,9 @@ Pure bookkeeping with the caller's times; the coordinator tells it what it alrea
   fill the batch (``replay_short``: not yet there, or evicted), or a sampler that picked
   fewer (``sampler_short``); from a step report to the next request it is
   ``weight_sync`` at a sync point (the leader broadcasts) and ``step_report`` otherwise;
-  ``role_switch`` and ``checkpoint`` while those hold batches back.
+  ``role_switch`` and ``checkpoint`` while those hold batches back. While its replica
+  groups are lent to rollout (runtime/control/lends.py) it is busy generating: the busy
+  cause ``lent`` (``TRAINER_BUSY_CAUSES``, reported apart as ``trainer_busy_by_cause``).
 - **Rollout.** Each rank reports cumulative active, busy and sync-paused seconds with its
   heartbeat; idle is active minus busy, plus the seconds its engine was paused for a
   weight sync (it holds requests then, but generates nothing). Between two beats, the
@@ -81,6 +83,8 @@ THROTTLES = frozenset(
         *BARRIER_CAUSES,
     }
 )
+# The trainer's time that is not idle though it trains nothing: its groups generating.
+TRAINER_BUSY_CAUSES = ("lent",)
 # The trainer's causes that mean it waited for data.
 STARVED = ("fresh_short", "rollout_held", "replay_short", "sampler_short")
 # Refusal reasons that mean rollout is held back (the trainer's "rollout_held").
@@ -106,6 +110,8 @@ class IdleBook:
         # a driver's seconds count for its whole replica; the other ranks are left out
         self.rollout_group_size = rollout_group_size
         self.trainer: Counter[str] = Counter()
+        self.trainer_busy: Counter[str] = Counter()  # TRAINER_BUSY_CAUSES, seconds
+        self._busy_at_window: Counter[str] = Counter()  # of those, before the first step
         self.rollout: Counter[str] = Counter()
         self.rollout_busy: Counter[str] = Counter()  # ROLLOUT_BUSY_CAUSES, rank-seconds
         self.rollout_active_s = 0.0
@@ -117,22 +123,38 @@ class IdleBook:
     # --- trainer -------------------------------------------------------------------------
 
     def trainer_is(self, cause: str | None, now: float) -> None:
-        """The trainer leader is idle for ``cause`` from ``now`` (None: training)."""
-        if cause is not None and cause not in TRAINER_CAUSES:
+        """The trainer leader is idle for ``cause`` from ``now`` (None: training; a busy
+        cause of ``TRAINER_BUSY_CAUSES``: not idle, booked apart)."""
+        if cause is not None and cause not in TRAINER_CAUSES + TRAINER_BUSY_CAUSES:
             raise ValueError(f"unknown trainer idle cause {cause!r}")
         self._close_trainer(now)
         self._trainer_state = cause
 
     def _close_trainer(self, now: float) -> None:
-        if self._trainer_state is not None and now > self._trainer_since:
-            self.trainer[self._trainer_state] += now - self._trainer_since
+        state = self._trainer_state
+        if state is not None and now > self._trainer_since:
+            book = self.trainer_busy if state in TRAINER_BUSY_CAUSES else self.trainer
+            book[state] += now - self._trainer_since
         self._trainer_since = max(self._trainer_since, now)
 
     def trainer_idle(self, now: float) -> Counter[str]:
         """Seconds per cause up to ``now`` (the open interval included)."""
         out = Counter(self.trainer)
-        if self._trainer_state is not None and now > self._trainer_since:
-            out[self._trainer_state] += now - self._trainer_since
+        state = self._trainer_state
+        if state is not None and state not in TRAINER_BUSY_CAUSES and now > self._trainer_since:
+            out[state] += now - self._trainer_since
+        return out
+
+    def open_window(self, now: float) -> None:
+        """The first step: the busy causes' shares count from here, as the idle ones."""
+        self._busy_at_window = self.trainer_busy_s(now)
+
+    def trainer_busy_s(self, now: float) -> Counter[str]:
+        """Seconds per busy cause up to ``now`` (the open interval included)."""
+        out = Counter(self.trainer_busy)
+        state = self._trainer_state
+        if state in TRAINER_BUSY_CAUSES and now > self._trainer_since:
+            out[state] += now - self._trainer_since
         return out
 
     # --- rollout -------------------------------------------------------------------------
@@ -244,6 +266,10 @@ class IdleBook:
             idle = self.trainer_idle(now)
             idle.subtract(at_start)
             out["trainer_idle_by_cause"] = _shares(idle, span)
+            if self.trainer_busy or self._trainer_state in TRAINER_BUSY_CAUSES:
+                busy = self.trainer_busy_s(now)
+                busy.subtract(self._busy_at_window)
+                out["trainer_busy_by_cause"] = _shares(busy, span)
         active = max(self.rollout_active_s, 1e-9)
         out["rollout_idle_by_cause"] = _shares(self.rollout, active)
         if self.rollout_busy:  # only engines that say what they did

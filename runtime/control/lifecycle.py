@@ -28,6 +28,11 @@ def request_stop(c: Run, reason: str) -> list[Outgoing]:
     (after the batch in training, if any), then every rank is told to leave."""
     if c.state in TERMINAL or c.state == RunState.STOPPING or c.ckpt.stopping:
         return []
+    if c.state == RunState.RUNNING and c.lends is not None and c.lends.active is not None:
+        # the trainer's groups generate: they come back first (runtime/control/lends.py)
+        c.explain(f"stopping after a checkpoint: {reason}")
+        c.lends.stop_after_reclaim(reason)
+        return []
     if c.state == RunState.RUNNING and c.training_started:
         c.explain(f"stopping after a checkpoint: {reason}")
         # colocated, every rank generating: the trainer state is off the device, so the

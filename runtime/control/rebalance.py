@@ -20,6 +20,9 @@ from runtime.control.replay_buffer import version_of
 from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
 from runtime.data.sample import Sample
 
+# The sources of a lend's two switches (runtime/control/lends.py).
+LENDS = ("lend", "reclaim")
+
 
 @dataclass
 class SwitchRecord:
@@ -32,7 +35,10 @@ class SwitchRecord:
     durations: dict[int, float] = field(default_factory=dict)
     # rank -> seconds per phase of its switch (protocol.SWITCH_PHASES)
     phases: dict[int, dict[str, float]] = field(default_factory=dict)
-    source: str = "manual"  # manual (reflow rebalance) or auto (the allocator)
+    # manual (reflow rebalance), auto (the allocator), phase (colocated_sync), lend and
+    # reclaim (a waiting trainer's groups generating: runtime/control/lends.py), lost_rank
+    # and rank_rejoined (the live ranks regrouping)
+    source: str = "manual"
     reported: bool = False  # its duration went into metrics.jsonl
 
     def as_dict(self) -> dict[str, Any]:
@@ -147,7 +153,12 @@ class Rebalancer:
         self._previous = layout  # the layout before the current one (moving ranks)
         self.role_time = RoleTime(clock())
         self.epoch = 0
+        # bumped by every change of placement but a lend and its reclaim: the allocator's
+        # windows span a lend (the lent ranks' samples are the placement's supply)
+        self.placement_epoch = 0
         self.pending: Layout | None = None
+        self._pending_record: SwitchRecord | None = None
+        self._applied: SwitchRecord | None = None  # the newest layout applied
         # apply the pending layout as a new epoch even if its split is the current one (a
         # rank was lost: the live ranks regroup without it)
         self.force_next = False
@@ -211,20 +222,18 @@ class Rebalancer:
         after it keeps that)."""
         self.pending = target
         self.force_next = self.force_next or force
-        self.switches.append(
-            SwitchRecord(
-                epoch=self.epoch + 1,
-                ratio=ratio or target.ratio,
-                requested_at=self.clock(),
-                source=source,
-            )
+        self._pending_record = SwitchRecord(
+            epoch=self.epoch + 1,
+            ratio=ratio or target.ratio,
+            requested_at=self.clock(),
+            source=source,
         )
+        self.switches.append(self._pending_record)
 
     def switching(self) -> bool:
         """A layout applied and not yet taken up by every rank."""
-        return bool(self.switches) and (
-            self.switches[-1].applied_at is not None and self.switches[-1].done_at is None
-        )
+        applied = self._applied
+        return applied is not None and applied.done_at is None
 
     def apply_pending(self, alive: Iterable[int]) -> bool:
         """Make the pending layout current (at a sync point), waiting for the ``alive``
@@ -233,18 +242,37 @@ class Rebalancer:
             return False
         self._count_role_time()
         target, self.pending = self.pending, None
-        record = self.switches[-1]
+        record, self._pending_record = self._pending_record, None
+        assert record is not None
         forced, self.force_next = self.force_next, False
         if target == self.layout and not forced:
             record.applied_at = record.done_at = self.clock()
             record.epoch = self.epoch
             return False
-        self.epoch += 1
         self.regroup_due = False  # this epoch leaves every lost rank out
+        self.placement_epoch += 1
+        self._take(target, record, alive)
+        return True
+
+    def apply_now(self, target: Layout, source: str, alive: Iterable[int]) -> None:
+        """A lend or its reclaim: ``target`` current at once, as a new epoch, whatever the
+        step (a pending layout stays pending for its sync point). The allocator's windows
+        go on across it (``placement_epoch`` is unchanged)."""
+        if self.switching():
+            raise RuntimeError(f"a {source} while epoch {self.epoch} is still being taken up")
+        self._count_role_time()
+        record = SwitchRecord(
+            epoch=self.epoch + 1, ratio=target.ratio, requested_at=self.clock(), source=source
+        )
+        self.switches.append(record)
+        self._take(target, record, alive)
+
+    def _take(self, target: Layout, record: SwitchRecord, alive: Iterable[int]) -> None:
+        self.epoch += 1
         self._previous, self.layout = self.layout, target
         record.epoch, record.applied_at = self.epoch, self.clock()
         record.waiting_for = set(alive)
-        return True
+        self._applied = record
 
     def start_counting_roles(self) -> None:
         """The run starts: rank-seconds by role count from now (not the start-up)."""
@@ -257,18 +285,24 @@ class Rebalancer:
     def drop_pending(self, why: str) -> None:
         """The pending layout cannot be taken any more (a rank it needs was lost)."""
         self.pending, self.force_next = None, False
-        record = self.switches[-1]
+        record, self._pending_record = self._pending_record, None
+        assert record is not None
         record.applied_at = record.done_at = None
         record.source = f"{record.source}, dropped: {why}"
 
     def forget(self, rank: int) -> None:
         """``rank`` is lost: a switch under way stops waiting for it."""
-        current = self.switches[-1] if self.switches else None
+        current = self._applied
         if current is not None and current.done_at is None and rank in current.waiting_for:
             current.waiting_for.discard(rank)
             if not current.waiting_for and current.applied_at is not None:
                 self._count_role_time()
                 current.done_at = self.clock()
+
+    @property
+    def applied(self) -> SwitchRecord | None:
+        """The newest layout applied (taken up by every rank once its ``done_at`` is set)."""
+        return self._applied
 
     def switched(
         self,
@@ -277,7 +311,7 @@ class Rebalancer:
         duration_s: float | None,
         phases: dict[str, float] | None = None,
     ) -> None:
-        current = self.switches[-1] if self.switches else None
+        current = self._applied
         if current is not None and current.epoch == epoch:
             current.waiting_for.discard(rank)
             if duration_s is not None:
@@ -287,7 +321,8 @@ class Rebalancer:
             if not current.waiting_for and current.done_at is None:
                 self._count_role_time()  # up to now the moved ranks were switching
                 current.done_at = self.clock()
-                if current.applied_at is not None:  # the next moves must pay this back
+                if current.applied_at is not None and current.source not in LENDS:
+                    # the next moves must pay this back (a lend's cost is the gate's)
                     self.allocator.switch_measured(current.done_at - current.applied_at)
 
     def _moving(self) -> list[int]:
@@ -345,7 +380,7 @@ class Rebalancer:
             Mark(
                 step=step,
                 time=now,
-                epoch=self.epoch,
+                epoch=self.placement_epoch,
                 produced=produced,
                 consumed=consumed,
                 fresh=self.fresh_total,

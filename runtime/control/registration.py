@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from runtime.config.layout import Role
 from runtime.config.schema import needs_collective
+from runtime.control import lends
 from runtime.control.membership import Outgoing, WorkerInfo
 from runtime.control.run import Run
 from runtime.transport import protocol as p
@@ -114,7 +115,7 @@ def on_switch_done(c: Run, identity: bytes, msg: p.RoleSwitchDone) -> list[Outgo
     if w is None:
         return []
     switched(c, w, msg.role, msg.layout_epoch, msg.duration_s, msg.phases)
-    return []
+    return lends.poll(c)  # a lend's switch may be done
 
 
 def switched(

@@ -17,7 +17,7 @@ accounting are per driver, that is per replica.
 from __future__ import annotations
 
 from runtime.config.layout import Role
-from runtime.control import colocation, telemetry
+from runtime.control import colocation, lends, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
@@ -101,7 +101,8 @@ def on_sample_done(c: Run, identity: bytes, msg: p.SampleDone) -> list[Outgoing]
     c.generation.finished(t.sample_id, len(t.token_ids))
     if c.cfg.logging.samples:
         c.reports.new_samples.append(telemetry.sample_record(t, msg.rank))
-    return colocation.advance(c)  # the rollout phase may be complete
+    # the rollout phase may be complete; a lend may be over
+    return colocation.advance(c) + lends.sample_arrived(c)
 
 
 def on_sample_failed(c: Run, identity: bytes, msg: p.SampleFailed) -> list[Outgoing]:

@@ -32,6 +32,7 @@ from runtime.control.sample_check import RunBounds
 from runtime.control.scheduling import WindowStats
 from runtime.control.scheduling.concurrency import AimdSettings
 from runtime.control.scheduling.generation import GenerationScheduler
+from runtime.control.scheduling.lending import Lends
 from runtime.control.trainer_link import TrainerLink
 from runtime.data.sample import Sample
 from runtime.transport import protocol as p
@@ -140,6 +141,8 @@ class Run:
             layout, cfg.scheduler, cfg.train, cfg.reflow, clock, lost=lambda: self.members.lost
         )
         self.ckpt = Checkpoints(save_checkpoint, clock)
+        # the trainer's groups generating while it waits (scheduler.lend_trainer)
+        self.lends = Lends(sch, clock) if sch.lend_trainer else None
         self.generation = GenerationScheduler(
             clock,
             AimdSettings(
@@ -289,6 +292,7 @@ class Run:
         """The first step: trainer idle counts from here (before, the pools warm up)."""
         if self.trainer_window is None:
             self.trainer_window = (now, self.idle.trainer_idle(now))
+            self.idle.open_window(now)
 
     def ledger_violated(self, problems: list[str]) -> None:
         self.reports.ledger_violations.append({"step": self.step, "problems": problems})
@@ -421,6 +425,17 @@ class Run:
             return []
         # ...and takes back the lost ranks that registered again and are ready
         self.members.take_back(self.ready_to_rejoin(), self.step)
+        return self.switch_roles(forced)
+
+    def apply_now(self, target: Layout, source: str) -> list[Outgoing]:
+        """A lend or its reclaim (runtime/control/lends.py): ``target`` taken at once."""
+        self.rebalance.apply_now(target, source, (w.rank for w in self.members.alive()))
+        return self.switch_roles(forced=False)
+
+    def switch_roles(self, forced: bool) -> list[Outgoing]:
+        """Every live rank told the layout just applied; a rank leaving the rollout pool
+        gives its requests back first. ``forced``: a regroup of the same roles."""
+        alive = self.members.alive()
         target = self.layout
         roles = self.epoch_roles()
         for w in alive:

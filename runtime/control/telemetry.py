@@ -80,12 +80,25 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
         rollout_idle_by_cause_s={
             k: round(v, 3) for k, v in sorted(c.idle.rollout.items()) if v > 0
         },
+        **lend_fields(c, now),
         layout=c.layout.ratio,
         **{k: v for k, v in msg.metrics.items() if k not in line},
     )
     if not c.reports.lines:
         n.tokens_at_first_step = n.generated_tokens
     return line
+
+
+def lend_fields(c: Run, now: float) -> dict[str, Any]:
+    """A lending run's metrics-line fields: the trainer's cumulative busy seconds by cause
+    (``lent``) and the lends so far (runtime/control/lends.py)."""
+    if c.lends is None:
+        return {}
+    busy = c.idle.trainer_busy_s(now)
+    return {
+        "trainer_busy_by_cause_s": {k: round(v, 3) for k, v in sorted(busy.items()) if v > 0},
+        "lends": c.lends.status(),
+    }
 
 
 def resumed_brief(c: Run) -> dict[str, Any] | None:
@@ -135,6 +148,7 @@ def summary(c: Run) -> dict[str, Any]:
         # tokens and seconds of the rollout engines by running requests (heartbeats)
         "rollout_decode_by_concurrency": c.engine_profile.summary(),
         "switches": [s.as_dict() for s in c.rebalance.switches],
+        **({"lends": c.lends.status()} if c.lends is not None else {}),  # a lending run's
         "lost_ranks": list(c.members.lost_ranks),
         "rejoined_ranks": list(c.members.rejoined_ranks),
         "attempt": c.attempt,
@@ -184,6 +198,7 @@ def status(c: Run) -> dict[str, Any]:
             **c.data.waste(),
         },
         "evals": eval_sets(c.reports.evals),
+        "lends": c.lends.status() if c.lends is not None else None,
         "allocator": {
             "auto": c.auto_rebalance,
             "decisions": [d.as_dict() for d in allocator.decisions[-5:]],
@@ -223,7 +238,7 @@ def rank0_waits(c: Run, now: float) -> list[dict[str, Any]]:
                 "bound": f"control.step_timeout_s={ctl.step_timeout_s:g} (the run fails)",
             }
         )
-    switch = c.rebalance.switches[-1] if c.rebalance.switching() else None
+    switch = c.rebalance.applied if c.rebalance.switching() else None
     if switch is not None and switch.applied_at is not None:
         out.append(
             {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from runtime.config.layout import Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS
-from runtime.control import colocation, lifecycle, telemetry
+from runtime.control import colocation, lends, lifecycle, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
@@ -138,9 +138,16 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
             return [*out, (identity, p.BatchWait(reason="sync point in progress"))]
     batch = c.data.next_batch()
     if batch is None:
+        lent: list[Outgoing] = []
         if leader:
-            c.idle.trainer_is(starved_by(c), now)
-        return [(identity, p.BatchWait(reason="waiting for samples"))]
+            cause = starved_by(c)
+            lends.verdict(c, starved_for_fresh=cause == "fresh_short")
+            c.idle.trainer_is(cause, now)
+            if cause == "fresh_short":
+                lent = lends.maybe_lend(c)  # its groups may generate while it waits
+        return [*lent, (identity, p.BatchWait(reason="waiting for samples"))]
+    if leader:
+        lends.verdict(c, starved_for_fresh=False)
     c.idle.trainer_is(None, now)
     c.trainer_link.sent(now)  # the data plane holds it as the batch in flight
     return send_batch(c, identity, batch)

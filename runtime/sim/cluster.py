@@ -32,17 +32,23 @@ from typing import Any
 from runtime.config.layout import Role
 from runtime.config.schema import Config
 from runtime.control.coordinator import Coordinator
+from runtime.control.rebalance import LENDS
 from runtime.sim.events import EventQueue
 from runtime.sim.parameters import ModelProfile, ProfileError, WorkloadProfile
 from runtime.sim.rollout_pool import RolloutPool
 from runtime.transport import protocol as p
 
 
-def sim_config(cfg: Config) -> Config:
+def sim_config(cfg: Config, model: ModelProfile | None = None) -> Config:
     """The recipe as the simulator runs it: no checkpoints, and no timeouts meant for real
-    processes (simulated ranks never die)."""
+    processes (simulated ranks never die); a lending run's first estimate of a lend's cost
+    is the model's (``ModelProfile.lend_estimate_s``), as a real run's is the memory plan's."""
+    scheduler = cfg.scheduler
+    if scheduler.lend_trainer and model is not None:
+        scheduler = dataclasses.replace(scheduler, lend_estimate_s=model.lend_estimate_s())
     cfg = dataclasses.replace(
         cfg,
+        scheduler=scheduler,
         train=dataclasses.replace(cfg.train, checkpoint_every=0),
         control=dataclasses.replace(
             cfg.control,
@@ -93,7 +99,7 @@ class SimCluster:
         max_seqs: int | None = None,
         stall_s: float = 86_400.0,
     ) -> None:
-        self.cfg = sim_config(cfg)
+        self.cfg = sim_config(cfg, model)
         self.model, self.workload = model, workload
         self.colocated = self.cfg.reflow.policy.colocated
         if self.colocated and (model.colocated_sync_s is None or model.wake_s is None):
@@ -124,6 +130,10 @@ class SimCluster:
         self._rank_of = {identity: r for r, identity in enumerate(self.ident)}
         self.roles: list[str] = []
         self.epoch = 0
+        # the layout epoch each rank has taken up: a rank still switching beats from the
+        # one before (a beat from the new epoch stands in for a lost RoleSwitchDone, and
+        # would end its switch early at rank 0)
+        self.rank_epoch = [0] * self.world
         # One stream, drawn in event order: the event order is deterministic, so is a run.
         self.pool = RolloutPool(
             self.events,
@@ -272,9 +282,13 @@ class SimCluster:
                 "weight_load": self._colocated_sync_s,
                 "wake": self._wake_s,
             }
+        before = self._roles_before[rank] if self._roles_before else roles[rank]
+        applied = self.coord.rebalance.applied
+        if applied is not None and applied.source in LENDS:
+            phases = self.model.lend_phases(before, roles[rank])
+            return sum(phases.values()), phases
         if self.model.switch_s is not None:
             return self.model.switch_s, {}
-        before = self._roles_before[rank] if self._roles_before else roles[rank]
         phases = self.model.switch_phases(before, roles[rank])
         return sum(phases.values()), phases
 
@@ -294,6 +308,7 @@ class SimCluster:
         )
 
     def _switch_done(self, rank: int, epoch: int, seconds: float, phases: dict[str, float]) -> None:
+        self.rank_epoch[rank] = max(self.rank_epoch[rank], epoch)
         self._send(
             rank,
             p.RoleSwitchDone(
@@ -324,7 +339,7 @@ class SimCluster:
                     rank=r,
                     role=role,
                     state="busy" if replica is not None and replica.running else "idle",
-                    layout_epoch=self.epoch,
+                    layout_epoch=self.rank_epoch[r],
                     rollout_active_s=self.pool.rollout_active[r],
                     rollout_busy_s=self.pool.rollout_busy[r],
                     engine=replica.stats() if replica is not None else {},

@@ -107,6 +107,40 @@ class ModelProfile:
             phases["state_transfer"] = state_gb / self.state_transfer_gb_s
         return phases
 
+    def lend_phases(self, before: str, after: str) -> dict[str, float]:
+        """Seconds of each phase of one rank's part in a lend (``after`` rollout) or its
+        reclaim (``after`` trainer): runtime/control/lends.py. The lent rank's trainer
+        state is the current one and stays its own: to rollout it goes to pinned host
+        memory (its shard, for a sharded trainer: the KV cache needs the room), the engine
+        wakes and loads the trainer's weights in place (the colocated sync's figure where
+        the profile has one, else a weight sync); back, the engine sleeps and the state
+        returns, with nothing to receive from other ranks. Every rank regroups."""
+        if self.switch_s is not None:
+            return {} if before == after else {"weight_load": self.switch_s}
+        assert self.offload_gb_s  # __post_init__
+        params = self.params_b * 1e9
+        state_gb = params * (self.trainer_state_bytes_per_param or 0.0) / 1e9
+        state_gb /= self.trainer_gpus_per_replica
+        weights_gb = 2 * params / self.rollout_gpus_per_replica / 1e9
+        phases = {"regroup": self.regroup_s or 0.0}
+        if before == after:
+            return phases
+        if after == "rollout":
+            phases["offload"] = state_gb / self.offload_gb_s
+            phases["wake"] = self.wake_s or 0.0
+            phases["weight_load"] = self.colocated_sync_s or self.weight_sync_s
+        else:
+            phases["offload"] = weights_gb / self.offload_gb_s
+            phases["wake"] = state_gb / self.offload_gb_s
+        return phases
+
+    def lend_estimate_s(self) -> float:
+        """The longer direction of a lend, before a run has measured its own."""
+        return max(
+            sum(self.lend_phases("trainer", "rollout").values()),
+            sum(self.lend_phases("rollout", "trainer").values()),
+        )
+
 
 @dataclass(frozen=True)
 class WorkloadProfile:

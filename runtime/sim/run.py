@@ -64,6 +64,8 @@ def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> 
         "scheduler.auto_rebalance": adaptive,
         "scheduler.adaptive_caps": adaptive,
     }
+    if not adaptive:  # a baseline never lends; reflow lends where the recipe says so
+        changes["scheduler.lend_trainer"] = False
     if p is None or not p.replay:
         changes["reflow.sigma"] = 0.0  # sigma must be 0 where replay is off
     elif target != cfg.reflow.mode:
@@ -365,6 +367,9 @@ def figures(
         "bound_tokens_per_s": round(bound, 1),
         "efficiency": round(whole / bound, 4) if bound else None,
         "trainer_idle_by_cause": s.get("trainer_idle_by_cause", {}),
+        # a lending run's: the trainer's groups generating (busy), and its lends
+        "trainer_busy_by_cause": s.get("trainer_busy_by_cause", {}),
+        "lends": s.get("lends"),
         "rollout_idle_by_cause": s.get("rollout_idle_by_cause", {}),
         # busy time by what the engine did (prefill), where the engines say
         "rollout_busy_by_cause": s.get("rollout_busy_by_cause", {}),

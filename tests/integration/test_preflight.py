@@ -66,10 +66,16 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str], str]]:
             ["workload.kind=custom"],
             "workload.agent: an environment class goes with",
         ),
+        (
+            "check_lending",
+            "recipes/demo.yaml",
+            ["scheduler.lend_trainer=true"],
+            "scheduler.lend_trainer: only `reflow simulate` lends for now",
+        ),
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_a_dry_run_refuses_what_the_launch_refuses_with_the_same_line(index, tmp_path, runs_dir):
     _, recipe, sets, says = cases(tmp_path)[index]
     args = [x for s in sets for x in ("--set", s)]

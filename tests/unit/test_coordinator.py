@@ -227,6 +227,25 @@ def test_rebalance_is_validated_applied_and_acknowledged(clock):
     assert line["phases_max_s"]["offload"] == 0.03
 
 
+def test_a_rebalance_asked_during_a_switch_waits_for_it_to_finish(clock):
+    # The switch under way is the one last applied, not the newest request: with the
+    # records' last entry taken for it, a request made during a switch hid it (the
+    # ranks' reports went unmatched and the request was applied over the switch).
+    c = make(clock)
+    register_all(c)
+    c.handle(b"cli", p.RebalanceRequest(rollout=3, trainer=1))  # before training: at once
+    c.handle(b"cli", p.RebalanceRequest(rollout=1, trainer=3))
+    assert c.rebalance.switching() and c.status()["layout"]["pending"] == "1:3"
+    assert not [m for _, m in c.tick() if isinstance(m, p.RoleSwitch)]
+    for r in range(4):
+        role = "trainer" if r == 0 else "rollout"
+        done = p.RoleSwitchDone(rank=r, role=role, layout_epoch=1, duration_s=0.1)
+        c.handle(ident(r), done)
+    assert c.status()["switches"][0]["duration_s"] is not None  # the 3:1 switch is done
+    switch = [m for _, m in c.tick() if isinstance(m, p.RoleSwitch)]
+    assert switch == [p.RoleSwitch(layout_epoch=2, roles=["trainer"] * 3 + ["rollout"])] * 4
+
+
 def test_rebalance_waits_for_a_sync_point_once_training(clock):
     c = make(clock, train={"steps": 10, "sync_every": 2})
     register_all(c)

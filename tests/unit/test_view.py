@@ -82,3 +82,26 @@ def test_status_view_says_who_waits_on_whom():
         "rank 0 waits on the step report of batch 7 from ranks [0] for 3.4 s "
         "(bound: control.step_timeout_s=3600 (the run fails))"
     ) in text
+
+
+def test_status_view_shows_the_trainers_lends():
+    from rich.console import Console
+
+    from reflow_cli.view import status_view
+
+    lends = {"lent_now": 2, "lends": 3, "paid": 2, "margin": 1.4, "lend_s": 8.2, "reclaim_s": 2.1}
+    base = {
+        "run": "r",
+        "state": "RUNNING",
+        "step": 1,
+        "total_steps": 4,
+        "workers": [],
+        "layout": {},
+    }
+    console = Console(width=160, record=True)
+    console.print(status_view({**base, "lends": lends}))
+    console.print(status_view({**base, "lends": None}))
+    text = console.export_text()
+    assert text.count("lends:") == 1
+    assert "lends: 2 trainer group(s) lent now; 3 done, 2 paid; margin 1.4" in text
+    assert "switch 8.2 s out, 2.1 s back" in text

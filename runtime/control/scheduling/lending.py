@@ -25,9 +25,13 @@ moves whole replica groups), and reports back what a lend cost and whether it pa
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.config.layout import Layout
+from runtime.config.schema import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class Lend:
     predicted_wait_s: float
     reclaimed_at: float | None = None
     paid: bool | None = None  # decided when the reclaimed groups train again
+    forced: bool = False  # called back by the run (a stop, a lost rank), not by the gate
 
 
 class LendGate:
@@ -135,6 +140,13 @@ class LendGate:
         self.current.reclaimed_at = self.clock()
         return True
 
+    def force_reclaim(self) -> None:
+        """The run calls the lent groups back for its own reasons (a stop, a lost rank):
+        the lend gets no verdict and the margin stays."""
+        if self.current is not None and self.current.reclaimed_at is None:
+            self.current.reclaimed_at = self.clock()
+            self.current.forced = True
+
     # --- what the coordinator reports back ------------------------------------------
 
     def lent(self, seconds: float) -> None:
@@ -149,9 +161,10 @@ class LendGate:
         if lend is None or lend.reclaimed_at is None:
             raise RuntimeError("a reclaim reported with no lend being reclaimed")
         self.reclaim_cost.observe(seconds)
-        lend.paid = not trainer_waited
-        step = self.margin_up if trainer_waited else -self.margin_down
-        self.margin = min(self.max_margin, max(self.min_margin, self.margin + step))
+        if not lend.forced:
+            lend.paid = not trainer_waited
+            step = self.margin_up if trainer_waited else -self.margin_down
+            self.margin = min(self.max_margin, max(self.min_margin, self.margin + step))
         self.history.append(lend)
         self.current = None
 
@@ -165,3 +178,122 @@ class LendGate:
             "lend_s": round(self.lend_cost.seconds(), 3),
             "reclaim_s": round(self.reclaim_cost.seconds(), 3),
         }
+
+
+class ArrivalRate:
+    """Samples per second lately: the last ``size`` arrival times, the gap since the
+    newest counted (a supply that stopped reads as slowing down, not as steady)."""
+
+    def __init__(self, size: int = 64) -> None:
+        if size < 2:
+            raise ValueError(f"an arrival rate needs at least 2 arrivals, not {size}")
+        self._times: deque[float] = deque(maxlen=size)
+
+    @property
+    def count(self) -> int:
+        """Arrivals in the window (at most ``size``)."""
+        return len(self._times)
+
+    def arrived(self, now: float) -> None:
+        self._times.append(now)
+
+    def per_s(self, now: float) -> float:
+        if len(self._times) < 2:
+            return 0.0
+        span = now - self._times[0]
+        return (len(self._times) - 1) / span if span > 0 else 0.0
+
+
+@dataclass
+class ActiveLend:
+    """A lend under way: the layout it left, and its two switches' records."""
+
+    before: Layout
+    lend_epoch: int
+    reclaim_epoch: int | None = None
+    lend_s: float | None = None  # the lend's switch, once every rank took it up
+    lent_since: float = 0.0  # when the groups began to generate
+    reclaim_s: float | None = None
+
+
+class Lends:
+    """The run's lends (``scheduler.lend_trainer``): the gate, the arrival rate, the lend
+    under way and the one whose verdict is due."""
+
+    def __init__(self, sch: SchedulerConfig, clock: Callable[[], float]) -> None:
+        self.gate = LendGate(
+            sch.lend_estimate_s, sch.lend_estimate_s, clock, margin=sch.lend_margin
+        )
+        self.arrivals = ArrivalRate()
+        self.active: ActiveLend | None = None
+        # reclaimed (its switch's seconds): the trainer's next request tells if it paid
+        self.verdict_due: float | None = None
+        # a stop asked for while lent: the groups come back, then the stop's checkpoint
+        self.stop_reason: str | None = None
+        self.lent_s = 0.0  # rank-seconds of trainer ranks generating, over the run
+        self.refused: dict[str, int] = {}  # lends the gate did not get to weigh, by why
+
+    # --- the lend's course, as rank 0 follows it (runtime/control/lends.py) -----------
+
+    def refuse(self, why: str) -> None:
+        """No lend could be weighed now, for ``why`` (counted for status)."""
+        self.refused[why] = self.refused.get(why, 0) + 1
+
+    def begin(self, before: Layout, epoch: int) -> None:
+        """The gate lent: the layout left, the lend's epoch."""
+        self.active = ActiveLend(before=before, lend_epoch=epoch)
+
+    def switched_out(self, seconds: float, now: float) -> None:
+        """The lend's switch is done in ``seconds``: the groups generate from ``now``."""
+        assert self.active is not None
+        self.active.lend_s, self.active.lent_since = seconds, now
+        self.gate.lent(seconds)
+
+    def call_back(self, epoch: int, lent_rank_s: float, forced: bool) -> None:
+        """The reclaim's switch starts as ``epoch``, after ``lent_rank_s`` rank-seconds
+        lent; ``forced``: the run's call (a stop, a lost rank), not the gate's."""
+        assert self.active is not None
+        if forced:
+            self.gate.force_reclaim()
+        self.active.reclaim_epoch = epoch
+        self.lent_s += lent_rank_s
+
+    def back(self, seconds: float) -> str | None:
+        """The reclaim's switch is done in ``seconds``; the stop that waited for it, if
+        any (its lend gets no verdict), else the verdict is due at the next request."""
+        assert self.active is not None
+        self.active.reclaim_s, self.active = seconds, None
+        stop, self.stop_reason = self.stop_reason, None
+        if stop is not None:
+            self.gate.reclaimed(seconds, trainer_waited=False)  # forced: no margin change
+            return stop
+        self.verdict_due = seconds
+        return None
+
+    def stop_after_reclaim(self, reason: str) -> None:
+        """A stop asked for while lent: the groups come back first, then its checkpoint."""
+        self.stop_reason = reason
+
+    def judge(self, starved_for_fresh: bool) -> None:
+        """The trainer's first batch request after a reclaim: ``starved_for_fresh``, it
+        found too few fresh samples again (the lend did not pay)."""
+        if self.verdict_due is None:
+            return
+        seconds, self.verdict_due = self.verdict_due, None
+        self.gate.reclaimed(seconds, trainer_waited=starved_for_fresh)
+
+    def status(self) -> dict[str, Any]:
+        out = self.gate.status()
+        out["state"] = (
+            "none"
+            if self.active is None
+            else "reclaiming"
+            if self.active.reclaim_epoch is not None
+            else "lent"
+            if self.active.lend_s is not None
+            else "lending"
+        )
+        out["lent_rank_s"] = round(self.lent_s, 3)
+        out["refused"] = dict(self.refused)
+        out["paid_share"] = round(out["paid"] / out["lends"], 3) if out["lends"] else None
+        return out

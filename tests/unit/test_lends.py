@@ -1,0 +1,237 @@
+"""Lends at rank 0 (runtime/control/lends.py): a trainer that waits for fresh samples lends
+its replica groups to rollout inside a step, and takes them back when the batch will be
+there; scripted against the coordinator with a fake clock, and in the simulator."""
+
+import itertools
+
+import pytest
+
+from runtime.config.recipe import RecipeError, build_config, load_recipe
+from runtime.control.scheduling.lending import ArrivalRate
+from runtime.sim import cluster as sim_cluster
+from runtime.sim.parameters import ModelProfile, load_profiles
+from runtime.sim.run import plan
+from runtime.transport import protocol as p
+from tests.helpers import REPO
+from tests.unit.test_coordinator import (
+    Clock,
+    ident,
+    make,
+    register_all,
+    train_step,
+    wire_done,
+)
+
+PROFILES = load_profiles()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+SPLIT = ["trainer", "trainer", "rollout", "rollout"]  # 2:2 on 4 ranks
+
+
+def lending(clock: Clock, **scheduler) -> object:
+    c = make(
+        clock,
+        prompts=({"text": f"p{i}"} for i in itertools.count()),
+        scheduler={"lend_trainer": True, "lend_estimate_s": 1.0, **scheduler},
+        algorithm={"group_size": 2},
+        train={"steps": 50, "batch_size": 8},
+        reflow={"sigma": 0.0},
+    )
+    register_all(c)
+    # the rate over the last 3 arrivals (64 by default: a real step brings hundreds)
+    c.lends.arrivals = ArrivalRate(size=3)
+    return c
+
+
+def work(c, rank: int, slots: int = 8) -> list:
+    """The requests ``rank`` is handed, as the coordinator's records."""
+    ((_, msg),) = c.handle(ident(rank), p.WorkRequest(rank=rank, slots=slots))
+    out = c.data.dispatcher.outstanding
+    return [out[r["sample_id"]][0] for r in msg.requests]
+
+
+def deliver(c, clock: Clock, requests: list, rank: int, every_s: float) -> list:
+    """Each request's sample sent by ``rank``, ``every_s`` apart; what rank 0 answered."""
+    out = []
+    for req in requests:
+        clock.t += every_s
+        out += c.handle(ident(rank), wire_done(req, rank))
+    return out
+
+
+def ask(c) -> list:
+    return c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+
+
+def switches(out: list) -> list[p.RoleSwitch]:
+    """The layouts broadcast (one message to every rank each)."""
+    return list({m.layout_epoch: m for _, m in out if isinstance(m, p.RoleSwitch)}.values())
+
+
+def all_switched(c, clock: Clock, switch: p.RoleSwitch, after_s: float) -> list:
+    clock.t += after_s
+    out = []
+    for rank, role in enumerate(switch.roles):
+        done = p.RoleSwitchDone(
+            rank=rank, role=role, layout_epoch=switch.layout_epoch, duration_s=after_s
+        )
+        out += c.handle(ident(rank), done)
+    return out
+
+
+def lend_once(c, clock: Clock) -> tuple[p.RoleSwitch, list]:
+    """Rank 2 takes 8 requests and delivers 2 a second apart (1 a second), the leader
+    asks: 6 of its 8 fresh samples are missing, 6 s at that rate, beyond 1.5 round trips
+    of 2 x 1 s. The lend, and rank 2's requests still out."""
+    held = work(c, 2)
+    deliver(c, clock, held[:2], 2, every_s=1.0)
+    out = ask(c)
+    assert isinstance(out[-1][1], p.BatchWait)
+    (lend,) = switches(out)
+    return lend, held[2:]
+
+
+def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_is_near(clock):
+    c = lending(clock)
+    lend, held = lend_once(c, clock)
+    assert lend.roles == ["rollout"] * 4  # every trainer group generates, at once
+    assert c.status()["lends"]["state"] == "lending"
+    all_switched(c, clock, lend, after_s=1.0)
+    assert c.status()["lends"]["state"] == "lent"
+    # the lent leader takes work like any rollout rank
+    mine = work(c, 0)
+    assert mine and all(c.data.dispatcher.outstanding[r.sample_id][1] == 0 for r in mine)
+    clock.t += 4.0  # lent 4 s: the trainer's busy cause, not idle
+    # rank 2 delivers 3 more, 4 a second: the 4 still missing would be in within the
+    # reclaim's 1 s: the groups come back, the lent requests go back to the queue
+    assert not switches(deliver(c, clock, held[:2], 2, every_s=0.25))
+    (reclaim,) = switches(deliver(c, clock, held[2:3], 2, every_s=0.25))
+    assert reclaim.roles == SPLIT
+    assert not any(w == 0 for _, w in c.data.dispatcher.outstanding.values())
+    assert c.data.dispatcher.requeue_reasons["worker_left"] == len(mine)
+    all_switched(c, clock, reclaim, after_s=1.0)
+    deliver(c, clock, held[3:], 2, every_s=0.1)
+    out = ask(c)
+    assert isinstance(out[0][1], p.Batch)  # the lend paid: the batch was there
+    status = c.status()
+    lends = status["lends"]
+    assert lends["lends"] == 1 and lends["paid"] == 1 and lends["state"] == "none"
+    assert lends["margin"] < 1.5  # a lend that paid lowers it
+    sources = [s["source"] for s in status["switches"]]
+    assert sources[-2:] == ["lend", "reclaim"]
+    busy = c.idle.trainer_busy_s(clock.t)
+    assert busy["lent"] == pytest.approx(4.0 + 3 * 0.25)
+    assert "lent" not in c.idle.trainer_idle(clock.t)
+
+
+def test_a_lend_whose_batch_was_not_there_raises_the_margin(clock):
+    c = lending(clock)
+    lend, held = lend_once(c, clock)
+    all_switched(c, clock, lend, after_s=1.0)
+    # 4 missing at under 1 a second: more than the reclaim's 1 s, the gate keeps them lent
+    out = deliver(c, clock, held[:2], 2, every_s=1.0)
+    assert not switches(out)
+    # ...until 1 is missing at 2 a second
+    out = deliver(c, clock, held[2:5], 2, every_s=0.5)
+    (reclaim,) = switches(out)
+    all_switched(c, clock, reclaim, after_s=1.0)
+    # the one sample never came: the trainer waits for fresh samples again
+    assert isinstance(ask(c)[-1][1], p.BatchWait)
+    lends = c.status()["lends"]
+    assert lends["lends"] == 1 and lends["paid"] == 0 and lends["margin"] > 1.5
+
+
+def test_no_lend_when_the_wait_is_shorter_than_the_round_trip(clock):
+    c = lending(clock, lend_estimate_s=4.0)  # 1.5 x (4 + 4) = 12 s > the 6 s of the wait
+    deliver(c, clock, work(c, 2)[:2], 2, every_s=1.0)
+    assert not switches(ask(c))
+    assert c.layout.ratio == "2:2"
+
+
+def test_without_lending_the_trainer_only_waits(clock):
+    c = make(
+        clock,
+        prompts=({"text": f"p{i}"} for i in itertools.count()),
+        algorithm={"group_size": 2},
+        train={"steps": 50, "batch_size": 8},
+        reflow={"sigma": 0.0},
+    )
+    register_all(c)
+    deliver(c, clock, work(c, 2)[:2], 2, every_s=1.0)
+    assert not switches(ask(c)) and c.lends is None and c.status()["lends"] is None
+
+
+def test_a_stop_while_lent_takes_the_groups_back_before_its_checkpoint(clock):
+    c = lending(clock)
+    lend, _ = lend_once(c, clock)
+    all_switched(c, clock, lend, after_s=1.0)
+    out = c.handle(b"cli", p.StopRequest(reason="reflow stop"))
+    assert out[0][1] == p.Reply(ok=True, text="stopping")
+    assert not [m for _, m in out[1:] if isinstance(m, (p.Stop, p.Checkpoint))]
+    (reclaim,) = switches(c.tick())
+    assert reclaim.roles == SPLIT and c.state == "RUNNING"
+    out = all_switched(c, clock, reclaim, after_s=1.0)
+    # the groups are back: the stop goes on (no checkpointer here: it stops at once)
+    assert {type(m) for _, m in out} == {p.Stop} and c.state == "STOPPING"
+    assert c.status()["lends"]["paid"] == 0  # called back by the run: no verdict
+
+
+def test_no_lend_before_a_rate_is_measured_nor_while_a_layout_is_pending(clock):
+    c = lending(clock, lend_estimate_s=0.01)
+    assert not switches(ask(c))  # nothing arrived yet: no rate, no prediction
+    assert c.lends.refused == {"no_rate": 1}
+    train_step(c, 1)  # (samples put in the buffer directly: still no rate)
+    c.handle(b"cli", p.RebalanceRequest(rollout=3, trainer=1))  # pending: a sync point
+    deliver(c, clock, work(c, 2)[:2], 2, every_s=1.0)
+    assert not switches(ask(c))
+    assert c.lends.refused["layout_change"] == 1
+
+
+def test_a_baseline_refuses_lending_in_one_line():
+    with pytest.raises(RecipeError, match=r"scheduler\.lend_trainer"):
+        build_config({"reflow": {"mode": "async"}, "scheduler": {"lend_trainer": True}})
+
+
+def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
+    # 32 GPUs of Qwen3-8B whose trainer is 20x the profile's: it waits for rollout
+    cfg = load_recipe(
+        REPO / "recipes" / "dapo_math.yaml",
+        [
+            "train.steps=12",
+            "train.sync_every=2",
+            "scheduler.lend_trainer=true",
+            "scheduler.auto_rebalance=false",
+        ],
+    )
+    base = PROFILES.model("qwen3-8b")
+    fast = ModelProfile(**{**base.__dict__, "train_tok_s": base.train_tok_s * 20})
+    sim = sim_cluster.SimCluster(plan(cfg, 32, mode="reflow").cfg, fast, PROFILES.workload("math"))
+    assert sim.coord.cfg.scheduler.lend_estimate_s == fast.lend_estimate_s()
+    res = sim.run()
+    s = res.summary
+    assert s["state"] == "COMPLETED" and s["steps"] == 12
+    assert s["samples"]["lost"] == 0 and s["samples"]["duplicated"] == 0
+    assert s["ledger_violations"] == 0
+    lends = [x for x in s["switches"] if x["source"] == "lend"]
+    reclaims = [x for x in s["switches"] if x["source"] == "reclaim"]
+    assert lends and len(reclaims) == len(lends)
+    assert {x["ratio"] for x in lends} == {"32:0"}
+    to_rollout = sum(fast.lend_phases("trainer", "rollout").values())
+    to_trainer = sum(fast.lend_phases("rollout", "trainer").values())
+    assert [x["max_rank_switch_s"] for x in lends] == pytest.approx([to_rollout] * len(lends))
+    assert [x["max_rank_switch_s"] for x in reclaims] == pytest.approx([to_trainer] * len(lends))
+    assert "state_transfer" not in reclaims[0]["phases_max_s"]  # its own state, kept
+    assert s["trainer_busy_by_cause"]["lent"] > 0
+    assert "fresh_short" not in s["trainer_idle_by_cause"]
+    assert res.metrics[-1]["lends"]["lends"] == len(lends)
+    # rank 0 measures each switch from its ranks' reports: none is over before its slowest
+    # rank (a rank still switching used to beat from the new epoch, which ended it early)
+    assert all(x["duration_s"] >= x["max_rank_switch_s"] - 1e-3 for x in s["switches"])
+    measured = res.metrics[-1]["lends"]
+    assert measured["lend_s"] == pytest.approx(to_rollout, rel=1e-3)
+    assert measured["reclaim_s"] == pytest.approx(to_trainer, rel=1e-3)
