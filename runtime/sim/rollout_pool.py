@@ -206,8 +206,10 @@ class RolloutPool:
             self._turn_finished(leader, sid)
 
     def _turn_finished(self, leader: int, sid: int) -> None:
-        loop = self.loops[leader]
-        s = loop.running.get(sid)
+        loop = self.loops.get(leader)
+        # (a delivery of the same instant may have ended a lend: the replica left, and rank
+        # 0 put its requests back in the queue)
+        s = loop.running.get(sid) if loop is not None else None
         if s is None:
             return
         now = self.events.now

@@ -10,7 +10,7 @@ from runtime.config.recipe import RecipeError, build_config, load_recipe
 from runtime.control.scheduling.lending import ArrivalRate
 from runtime.sim import cluster as sim_cluster
 from runtime.sim.parameters import ModelProfile, load_profiles
-from runtime.sim.run import plan
+from runtime.sim.run import plan, simulate
 from runtime.transport import protocol as p
 from tests.helpers import REPO
 from tests.unit.test_coordinator import (
@@ -235,3 +235,17 @@ def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
     measured = res.metrics[-1]["lends"]
     assert measured["lend_s"] == pytest.approx(to_rollout, rel=1e-3)
     assert measured["reclaim_s"] == pytest.approx(to_trainer, rel=1e-3)
+
+
+def test_a_reclaim_in_the_middle_of_a_replicas_finished_turns_loses_nothing():
+    # Math, Qwen3-14B on 16 GPUs, the grid's run: a delivery among turns that end at the
+    # same instant ends a lend, and the replica leaves while its other turns are reported
+    # (the simulator raised KeyError there, 160 steps in)
+    cfg = load_recipe(
+        REPO / "recipes" / "dapo_math.yaml", ["train.steps=160", "scheduler.lend_trainer=true"]
+    )
+    res = simulate(plan(cfg, 16, mode="reflow", model="qwen3-14b", workload="math"))
+    s = res.summary
+    assert s["state"] == "COMPLETED" and s["steps"] == 160
+    assert s["lends"]["lends"] > 20 and s["samples"]["lost"] == 0
+    assert s["samples"]["duplicated"] == 0 and s["ledger_violations"] == 0
