@@ -66,6 +66,7 @@ def test_a_lend_that_did_not_pay_raises_the_margin_and_the_next_wait_like_it_sta
     assert g.should_lend(Supply(28, 4.0), 2) == 0  # 7 s < 2.0 x 4 s now
     assert g.status() == {
         "lent_now": 0, "lends": 1, "paid": 0, "margin": 2.0, "lend_s": 2.0, "reclaim_s": 2.0,
+        "predicted_wait_s": 7.0,  # the last lend's
     }  # fmt: skip
 
 

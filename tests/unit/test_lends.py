@@ -3,6 +3,7 @@ its replica groups to rollout inside a step, and takes them back when the batch 
 there; scripted against the coordinator with a fake clock, and in the simulator."""
 
 import itertools
+import math
 
 import pytest
 
@@ -122,6 +123,7 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     lends = status["lends"]
     assert lends["lends"] == 1 and lends["paid"] == 1 and lends["state"] == "none"
     assert lends["margin"] < 1.5  # a lend that paid lowers it
+    assert lends["predicted_wait_s"] == pytest.approx(6.0)  # what it was decided on
     sources = [s["source"] for s in status["switches"]]
     assert sources[-2:] == ["lend", "reclaim"]
     busy = c.idle.trainer_busy_s(clock.t)
@@ -249,3 +251,18 @@ def test_a_reclaim_in_the_middle_of_a_replicas_finished_turns_loses_nothing():
     assert s["state"] == "COMPLETED" and s["steps"] == 160
     assert s["lends"]["lends"] > 20 and s["samples"]["lost"] == 0
     assert s["samples"]["duplicated"] == 0 and s["ledger_violations"] == 0
+
+
+def test_the_arrival_rate_over_the_last_arrivals():
+    rate = ArrivalRate(size=3)
+    assert rate.per_s(0.0) == 0.0  # nothing to go by
+    rate.arrived(1.0)
+    rate.arrived(1.0)
+    assert rate.per_s(1.0) == math.inf  # all at this instant: no bound yet
+    rate.arrived(2.0)
+    assert rate.per_s(2.0) == pytest.approx(2.0)  # 2 intervals over 1 s
+    rate.arrived(4.0)  # the first falls out of the window
+    assert rate.per_s(4.0) == pytest.approx(2 / 3)
+    assert rate.per_s(7.0) == pytest.approx(2 / 6)  # a supply that stopped slows down
+    with pytest.raises(ValueError):
+        ArrivalRate(size=1)

@@ -170,8 +170,14 @@ class LendGate:
 
     def status(self) -> dict[str, Any]:
         """For ``reflow status`` and the metrics: lends, their cost and their yield."""
+        last = self.current or (self.history[-1] if self.history else None)
+        wait = last.predicted_wait_s if last is not None else None
         return {
             "lent_now": self.current.groups if self.current is not None else 0,
+            # the wait the newest lend was decided on (None: no lend yet, or no rate)
+            "predicted_wait_s": round(wait, 3)
+            if wait is not None and math.isfinite(wait)
+            else None,
             "lends": len(self.history),
             "paid": sum(1 for x in self.history if x.paid),
             "margin": round(self.margin, 3),
@@ -198,10 +204,11 @@ class ArrivalRate:
         self._times.append(now)
 
     def per_s(self, now: float) -> float:
+        """0 before two arrivals; unbounded when they all came at this very instant."""
         if len(self._times) < 2:
             return 0.0
         span = now - self._times[0]
-        return (len(self._times) - 1) / span if span > 0 else 0.0
+        return (len(self._times) - 1) / span if span > 0 else math.inf
 
 
 @dataclass
