@@ -29,6 +29,7 @@ from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS, needs_collective
 from runtime.control import (
     colocation,
+    hand_over,
     lends,
     lifecycle,
     registration,
@@ -171,6 +172,7 @@ class Coordinator(Run):
             out += self._time_out_work(now)
         if self.trainer_link.retrying:
             out += training.retry_batches(self, now)
+        hand_over.expire(self)
         if self.ckpt.pending is not None and self.ckpt.pending.trainer is not None:
             # the trainer's half is in (ok or not): only the drivers' parked rollouts are
             # awaited, bounded by PARK_TIMEOUT_S, not by the checkpoint timeout
@@ -357,7 +359,7 @@ HANDLERS: dict[type[p.Message], Handler] = {
     p.BatchRequest: training.on_batch_request,
     p.StepDone: training.on_step_done,
     p.CheckpointSaved: lifecycle.on_checkpoint_saved,
-    p.Parked: lifecycle.on_parked,
+    p.Parked: hand_over.on_parked,
     # clients (reflow status / rebalance / allocator / stop)
     p.StatusRequest: Coordinator._on_status_request,
     p.RebalanceRequest: Coordinator._on_rebalance,

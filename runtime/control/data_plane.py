@@ -250,6 +250,23 @@ class DataPlane:
     def worker_gone(self, worker: int) -> int:
         return len(self.dispatcher.requeue_worker(worker))
 
+    def await_hand_over(self, worker: int, until: float) -> None:
+        """``worker`` left the rollout pool: its requests stay out there until it hands
+        them over or ``until`` passes (runtime/control/hand_over.py)."""
+        self.dispatcher.await_hand_over(worker, until)
+
+    def handing_over(self, worker: int) -> bool:
+        return worker in self.dispatcher.handing_over
+
+    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
+        """``worker``'s requests back to the queue, those in ``rollouts`` carrying what it
+        had generated of them; how many carry it."""
+        return self.dispatcher.hand_over(worker, rollouts)
+
+    def hand_overs_due(self, now: float) -> list[int]:
+        """Workers whose hand-over is overdue: their requests back from the prompts."""
+        return self.dispatcher.hand_overs_due(now)
+
     # --- trainer side ------------------------------------------------------------------
 
     def next_batch(self) -> Batch | None:

@@ -76,6 +76,10 @@ class Dispatcher:
         # delivered: that is a stale result, not a duplicate. Not checkpointed: a worker
         # of the saved run cannot report to the resumed one.
         self.taken_back_from: dict[int, set[int]] = {}
+        # worker -> when rank 0 stops waiting for its hand-over: it left the rollout pool
+        # with requests out, which stay outstanding there until it reports what it had
+        # generated of each (a finished sample, a parked rollout, or nothing).
+        self.handing_over: dict[int, float] = {}
 
     def _refill(self) -> bool:
         try:
@@ -210,6 +214,7 @@ class Dispatcher:
 
     def requeue_worker(self, worker: int, reason: str = "worker_left") -> list[Request]:
         """A worker is gone or left the rollout pool: its requests go back to the front."""
+        self.handing_over.pop(worker, None)
         back = [req for req, w in self.outstanding.values() if w == worker]
         self._at_worker.pop(worker, None)
         for req in reversed(back):
@@ -251,6 +256,35 @@ class Dispatcher:
         self.parked["kept"] += 1
         self.parked["kept_tokens"] += len(rollout)
         return True
+
+    def await_hand_over(self, worker: int, until: float) -> None:
+        """``worker`` left the rollout pool: its requests stay outstanding there until it
+        hands them over (:meth:`hand_over`) or ``until`` passes (:meth:`hand_overs_due`)."""
+        self.handing_over[worker] = until
+
+    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
+        """What ``worker`` had generated when it left the rollout pool: each request it
+        reports goes back to the front of the queue carrying its parked rollout, which the
+        next rank continues; the rest go back from their prompts. How many carry one."""
+        carried = 0
+        for sid, rollout in rollouts.items():
+            entry = self.outstanding.get(sid)
+            if entry is None or entry[1] != worker:
+                continue
+            self.outstanding[sid] = (replace(entry[0], resume=rollout), worker)
+            self.parked["handed_on"] += 1
+            self.parked["handed_on_tokens"] += len(rollout)
+            carried += 1
+        self.requeue_worker(worker, "left_rollout")
+        return carried
+
+    def hand_overs_due(self, now: float) -> list[int]:
+        """Workers whose hand-over did not come in time: their requests go back from their
+        prompts (nothing is lost; their work is generated again)."""
+        due = [w for w, until in self.handing_over.items() if until <= now]
+        for worker in due:
+            self.requeue_worker(worker, "hand_over_timeout")
+        return due
 
     def resumed(self, request: Request, sample: Sample) -> None:
         """A sample of a request that carried a parked rollout: how many of its tokens

@@ -12,9 +12,10 @@ it at the moments rank 0 knows something new and acts through the layout's books
 2. **Reclaim.** After every sample that arrives, and at every tick: once the gate says the
    missing fresh samples will be in by the time the groups are back, or a stop waits for
    the trainer, or a rank was lost, the layout the lend left is taken back at once. The
-   lent ranks' requests in flight go back to the front of the queue for the other
-   rollout ranks (``Run.switch_roles``), so nothing is lost; versions and ages are the
-   dispatcher's as for any request.
+   lent ranks hand their requests in flight over (runtime/control/hand_over.py): each
+   goes back to the front of the queue with what was generated of it, which the next
+   rollout rank continues, so nothing is lost or generated twice; versions and ages are
+   the spans' as for any partial rollout.
 3. **Verdict.** The trainer's first batch request after the reclaim: no batch for want of
    fresh samples means the lend did not pay (the gate's margin rises).
 

@@ -80,14 +80,23 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
     if not c.ckpt.parked(msg.rank):
         c.messages.reject("unexpected_parked")
         return []
+    for sid, rollout in checked_parked(c, msg).items():
+        c.data.keep_parked(sid, msg.rank, rollout)
+    return end_when_parked(c)
+
+
+def checked_parked(c: Run, msg: p.Parked) -> dict[int, ParkedRollout]:
+    """The parked rollouts of ``msg`` that can be part of a request out at its rank; the
+    others are refused and counted (their requests go on from the prompt)."""
+    out: dict[int, ParkedRollout] = {}
     for sid, rollout in wire.parked(msg).items():
         request = c.data.outstanding_at(sid, msg.rank)
         why = "not_outstanding_there" if request is None else parked_problem(c, request, rollout)
         if why is not None:
             c.data.count_parked(f"refused_{why}")
             continue
-        c.data.keep_parked(sid, msg.rank, rollout)
-    return end_when_parked(c)
+        out[sid] = rollout
+    return out
 
 
 def parked_problem(c: Run, request: Request, rollout: ParkedRollout) -> str | None:

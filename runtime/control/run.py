@@ -38,6 +38,11 @@ from runtime.data.sample import Sample
 from runtime.transport import protocol as p
 from runtime.transport.states import TERMINAL, RunState, WorkerState
 
+# How long rank 0 waits for a driver that left the rollout pool to report what it had
+# generated (runtime/control/hand_over.py) before its requests go back from their prompts:
+# an abort and a grace for tool calls on the rank, as for a stop's parked rollouts.
+HAND_OVER_TIMEOUT_S = 20.0
+
 
 @dataclass
 class StepCounters:
@@ -432,6 +437,12 @@ class Run:
         self.rebalance.apply_now(target, source, (w.rank for w in self.members.alive()))
         return self.switch_roles(forced=False)
 
+    def hands_over(self, rank: int) -> bool:
+        """Whether ``rank`` reports what it generated when it leaves the rollout pool: a
+        driver, outside colocated_sync (whose rollout phase is on-policy: whatever is still
+        out at its end is generated again under the new weights)."""
+        return self.members.drives(rank) and not self.cfg.reflow.policy.colocated
+
     def switch_roles(self, forced: bool) -> list[Outgoing]:
         """Every live rank told the layout just applied; a rank leaving the rollout pool
         gives its requests back first. ``forced``: a regroup of the same roles."""
@@ -450,9 +461,16 @@ class Run:
                 continue
             if w.role != target.role_of(w.rank).value:
                 w.state = WorkerState.SWITCHING
-                # A rank leaving the rollout pool drops its in-flight generations; their
-                # requests go back to the front of the queue, so no sample is lost.
-                self.data.worker_gone(w.rank)
+                if w.role == Role.ROLLOUT.value and self.hands_over(w.rank):
+                    # A driver leaving the rollout pool parks what it generates and reports
+                    # it (runtime/control/hand_over.py): its requests stay out there until
+                    # then and go back to the queue carrying it, for another rank to
+                    # continue. Nothing is lost if the report never comes: they go back
+                    # from their prompts after the bound.
+                    self.data.await_hand_over(w.rank, self.clock() + HAND_OVER_TIMEOUT_S)
+                else:
+                    # Its requests go back to the front of the queue, so no sample is lost.
+                    self.data.worker_gone(w.rank)
                 self.generation.worker_left(w.rank)
                 # its rollout time starts again at its first beat in the new role
                 self.idle.forget(w.rank)

@@ -12,8 +12,9 @@ drives a :class:`RolloutLoop` from its event clock):
   takes;
 - generations in flight are kept across a weight sync: held, then resumed under the new
   weights (partial rollout), each stretch under one policy a version span
-  (:class:`Spans`); leaving the rollout pool drops them (rank 0 requeues them); a stop
-  (``Park``) cuts them off and reports what each had (``Parked``), for the checkpoint;
+  (:class:`Spans`); leaving the rollout pool cuts them off and reports what each had
+  (``Parked``: rank 0 hands them on to other rollout ranks, which continue them), and so
+  does a stop (``Park``), for the checkpoint;
 - finished samples and failures go to an outbox that any thread may fill (vLLM's event
   loop does) and the rank's own thread sends (the worker keeps each result until rank 0
   acknowledges it).
@@ -199,6 +200,19 @@ class RolloutSide(LinkedSide, Generic[H]):
             rollouts = self.park()
             self.loop.flush()
             self.loop.send(wire.parked_message(self.rank, rollouts))
+
+    def hand_over(self) -> None:
+        """Leaving the rollout pool (runtime/control/hand_over.py): what finished goes
+        out as samples, what runs is cut off and reported as parked rollouts, for rank 0
+        to hand on. Unlike a stop's :class:`~runtime.transport.protocol.Park`, generating
+        starts again when the rank next plays rollout."""
+        if not self.active or self.parked:
+            return
+        now = time.monotonic()
+        self.reap(now)
+        rollouts = self.park()
+        self.loop.flush()
+        self.loop.send(wire.parked_message(self.rank, rollouts))
 
     def step(self) -> None:
         now = time.monotonic()

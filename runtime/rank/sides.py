@@ -66,6 +66,11 @@ class RoleSide(abc.ABC):
     @abc.abstractmethod
     def deactivate(self) -> None: ...
 
+    def hand_over(self) -> None:
+        """Leaving this role while work runs here: report it to rank 0 for another rank to
+        go on with (runtime/control/hand_over.py). Nothing to report by default."""
+        return None  # a default, not a stub (the class doc)
+
     def on_layout(self, change: LayoutChange) -> None:
         """Called on both sides of every rank after a role switch (collectives allowed);
         no state to move by default."""

@@ -338,6 +338,10 @@ class HybridWorker:
         if self.colocated:
             return self._switch_phase(change.after[self.rank])
         phases: dict[str, float] = {}
+        if self.role == "rollout" and change.after[self.rank] != "rollout":
+            # what runs here goes on elsewhere (runtime/control/hand_over.py); in the
+            # switch's duration, in none of its phases
+            self.sides["rollout"].hand_over()
         self._enter(change.after[self.rank], phases)
         prepared = time.perf_counter()
         if self.collective is not None:

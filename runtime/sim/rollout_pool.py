@@ -15,14 +15,15 @@ import math
 import random
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.control.coordinator import Coordinator
-from runtime.data.sample import Sample
+from runtime.data.sample import ParkedRollout, Request, Sample, Turn
 from runtime.rank.rollout_loop import RolloutLoop
 from runtime.sim.events import EventQueue
 from runtime.sim.parameters import ModelProfile, WorkloadProfile
 from runtime.sim.replica import RolloutReplica
+from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 
 
@@ -38,6 +39,10 @@ class _Generation:
     dispatched_at: float
     turn: int = 0
     context: int = 0  # blocks of earlier turns and of their tool outputs
+    # Handed over by a rank that left the rollout pool (runtime/control/hand_over.py):
+    # the version spans of what it had generated, and the blocks of the current turn.
+    prefix: list[tuple[int, int, int]] | None = None
+    done: int = 0
 
 
 class RolloutPool:
@@ -84,6 +89,8 @@ class RolloutPool:
         self._accounted: dict[int, tuple[float, float, float]] = {}
         self._arrays: dict[int, tuple[array, array]] = {}
         self._prompt_ids = prompt_ids  # the one prompt rank 0 hands out
+        # sample id -> its generation as a rank that left the pool handed it over
+        self._handed: dict[int, _Generation] = {}
         # vLLM caches prefixes by default; only a later turn of an episode can hit (first
         # turns' shared prompts are not modelled), so single-turn replicas skip the cache
         self._multi_turn = workload.turns > 1
@@ -112,6 +119,7 @@ class RolloutPool:
         requeued their requests; whatever they were generating is lost), add the new."""
         self.account()
         for gone in set(self.replicas) - leaders:
+            self._hand_over(gone)
             del self.replicas[gone]
             self.loops.pop(gone).drop()
             self._replica_event.pop(gone, None)
@@ -138,6 +146,10 @@ class RolloutPool:
         prompt_blocks = len(self._prompt_ids)
         progress = self._progress()
         for req in requests:
+            handed = self._handed.pop(req.sample_id, None)
+            if handed is not None and req.resume is not None:
+                self._resume(leader, replica, req, handed, msg.policy_version)
+                continue
             total = self.lengths.draw(self.rng, progress)
             n_turns = self.workload.episode_turns(self.rng)  # tool calls + 1
             per = max(1, total // n_turns // self.block)
@@ -154,6 +166,66 @@ class RolloutPool:
             )
             replica.submit(req.sample_id, prompt_blocks, per[0])
         self._catch_up(leader, replica)
+
+    def _resume(
+        self, leader: int, replica: RolloutReplica, req: Request, was: _Generation, version: int
+    ) -> None:
+        """A request handed over by a rank that left: its episode goes on where it was cut
+        off (what it had is prefilled, not decoded again; one cut off in a tool call
+        starts its next turn)."""
+        s = replace(was, version=version, dispatched_at=self.events.now)
+        self.loops[leader].running[req.sample_id] = s
+        replica.submit(
+            req.sample_id, s.prompt_blocks + s.context + s.done, s.turns[s.turn] - s.done
+        )
+
+    def _hand_over(self, leader: int) -> None:
+        """``leader`` leaves the rollout pool: what its replica had generated of each
+        request goes to rank 0 as a rank reports it (``Parked``), and is kept here to go on
+        with on the replica that gets the request next."""
+        loop, replica = self.loops[leader], self.replicas[leader]
+        if not loop.running or not self.coord.data.handing_over(leader):
+            return  # (colocated_sync: no hand-overs)
+        replica.advance(self.events.now)
+        rollouts: dict[int, ParkedRollout] = {}
+        for sid, s in loop.running.items():
+            seq = replica.running.get(sid)
+            if seq is not None:  # decoding (a waiting or preempted one has nothing)
+                # (a turn ending at this very instant is cut one block short)
+                s.done += min(seq.need - 1, int(replica.S - seq.start + 1e-9))
+            n = s.context + s.done
+            if n == 0:
+                continue
+            turns, pos = [], 0
+            for t in range(s.turn):
+                turns.append(Turn(pos, pos + s.turns[t], "stop", None))
+                pos += s.turns[t] + self._tool_out
+            if s.done:
+                turns.append(Turn(pos, pos + s.done, "abort", None))
+            s.prefix = self._spans(s, n)
+            tokens, logprobs = self._arrays_of(n)
+            mask = [0] * n
+            for t in turns:
+                mask[t.start : t.end] = [1] * (t.end - t.start)
+            rollouts[sid] = ParkedRollout(
+                token_ids=tokens, logprobs=logprobs, loss_mask=mask, versions=s.prefix, turns=turns
+            )
+            self._handed[sid] = s
+        self._send(leader, wire.parked_message(leader, rollouts))
+
+    def _spans(self, s: _Generation, n: int) -> list[tuple[int, int, int]]:
+        """The version spans of ``s``'s first ``n`` blocks: what a rank that left had
+        generated, then this stretch. Held across a weight sync (runtime/rank/rollout_loop.py,
+        Spans): modelled as half way through, which is all rank 0 looks at (the versions)."""
+        prefix = s.prefix or []
+        start = prefix[-1][2] if prefix else 0
+        v = s.version
+        if n <= start:
+            return prefix
+        if self.version <= v:
+            return [*prefix, (v, start, n)]
+        mid = start + (n - start) // 2
+        return [*prefix, (v, start, mid), (self.version, mid, n)]
 
     def on_weight_sync(self, rank: int, version: int) -> None:
         """A sync holds a replica's requests for the sync time; they resume after."""
@@ -214,7 +286,7 @@ class RolloutPool:
             return
         now = self.events.now
         s.context += s.turns[s.turn]
-        s.turn += 1
+        s.turn, s.done = s.turn + 1, 0
         if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
             s.context += self._tool_out  # its output, in the next turn's prompt
             tool_s = self.workload.tool_s(self.rng)
@@ -226,10 +298,7 @@ class RolloutPool:
         self.episodes_done += 1
         self.episode_tool_calls += len(s.turns) - 1
         n = s.context
-        # Held across a weight sync (runtime/rank/rollout_loop.py, Spans): modelled as half
-        # way through, which is all rank 0 looks at (the spans' versions).
-        v = s.version
-        spans = [(v, 0, n)] if self.version <= v else [(v, 0, n // 2), (self.version, n // 2, n)]
+        spans = self._spans(s, n)
         reward = float(self.rng.random() < self.workload.reward_p(self._progress()))
         tokens, logprobs = self._arrays_of(n)
         loop.finished(

@@ -12,6 +12,7 @@ from runtime.control.scheduling.lending import ArrivalRate
 from runtime.sim import cluster as sim_cluster
 from runtime.sim.parameters import ModelProfile, load_profiles
 from runtime.sim.run import plan, simulate
+from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from tests.helpers import REPO
 from tests.unit.test_coordinator import (
@@ -109,12 +110,14 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     assert mine and all(c.data.dispatcher.outstanding[r.sample_id][1] == 0 for r in mine)
     clock.t += 4.0  # lent 4 s: the trainer's busy cause, not idle
     # rank 2 delivers 3 more, 4 a second: the 4 still missing would be in within the
-    # reclaim's 1 s: the groups come back, the lent requests go back to the queue
+    # reclaim's 1 s: the groups come back, the lent leader hands its requests over
     assert not switches(deliver(c, clock, held[:2], 2, every_s=0.25))
     (reclaim,) = switches(deliver(c, clock, held[2:3], 2, every_s=0.25))
     assert reclaim.roles == SPLIT
+    assert c.data.handing_over(0)  # its requests stay out there until it reports them
+    c.handle(ident(0), wire.parked_message(0, {}))  # it had nothing of any
     assert not any(w == 0 for _, w in c.data.dispatcher.outstanding.values())
-    assert c.data.dispatcher.requeue_reasons["worker_left"] == len(mine)
+    assert c.data.dispatcher.requeue_reasons["left_rollout"] == len(mine)
     all_switched(c, clock, reclaim, after_s=1.0)
     deliver(c, clock, held[3:], 2, every_s=0.1)
     out = ask(c)

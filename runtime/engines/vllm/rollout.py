@@ -220,6 +220,8 @@ class VLLMRolloutSide(RolloutSide[Future]):
     # --- RoleSide ----------------------------------------------------------------------
 
     def activate(self) -> None:
+        # a hand-over on leaving (RolloutSide.hand_over) parked everything: generate again
+        self.env.parking = False
         start = time.perf_counter()
         self._await(self.engine.wake_up(), ENGINE_CALL_TIMEOUT_S, "wake_up")
         self.last_switch = {"wake_s": time.perf_counter() - start}
