@@ -220,7 +220,6 @@ class ActiveLend:
     reclaim_epoch: int | None = None
     lend_s: float | None = None  # the lend's switch, once every rank took it up
     lent_since: float = 0.0  # when the groups began to generate
-    reclaim_s: float | None = None
 
 
 class Lends:
@@ -269,7 +268,7 @@ class Lends:
         """The reclaim's switch is done in ``seconds``; the stop that waited for it, if
         any (its lend gets no verdict), else the verdict is due at the next request."""
         assert self.active is not None
-        self.active.reclaim_s, self.active = seconds, None
+        self.active = None
         stop, self.stop_reason = self.stop_reason, None
         if stop is not None:
             self.gate.reclaimed(seconds, trainer_waited=False)  # forced: no margin change
