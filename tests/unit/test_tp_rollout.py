@@ -239,8 +239,11 @@ def test_a_role_switch_moves_members_with_their_group():
     assert answer.requests == [] and c.messages.rejected["work_from_tp_member"] == 1
     ((_, granted),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=4))
     assert len(granted.requests) == 4
-    # and back: the replica [2, 3] leaves rollout together; its driver's work is requeued
+    # and back: the replica [2, 3] leaves rollout together; its driver hands its work
+    # over (its member has none), and what it reports nothing of starts from the prompt
     c.handle(b"cli", p.RebalanceRequest(rollout=2, trainer=4))
+    assert c.data.handing_over(2) and not c.data.handing_over(3)
+    c.handle(ident(2), wire.parked_message(2, {}))
     assert c.data.dispatcher.running_at(2) == 0
-    assert c.data.dispatcher.requeue_reasons["worker_left"] == 4
+    assert c.data.dispatcher.requeue_reasons["left_rollout"] == 4
     assert [g["ranks"] for g in c.status()["rollout_replicas"]] == [[4, 5]]
