@@ -24,6 +24,7 @@ Pure logic: the clock is passed in and sending is a callable.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Generic, TypeVar
@@ -34,6 +35,8 @@ from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 
 H = TypeVar("H")  # what the engine keeps per running request
+
+log = logging.getLogger(__name__)
 
 RETRY_S = 0.05  # after "nothing now": rank 0 answers at once, so do not spin on it
 
@@ -213,6 +216,11 @@ class RolloutSide(LinkedSide, Generic[H]):
         rollouts = self.park()
         self.loop.flush()
         self.loop.send(wire.parked_message(self.rank, rollouts))
+        log.info(
+            "leaving the rollout pool: handed over %d parked rollouts (%d tokens)",
+            len(rollouts),
+            sum(len(r) for r in rollouts.values()),
+        )
 
     def step(self) -> None:
         now = time.monotonic()

@@ -114,6 +114,11 @@ def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
     assert "trainer state v" in rank0 and "sent from rank 0 to [1]" in rank0
     assert "received from rank 0" in (run_dir / "logs" / "rank1.log").read_text()
     assert not (run_dir / "handoff").exists()  # nothing went through the disk
+    # leaving rollout at 3:1 -> 2:2, rank 1's engine parked what it generated and handed
+    # it over (its requests went back to the queue on its report, not on the bound)
+    assert "leaving the rollout pool: handed over" in (run_dir / "logs" / "rank1.log").read_text()
+    requeued = final["buffer"]["requeued_by_reason"]
+    assert "hand_over_timeout" not in requeued, requeued
 
     # 2. and 3. The losses, each a regroup of the live ranks (a forced epoch, completed).
     assert trainer_lost["rank"] == 1 and trainer_lost["role"] == "trainer", trainer_lost
