@@ -213,7 +213,11 @@ class RolloutSide(LinkedSide, Generic[H]):
             return
         now = time.monotonic()
         self.reap(now)
-        rollouts = self.park()
+        try:
+            rollouts = self.park()
+        except Exception:  # the switch goes on; rank 0 puts the requests back from prompts
+            log.exception("parking the requests in flight failed: handing over none")
+            rollouts = {}
         self.loop.flush()
         self.loop.send(wire.parked_message(self.rank, rollouts))
         log.info(

@@ -179,6 +179,29 @@ def test_a_synthetic_rank_leaving_rollout_reports_its_work_and_generates_again(m
     assert set(side.loop.running) == {8}
 
 
+def test_an_engine_that_cannot_park_hands_over_nothing_at_once(monkeypatch):
+    cfg = build_config(
+        {
+            "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
+            "engine": {"rollout": "synthetic", "trainer": "synthetic"},
+            "data": {"train": "embedded:synthetic"},
+        }
+    )
+    side = SyntheticRollout(cfg, 1)
+    sent: list[p.Message] = []
+    side.attach(sent.append, 1)
+    side.activate()
+    side.on_message(wire.work_message([Request(4, 1, 1, {})], 0))
+
+    def broken() -> dict:
+        raise RuntimeError("engine gone")
+
+    monkeypatch.setattr(side, "park", broken)
+    side.hand_over()  # no exception: the rank's switch goes on
+    (report,) = sent
+    assert isinstance(report, p.Parked) and report.rollouts == []  # rank 0 need not wait
+
+
 def test_a_worker_hands_over_only_when_it_leaves_rollout():
     calls: list[str] = []
 
