@@ -8,20 +8,20 @@ from __future__ import annotations
 import itertools
 
 from runtime.config.layout import LayoutChange
-from runtime.config.recipe import build_config, load_recipe
+from runtime.config.recipe import load_recipe
 from runtime.control.run import HAND_OVER_TIMEOUT_S
 from runtime.data.sample import Request, Turn
-from runtime.engines.synthetic import SyntheticRollout
 from runtime.rank.worker import HybridWorker
 from runtime.sim import cluster as sim_cluster
-from runtime.sim.parameters import ModelProfile, load_profiles
+from runtime.sim.parameters import load_profiles
 from runtime.sim.run import plan
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from tests.helpers import REPO
 from tests.unit.test_coordinator import Clock, ident, make, register_all, wire_done
 from tests.unit.test_data_plane import traj
-from tests.unit.test_parked_rollouts import parked_rollout
+from tests.unit.test_lends import waiting_trainer_sim
+from tests.unit.test_parked_rollouts import parked_rollout, synthetic_rollout_side
 
 PROFILES = load_profiles()
 
@@ -147,19 +147,7 @@ def test_colocated_ranks_hand_nothing_over():
 
 
 def test_a_synthetic_rank_leaving_rollout_reports_its_work_and_generates_again(monkeypatch):
-    cfg = build_config(
-        {
-            "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
-            "engine": {"rollout": "synthetic", "trainer": "synthetic", "synthetic_token_s": 0.01},
-            "data": {"train": "embedded:synthetic"},
-        }
-    )
-    now = [1000.0]
-    monkeypatch.setattr("runtime.engines.synthetic.time.monotonic", lambda: now[0])
-    monkeypatch.setattr("runtime.rank.rollout_loop.time.monotonic", lambda: now[0])
-    side = SyntheticRollout(cfg, 1)
-    sent: list[p.Message] = []
-    side.attach(sent.append, 1)
+    side, sent, now = synthetic_rollout_side(monkeypatch)
     side.activate()
     side.on_message(wire.work_message([Request(4, 1, 1, {}), Request(6, 1, 1, {})], 0))
     finished, cut = side.loop.running[4], side.loop.running[6]
@@ -180,16 +168,7 @@ def test_a_synthetic_rank_leaving_rollout_reports_its_work_and_generates_again(m
 
 
 def test_an_engine_that_cannot_park_hands_over_nothing_at_once(monkeypatch):
-    cfg = build_config(
-        {
-            "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
-            "engine": {"rollout": "synthetic", "trainer": "synthetic"},
-            "data": {"train": "embedded:synthetic"},
-        }
-    )
-    side = SyntheticRollout(cfg, 1)
-    sent: list[p.Message] = []
-    side.attach(sent.append, 1)
+    side, sent, _ = synthetic_rollout_side(monkeypatch)
     side.activate()
     side.on_message(wire.work_message([Request(4, 1, 1, {})], 0))
 
@@ -228,19 +207,7 @@ def test_a_worker_hands_over_only_when_it_leaves_rollout():
 
 
 def test_a_simulated_reclaim_hands_the_lent_ranks_work_on():
-    # test_lends.py's run: 32 GPUs of Qwen3-8B whose trainer is 20x the profile's
-    cfg = load_recipe(
-        REPO / "recipes" / "dapo_math.yaml",
-        [
-            "train.steps=12",
-            "train.sync_every=2",
-            "scheduler.lend_trainer=true",
-            "scheduler.auto_rebalance=false",
-        ],
-    )
-    base = PROFILES.model("qwen3-8b")
-    fast = ModelProfile(**{**base.__dict__, "train_tok_s": base.train_tok_s * 20})
-    sim = sim_cluster.SimCluster(plan(cfg, 32, mode="reflow").cfg, fast, PROFILES.workload("math"))
+    sim, _ = waiting_trainer_sim()  # it lends every few steps
     s = sim.run().summary
     requeued = sim.coord.data.dispatcher.requeue_reasons
     assert s["state"] == "COMPLETED" and s["steps"] == 12 and s["lends"]["lends"] > 0

@@ -202,8 +202,9 @@ def test_a_baseline_refuses_lending_in_one_line():
         build_config({"reflow": {"mode": "async"}, "scheduler": {"lend_trainer": True}})
 
 
-def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
-    # 32 GPUs of Qwen3-8B whose trainer is 20x the profile's: it waits for rollout
+def waiting_trainer_sim() -> tuple[sim_cluster.SimCluster, ModelProfile]:
+    """32 GPUs of Qwen3-8B math whose trainer is 20x the profile's: it waits for rollout
+    and lends (12 steps, a sync every 2, no allocator). The cluster and its model."""
     cfg = load_recipe(
         REPO / "recipes" / "dapo_math.yaml",
         [
@@ -216,6 +217,11 @@ def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
     base = PROFILES.model("qwen3-8b")
     fast = ModelProfile(**{**base.__dict__, "train_tok_s": base.train_tok_s * 20})
     sim = sim_cluster.SimCluster(plan(cfg, 32, mode="reflow").cfg, fast, PROFILES.workload("math"))
+    return sim, fast
+
+
+def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
+    sim, fast = waiting_trainer_sim()
     assert sim.coord.cfg.scheduler.lend_estimate_s == fast.lend_estimate_s()
     res = sim.run()
     s = res.summary

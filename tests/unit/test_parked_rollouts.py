@@ -466,7 +466,9 @@ def test_the_synthetic_engine_reports_parked_rollouts_and_continues_them(monkeyp
     )
 
 
-def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
+def synthetic_rollout_side(monkeypatch) -> tuple[SyntheticRollout, list[p.Message], list[float]]:
+    """Rank 1's synthetic rollout side at 10 ms a token on a clock the test moves: the
+    side, what it sends, and the clock (``now[0]``)."""
     cfg = build_config(
         {
             "resources": {"gpus_per_node": 2, "initial_ratio": "1:1", "device": "cpu"},
@@ -480,6 +482,11 @@ def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
     side = SyntheticRollout(cfg, 1)
     sent: list[p.Message] = []
     side.attach(sent.append, 1)
+    return side, sent, now
+
+
+def test_a_synthetic_stop_sends_what_finished_and_parks_the_rest(monkeypatch):
+    side, sent, now = synthetic_rollout_side(monkeypatch)
     head = parked_rollout(20, version=0)
     side.on_message(wire.work_message([Request(4, 1, 1, {}), Request(6, 1, 1, {}, resume=head)], 0))
     finished, resumed = side.loop.running[4], side.loop.running[6]
