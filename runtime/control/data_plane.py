@@ -260,8 +260,25 @@ class DataPlane:
 
     def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
         """``worker``'s requests back to the queue, those in ``rollouts`` carrying what it
-        had generated of them; how many carry it."""
-        return self.dispatcher.hand_over(worker, rollouts)
+        had generated of them; how many carry it.
+
+        A parked rollout is carried only if a sample of its age would still be admitted
+        now (the dispatcher's staleness admission, at the version its age counts from,
+        ``reflow.age_from``): continuing an older one makes a sample that is evicted
+        before any batch takes it, where generating it again from the prompt makes a young
+        one (those go back from their prompts, counted ``too_old_to_continue``)."""
+        d = self.dispatcher
+        ahead = len(self.buffer.unused) + self.buffer.n_waiting_for_group + len(d.outstanding)
+        kept: dict[int, ParkedRollout] = {}
+        for sid, rollout in rollouts.items():
+            spans = [v for v, _, _ in rollout.versions]
+            version = max(spans) if self.buffer.age_from == "newest_span" else min(spans)
+            last = self.train.last_step_for(version, self.delta)
+            if d.admissible(ahead, last - self.step - len(self.batches)):
+                kept[sid] = rollout
+            else:
+                d.parked["too_old_to_continue"] += 1
+        return d.hand_over(worker, kept)
 
     def hand_overs_due(self, now: float) -> list[int]:
         """Workers whose hand-over is overdue: their requests back from the prompts."""

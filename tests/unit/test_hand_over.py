@@ -83,6 +83,23 @@ def test_a_leaving_driver_hands_its_requests_on_with_what_it_generated():
     assert c.data.ledger_problems() == []
 
 
+def test_a_parked_rollout_too_old_to_be_trained_goes_back_from_its_prompt():
+    # a sample of version 0 may be taken up to step (0 + delta + 1) x sync_every = 2;
+    # with a step done and 8 samples a step, 4 out (and nothing buffered) are admissible
+    # at version 0 only while a step remains: at step 2 none is
+    clock = Clock()
+    c, (cut, old, _, _) = leaving(clock, reflow={"delta": 1})
+    c.data.step = 2  # (as if two steps were trained while it generated)
+    c.data.policy_version = 2
+    report = {cut.sample_id: parked_rollout(3, version=2), old.sample_id: parked_rollout(3)}
+    c.handle(ident(2), wire.parked_message(2, report))
+    d = c.data.dispatcher
+    by_id = {r.sample_id: r for r in d.pending}
+    assert by_id[cut.sample_id].resume is not None  # version 2: young enough
+    assert by_id[old.sample_id].resume is None  # version 0 at step 2: evicted on arrival
+    assert d.parked["too_old_to_continue"] == 1 and d.parked["handed_on"] == 1
+
+
 def test_a_hand_over_that_does_not_come_sends_the_requests_back_from_their_prompts():
     clock = Clock()
     c, taken = leaving(clock, control={"heartbeat_timeout_s": 100.0})
