@@ -8,8 +8,8 @@ until that report, so they count against ``B_max`` and staleness admission as be
 sample it finished just before leaving is taken, not refused as a stale worker's. Then
 they go back to the front of the queue, each carrying its parked rollout: the next rollout
 rank continues it (a partial rollout across ranks, spans and versions as generated) instead
-of generating it again, unless a sample of its age would no longer be admitted (it would be
-evicted before any batch took it: from the prompt, it is young). A report that does not
+of generating it again, if the current policy generated it (an older one would make a
+sample older than a new one: from the prompt, it is young). A report that does not
 come within ``HAND_OVER_TIMEOUT_S``, or a rank lost meanwhile, sends them back from their
 prompts: nothing is lost, and nothing waits for the rank.
 

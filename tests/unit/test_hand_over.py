@@ -83,21 +83,34 @@ def test_a_leaving_driver_hands_its_requests_on_with_what_it_generated():
     assert c.data.ledger_problems() == []
 
 
-def test_a_parked_rollout_too_old_to_be_trained_goes_back_from_its_prompt():
-    # a sample of version 0 may be taken up to step (0 + delta + 1) x sync_every = 2;
-    # with a step done and 8 samples a step, 4 out (and nothing buffered) are admissible
-    # at version 0 only while a step remains: at step 2 none is
+def test_only_what_the_current_policy_generated_is_carried():
+    # continued, a rollout of an older version makes a sample older than its request's
+    # admission assumed; from the prompt it is as young as any
     clock = Clock()
-    c, (cut, old, _, _) = leaving(clock, reflow={"delta": 1})
-    c.data.step = 2  # (as if two steps were trained while it generated)
-    c.data.policy_version = 2
-    report = {cut.sample_id: parked_rollout(3, version=2), old.sample_id: parked_rollout(3)}
+    c, (cut, old, mixed, _) = leaving(clock)
+    c.data.policy_version = 2  # (as if two syncs had come while it generated)
+    spanning = parked_rollout(4)
+    spanning.versions = [(1, 0, 2), (2, 2, 4)]  # held across the last sync
+    report = {
+        cut.sample_id: parked_rollout(3, version=2),
+        old.sample_id: parked_rollout(3, version=1),
+        mixed.sample_id: spanning,
+    }
     c.handle(ident(2), wire.parked_message(2, report))
     d = c.data.dispatcher
-    by_id = {r.sample_id: r for r in d.pending}
-    assert by_id[cut.sample_id].resume is not None  # version 2: young enough
-    assert by_id[old.sample_id].resume is None  # version 0 at step 2: evicted on arrival
-    assert d.parked["too_old_to_continue"] == 1 and d.parked["handed_on"] == 1
+    carried = {r.sample_id for r in d.pending if r.resume is not None}
+    assert carried == {cut.sample_id}
+    assert d.parked["too_old_to_continue"] == 2 and d.parked["handed_on"] == 1
+
+
+def test_with_age_from_the_newest_span_a_rollout_held_across_the_last_sync_is_carried():
+    clock = Clock()
+    c, (_, _, mixed, _) = leaving(clock, reflow={"age_from": "newest_span"})
+    c.data.policy_version = 2
+    spanning = parked_rollout(4)
+    spanning.versions = [(1, 0, 2), (2, 2, 4)]
+    c.handle(ident(2), wire.parked_message(2, {mixed.sample_id: spanning}))
+    assert c.data.dispatcher.parked["handed_on"] == 1
 
 
 def test_a_hand_over_that_does_not_come_sends_the_requests_back_from_their_prompts():
@@ -239,9 +252,10 @@ def test_a_simulated_reclaim_hands_the_lent_ranks_work_on():
     assert s["ledger_violations"] == 0
 
 
-def test_simulated_allocator_moves_hand_multi_turn_episodes_on():
+def test_simulated_allocator_moves_come_after_a_sync_and_carry_nothing_older():
     # APPS agent, Qwen3-8B on 16 GPUs: the allocator moves rollout groups to the trainer
-    # in the first 32 steps; their episodes go on elsewhere, turns and all
+    # in the first 32 steps, right after weight syncs: what the leaving ranks had was
+    # generated under older weights, reported, and sent back from the prompts
     cfg = load_recipe(REPO / "recipes" / "apps_coding.yaml", ["train.steps=32"])
     sim = sim_cluster.SimCluster(
         plan(cfg, 16, mode="reflow", model="qwen3-8b", workload="apps_agent").cfg,
@@ -253,7 +267,6 @@ def test_simulated_allocator_moves_hand_multi_turn_episodes_on():
     assert s["ledger_violations"] == 0
     assert any(x["source"] == "auto" for x in s["switches"])
     parked = s["parked_rollouts"]
-    carried = sim.coord.data.parked_kept()["tokens"]
-    assert parked["handed_on"] > 0
-    assert parked["continued_tokens"] + carried == parked["handed_on_tokens"]
-    assert parked.get("regenerated_tokens", 0) == 0
+    assert parked["too_old_to_continue"] > 0 and "handed_on" not in parked
+    requeued = sim.coord.data.dispatcher.requeue_reasons
+    assert requeued["left_rollout"] > 0 and requeued["hand_over_timeout"] == 0
