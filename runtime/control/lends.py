@@ -13,9 +13,9 @@ it at the moments rank 0 knows something new and acts through the layout's books
    missing fresh samples will be in by the time the groups are back, or a stop waits for
    the trainer, or a rank was lost, the layout the lend left is taken back at once. The
    lent ranks hand their requests in flight over (runtime/control/hand_over.py): each
-   goes back to the front of the queue with what was generated of it, which the next
-   rollout rank continues, so nothing is lost or generated twice; versions and ages are
-   the spans' as for any partial rollout.
+   goes back to the front of the queue, with what the current policy generated of it for
+   the next rollout rank to continue, so nothing is lost; versions and ages are the
+   spans' as for any partial rollout.
 3. **Verdict.** The trainer's first batch request after the reclaim: no batch for want of
    fresh samples means the lend did not pay (the gate's margin rises).
 
