@@ -260,27 +260,8 @@ class DataPlane:
 
     def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
         """``worker``'s requests back to the queue, those in ``rollouts`` carrying what it
-        had generated of them; how many carry it.
-
-        A parked rollout is carried only if continuing it makes a sample no older than
-        generating it again would: its age (``reflow.age_from``: its oldest span's
-        version, or its newest's) is the current policy version. An older one goes back
-        from its prompt (counted ``too_old_to_continue``): continued, its sample is older
-        than the request's admission assumed, and in simulation such samples were evicted
-        before any batch took them (ReTool 8B/16 fell from 1.01x to 0.82x of its
-        baseline). A switch of the allocator comes right after a weight sync, when
-        everything in flight is older: only a lend's reclaim, inside a step, hands work
-        on."""
-        d = self.dispatcher
-        kept: dict[int, ParkedRollout] = {}
-        for sid, rollout in rollouts.items():
-            spans = [v for v, _, _ in rollout.versions]
-            version = max(spans) if self.buffer.age_from == "newest_span" else min(spans)
-            if version >= self.policy_version:
-                kept[sid] = rollout
-            else:
-                d.parked["too_old_to_continue"] += 1
-        return d.hand_over(worker, kept)
+        had generated of them; how many carry it."""
+        return self.dispatcher.hand_over(worker, rollouts)
 
     def hand_overs_due(self, now: float) -> list[int]:
         """Workers whose hand-over is overdue: their requests back from the prompts."""

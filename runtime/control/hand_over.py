@@ -21,6 +21,7 @@ from __future__ import annotations
 from runtime.control import lifecycle
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
+from runtime.data.sample import ParkedRollout
 from runtime.transport import protocol as p
 
 
@@ -31,8 +32,28 @@ def on_parked(c: Run, identity: bytes, msg: p.Parked) -> list[Outgoing]:
         return []
     if not c.data.handing_over(msg.rank):
         return lifecycle.on_parked(c, identity, msg)
-    c.data.hand_over(msg.rank, lifecycle.checked_parked(c, msg))
+    c.data.hand_over(msg.rank, of_the_current_policy(c, lifecycle.checked_parked(c, msg)))
     return []
+
+
+def of_the_current_policy(c: Run, rollouts: dict[int, ParkedRollout]) -> dict[int, ParkedRollout]:
+    """The parked rollouts worth continuing: those whose age (``reflow.age_from``: the
+    oldest span's version, or the newest's) is the current policy version, so that the
+    sample is no older than one generated again would be. An older one goes back from its
+    prompt (counted ``too_old_to_continue``): continued, its sample is older than its
+    request's admission assumed, and in simulation such samples were evicted before any
+    batch took them (ReTool 8B/16 fell from 1.01x to 0.82x of its baseline). A switch of
+    the allocator comes right after a weight sync, when everything in flight is older:
+    only a lend's reclaim, inside a step, hands work on."""
+    newest = c.cfg.reflow.age_from == "newest_span"
+    kept: dict[int, ParkedRollout] = {}
+    for sid, rollout in rollouts.items():
+        versions = [v for v, _, _ in rollout.versions]
+        if (max(versions) if newest else min(versions)) >= c.policy_version:
+            kept[sid] = rollout
+        else:
+            c.data.count_parked("too_old_to_continue")
+    return kept
 
 
 def expire(c: Run) -> None:

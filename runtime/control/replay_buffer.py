@@ -84,7 +84,6 @@ class ReplayBuffer:
         if age_from not in AGE_FROM:
             raise ValueError(f"age_from {age_from!r}: expected one of {AGE_FROM}")
         self.fresh_order = fresh_order
-        self.age_from = age_from
         self.version_of = version_of(age_from)
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
         self._groups: dict[int, list[Sample]] = {}
