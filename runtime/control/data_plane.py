@@ -258,10 +258,10 @@ class DataPlane:
     def handing_over(self, worker: int) -> bool:
         return worker in self.dispatcher.handing_over
 
-    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
-        """``worker``'s requests back to the queue, those in ``rollouts`` carrying what it
-        had generated of them; how many carry it."""
-        return self.dispatcher.hand_over(worker, rollouts)
+    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> None:
+        """The requests ``worker`` held when it left back to the queue, those in
+        ``rollouts`` carrying what it had generated of them."""
+        self.dispatcher.hand_over(worker, rollouts)
 
     def hand_overs_due(self, now: float) -> list[int]:
         """Workers whose hand-over is overdue: their requests back from the prompts."""

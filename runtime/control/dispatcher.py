@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runtime.data.sample import (
@@ -36,6 +36,14 @@ from runtime.data.sample import (
     request_state,
     token_versions,
 )
+
+
+@dataclass
+class HandOver:
+    """A hand-over rank 0 awaits from a worker that left the rollout pool."""
+
+    until: float  # when rank 0 stops waiting: the requests go back from their prompts
+    sample_ids: set[int]  # the requests the worker held when it left
 
 
 class Dispatcher:
@@ -76,10 +84,10 @@ class Dispatcher:
         # delivered: that is a stale result, not a duplicate. Not checkpointed: a worker
         # of the saved run cannot report to the resumed one.
         self.taken_back_from: dict[int, set[int]] = {}
-        # worker -> when rank 0 stops waiting for its hand-over: it left the rollout pool
-        # with requests out, which stay outstanding there until it reports what it had
+        # worker -> the hand-over rank 0 awaits from it: it left the rollout pool with
+        # these requests out, which stay outstanding there until it reports what it had
         # generated of each (a finished sample, a parked rollout, or nothing).
-        self.handing_over: dict[int, float] = {}
+        self.handing_over: dict[int, HandOver] = {}
 
     def _refill(self) -> bool:
         try:
@@ -258,15 +266,20 @@ class Dispatcher:
         return True
 
     def await_hand_over(self, worker: int, until: float) -> None:
-        """``worker`` left the rollout pool: its requests stay outstanding there until it
-        hands them over (:meth:`hand_over`) or ``until`` passes (:meth:`hand_overs_due`)."""
-        self.handing_over[worker] = until
+        """``worker`` left the rollout pool: the requests it holds now stay outstanding
+        there until it hands them over (:meth:`hand_over`) or ``until`` passes
+        (:meth:`hand_overs_due`). Only these: a worker that plays rollout again before it
+        reports is handed new requests, which its old report does not settle."""
+        held = {sid for sid, (_, w) in self.outstanding.items() if w == worker}
+        before = self.handing_over.get(worker)
+        if before is not None:  # (left, came back, left again: one report for both)
+            held |= before.sample_ids
+        self.handing_over[worker] = HandOver(until, held)
 
-    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> int:
+    def hand_over(self, worker: int, rollouts: dict[int, ParkedRollout]) -> None:
         """What ``worker`` had generated when it left the rollout pool: each request it
-        reports goes back to the front of the queue carrying its parked rollout, which the
-        next rank continues; the rest go back from their prompts. How many carry one."""
-        carried = 0
+        held then goes back to the front of the queue, those in ``rollouts`` carrying
+        their parked rollout, which the next rank continues; the rest from their prompts."""
         for sid, rollout in rollouts.items():
             entry = self.outstanding.get(sid)
             if entry is None or entry[1] != worker:
@@ -274,17 +287,23 @@ class Dispatcher:
             self.outstanding[sid] = (replace(entry[0], resume=rollout), worker)
             self.parked["handed_on"] += 1
             self.parked["handed_on_tokens"] += len(rollout)
-            carried += 1
-        self.requeue_worker(worker, "left_rollout")
-        return carried
+        self._settle(worker, "left_rollout")
 
     def hand_overs_due(self, now: float) -> list[int]:
-        """Workers whose hand-over did not come in time: their requests go back from their
-        prompts (nothing is lost; their work is generated again)."""
-        due = [w for w, until in self.handing_over.items() if until <= now]
+        """Workers whose hand-over did not come in time: the requests they held when they
+        left go back from their prompts (nothing is lost; their work is generated again)."""
+        due = [w for w, h in self.handing_over.items() if h.until <= now]
         for worker in due:
-            self.requeue_worker(worker, "hand_over_timeout")
+            self._settle(worker, "hand_over_timeout")
         return due
+
+    def _settle(self, worker: int, reason: str) -> None:
+        """The requests ``worker`` held when it left the rollout pool, back to the front of
+        the queue in their order (those it delivered since are no longer out there)."""
+        held = self.handing_over.pop(worker).sample_ids
+        back = [sid for sid, (_, w) in self.outstanding.items() if w == worker and sid in held]
+        for sid in reversed(back):
+            self.requeue(sid, worker, reason)
 
     def resumed(self, request: Request, sample: Sample) -> None:
         """A sample of a request that carried a parked rollout: how many of its tokens

@@ -43,8 +43,10 @@ def of_the_current_policy(c: Run, rollouts: dict[int, ParkedRollout]) -> dict[in
     prompt (counted ``too_old_to_continue``): continued, its sample is older than its
     request's admission assumed, and in simulation such samples were evicted before any
     batch took them (ReTool 8B/16 fell from 1.01x to 0.82x of its baseline). A switch of
-    the allocator comes right after a weight sync, when everything in flight is older:
-    only a lend's reclaim, inside a step, hands work on."""
+    the allocator comes right after a weight sync, when everything in flight began under
+    an older policy: by the oldest span (the default) it carries nothing, and only a lend's
+    reclaim, inside a step, hands work on; by the newest span a rollout held across that
+    sync is carried too."""
     newest = c.cfg.reflow.age_from == "newest_span"
     kept: dict[int, ParkedRollout] = {}
     for sid, rollout in rollouts.items():

@@ -468,8 +468,10 @@ class Run:
                     # continue. Nothing is lost if the report never comes: they go back
                     # from their prompts after the bound.
                     self.data.await_hand_over(w.rank, self.clock() + HAND_OVER_TIMEOUT_S)
-                else:
+                elif not self.data.handing_over(w.rank):
                     # Its requests go back to the front of the queue, so no sample is lost.
+                    # (One back in the pool before its hand-over came keeps awaiting it:
+                    # the report, or its bound, settles the requests it held when it left.)
                     self.data.worker_gone(w.rank)
                 self.generation.worker_left(w.rank)
                 # its rollout time starts again at its first beat in the new role

@@ -199,10 +199,7 @@ class RolloutSide(LinkedSide, Generic[H]):
             # The run stops after a checkpoint: what is in flight goes into it. Finished
             # samples go first (one connection keeps the order), then the parked rollouts.
             self.parked = True
-            self.reap(now)  # what has finished is a sample, not a parked rollout
-            rollouts = self.park()
-            self.loop.flush()
-            self.loop.send(wire.parked_message(self.rank, rollouts))
+            self.report_parked(now)
 
     def hand_over(self) -> None:
         """Leaving the rollout pool (runtime/control/hand_over.py): what finished goes
@@ -211,20 +208,26 @@ class RolloutSide(LinkedSide, Generic[H]):
         starts again when the rank next plays rollout."""
         if not self.active or self.parked:
             return
-        now = time.monotonic()
-        self.reap(now)
-        try:
-            rollouts = self.park()
-        except Exception:  # the switch goes on; rank 0 puts the requests back from prompts
-            log.exception("parking the requests in flight failed: handing over none")
-            rollouts = {}
-        self.loop.flush()
-        self.loop.send(wire.parked_message(self.rank, rollouts))
+        rollouts = self.report_parked(time.monotonic())
         log.info(
             "leaving the rollout pool: handed over %d parked rollouts (%d tokens)",
             len(rollouts),
             sum(len(r) for r in rollouts.values()),
         )
+
+    def report_parked(self, now: float) -> dict[int, ParkedRollout]:
+        """What finished goes out as samples (one connection keeps the order), then what
+        runs is cut off and reported (``Parked``). An engine that fails to park reports
+        none: rank 0 puts those requests back from their prompts, and nothing waits."""
+        self.reap(now)  # what has finished is a sample, not a parked rollout
+        try:
+            rollouts = self.park()
+        except Exception:
+            log.exception("parking the requests in flight failed: reporting none")
+            rollouts = {}
+        self.loop.flush()
+        self.loop.send(wire.parked_message(self.rank, rollouts))
+        return rollouts
 
     def step(self) -> None:
         now = time.monotonic()

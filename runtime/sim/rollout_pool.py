@@ -25,6 +25,7 @@ from runtime.sim.parameters import ModelProfile, WorkloadProfile
 from runtime.sim.replica import RolloutReplica
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
+from runtime.transport.sample_shape import turns_mask
 
 
 @dataclass
@@ -115,8 +116,8 @@ class RolloutPool:
             replica.t = replica.frozen_until = self.events.now + frozen_for
 
     def relayout(self, leaders: set[int], frozen_for: float) -> None:
-        """Keep the replicas whose leaders lead again, drop the others (the coordinator
-        requeued their requests; whatever they were generating is lost), add the new."""
+        """Keep the replicas whose leaders lead again, drop the others (each hands over
+        what it was generating, as a rank leaving the rollout pool does), add the new."""
         self.account()
         for gone in set(self.replicas) - leaders:
             self._hand_over(gone)
@@ -184,8 +185,9 @@ class RolloutPool:
         request goes to rank 0 as a rank reports it (``Parked``), and is kept here to go on
         with on the replica that gets the request next."""
         loop, replica = self.loops[leader], self.replicas[leader]
-        if not loop.running or not self.coord.data.handing_over(leader):
+        if not self.coord.data.handing_over(leader):
             return  # (colocated_sync: no hand-overs)
+        # (a rank reports also when it has nothing: rank 0 awaits the report)
         replica.advance(self.events.now)
         rollouts: dict[int, ParkedRollout] = {}
         for sid, s in loop.running.items():
@@ -204,9 +206,7 @@ class RolloutPool:
                 turns.append(Turn(pos, pos + s.done, "abort", None))
             s.prefix = self._spans(s, n)
             tokens, logprobs = self._arrays_of(n)
-            mask = [0] * n
-            for t in turns:
-                mask[t.start : t.end] = [1] * (t.end - t.start)
+            mask = turns_mask([(t.start, t.end) for t in turns], n)
             rollouts[sid] = ParkedRollout(
                 token_ids=tokens, logprobs=logprobs, loss_mask=mask, versions=s.prefix, turns=turns
             )

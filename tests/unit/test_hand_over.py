@@ -131,6 +131,49 @@ def test_a_hand_over_that_does_not_come_sends_the_requests_back_from_their_promp
     assert all(r.resume is None for r in d.pending)
 
 
+def back_in_the_pool(c, clock: Clock) -> list[int]:
+    """After :func:`leaving`: the 1:3 switch done, a rebalance brings rank 2 back to
+    rollout before its report came, and it takes new requests. Their sample ids."""
+    for epoch, roles in ((1, ["trainer"] * 3 + ["rollout"]), (2, None)):
+        if roles is None:
+            out = c.handle(b"cli", p.RebalanceRequest(rollout=2, trainer=2))
+            switches = [m for _, m in out if isinstance(m, p.RoleSwitch)]
+            roles = switches[0].roles
+            assert roles[2] == "rollout"
+        for r in range(4):
+            done = p.RoleSwitchDone(rank=r, role=roles[r], layout_epoch=epoch, duration_s=0.1)
+            c.handle(ident(r), done)
+    assert c.data.handing_over(2)  # its report has not come
+    ((_, work),) = c.handle(ident(2), p.WorkRequest(rank=2, slots=2))
+    assert work.requests
+    return [r["sample_id"] for r in work.requests]
+
+
+def test_a_rank_back_in_the_pool_keeps_the_requests_handed_to_it_since_it_left():
+    # The report, or its bound, settles the requests the rank held when it left, not the
+    # ones it is generating again (they went back from their prompts while it worked).
+    clock = Clock()
+    c, taken = leaving(clock, control={"heartbeat_timeout_s": 100.0})
+    new = back_in_the_pool(c, clock)
+    clock.t += HAND_OVER_TIMEOUT_S
+    c.tick()
+    d = c.data.dispatcher
+    assert sorted(at(c, 2)) == sorted(new) and not c.data.handing_over(2)
+    assert d.requeue_reasons["hand_over_timeout"] == len(taken)
+
+
+def test_a_report_that_comes_after_the_rank_came_back_settles_only_what_it_held():
+    clock = Clock()
+    c, (cut, *_) = leaving(clock)
+    new = back_in_the_pool(c, clock)
+    c.handle(ident(2), wire.parked_message(2, {cut.sample_id: parked_rollout(3)}))
+    d = c.data.dispatcher
+    assert sorted(at(c, 2)) == sorted(new) and not c.data.handing_over(2)
+    assert d.parked["handed_on"] == 1 and d.requeue_reasons["left_rollout"] == 4
+    assert d.pending[0].sample_id == cut.sample_id and d.pending[0].resume is not None
+    assert c.data.ledger_problems() == []
+
+
 def test_a_report_of_requests_that_are_not_the_ranks_is_refused():
     clock = Clock()
     c, _ = leaving(clock)
