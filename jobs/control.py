@@ -27,6 +27,10 @@ class ControlClient:
             raise ControlUnavailable(
                 f"{paths.control}: no coordinator address yet (has rank 0 started?)"
             ) from None
+        if not isinstance(control.get("address"), str):
+            # rank 0 wrote why it could not start instead (runtime/entry.py)
+            why = control.get("failed") or "no coordinator address (has rank 0 started?)"
+            raise ControlUnavailable(f"run {paths.name}: {why}")
         try:
             self._keys = load_keypair(paths.keys, CLIENT)
         except KeyFileError as exc:

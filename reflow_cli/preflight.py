@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from jobs.errors import UserError
 from reflow_cli import plan as memory
 from runtime.config.schema import Config
+from runtime.control.samplers import PluginError, make_replay_filter, make_sampler
 from runtime.data.datasets import DatasetError, check_dataset
 from runtime.workloads.agents import environment
 from runtime.workloads.rewards import custom as custom_reward
@@ -67,13 +68,26 @@ def check_environment(cfg: Config, where: Where) -> None:
         cfg.workload.agent = environment.check(cfg.workload.agent)
 
 
+def check_plugins(cfg: Config, where: Where) -> None:
+    """``reflow.sampler`` and ``reflow.replay_filter`` name a registered class or one of
+    the user's that imports and has the methods (else rank 0 fails at its start)."""
+    for field, make in (("sampler", make_sampler), ("replay_filter", make_replay_filter)):
+        try:
+            make(getattr(cfg.reflow, field))
+        except PluginError as exc:
+            raise UserError(f"reflow.{field}: {exc}") from None
+
+
 def check_lending(cfg: Config, where: Where) -> None:
-    """``scheduler.lend_trainer``: rank 0 and the simulator lend, the workers cannot yet (a
-    lent rank would wait for weights from a trainer leader that is generating too)."""
-    if cfg.scheduler.lend_trainer:
+    """``scheduler.lend_trainer``: a lent rank drives an engine of its own, so a lend
+    cannot make tensor-parallel replicas of the trainer's ranks (not built; the simulator
+    models them)."""
+    tp = cfg.resources.rollout_gpus_per_replica
+    if cfg.scheduler.lend_trainer and tp > 1:
         raise UserError(
-            "scheduler.lend_trainer: only `reflow simulate` lends for now; the ranks' side "
-            "of a lend (weights in place, parked requests) is not built yet"
+            f"scheduler.lend_trainer: a lent trainer rank drives a one-GPU engine; with "
+            f"resources.rollout_gpus_per_replica {tp} it would have to join a "
+            "tensor-parallel replica, which lends do not build"
         )
 
 
@@ -86,6 +100,7 @@ LAUNCH_CHECKS: tuple[Check, ...] = (
     check_isolation,
     check_reward,
     check_environment,
+    check_plugins,
     check_lending,
 )
 

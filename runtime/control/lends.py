@@ -7,15 +7,21 @@ it at the moments rank 0 knows something new and acts through the layout's books
    fresh samples with rollout unhindered (idle cause ``fresh_short``), between steps,
    with no switch, pending layout, checkpoint or lost rank in the way: if the gate says
    so, every rank becomes a rollout rank at once (``Layout.all_playing``; a new epoch,
-   not a change of placement: the allocator's windows go on across it). The trainer's
-   time from the end of that switch is booked as ``lent``, a busy cause.
+   not a change of placement: the allocator's windows go on across it), told by a
+   ``Lend``, which moves no group or state: each lent rank's engine loads the published
+   policy from its own trainer (runtime/rank/worker.py, ``lend_switch``), so between sync
+   points (``sync_every`` > 1) only where the ranks keep a copy of it (not yet after a
+   resume between sync points). The trainer's time from the end of that switch is booked
+   as ``lent``, a busy cause.
 2. **Reclaim.** After every sample that arrives, and at every tick: once the gate says the
    missing fresh samples will be in by the time the groups are back, or a stop waits for
    the trainer, or a rank was lost, the layout the lend left is taken back at once. The
    lent ranks hand their requests in flight over (runtime/control/hand_over.py): each
    goes back to the front of the queue, with what the current policy generated of it for
    the next rollout rank to continue, so nothing is lost; versions and ages are the
-   spans' as for any partial rollout.
+   spans' as for any partial rollout. A rank lost while lent: the reclaim leaves it out
+   (``gone``) and the live ranks regroup without it once the groups are back, as for any
+   lost rank; only a lost leader's replica, or part of a replica group, fails the run.
 3. **Verdict.** The trainer's first batch request after the reclaim: no batch for want of
    fresh samples means the lend did not pay (the gate's margin rises).
 
@@ -55,9 +61,23 @@ def why_not_now(c: Run) -> str:
         # the trainer ranks do not make whole rollout replicas (lending them would regroup
         # the rollout replicas under way)
         return "replica_sizes"
+    if not published_at_hand(c):
+        return "no_published_copy"
     if c.lends is not None and c.lends.arrivals.count < 2:
         return "no_rate"  # nothing to predict the wait from yet
     return ""
+
+
+def published_at_hand(c: Run) -> bool:
+    """Whether the trainer ranks hold the published version's weights, which their engines
+    load at a lend: at a sync point these are the trainer's own; between sync points, the
+    copy each rank keeps at a publish (runtime/engines/torch/published.py), which a run
+    resumed between sync points has only from its next one."""
+    every = c.cfg.train.sync_every
+    if c.step % every == 0:
+        return True
+    started = int(c.resumed["step"]) if c.resumed else 0
+    return c.step // every * every >= started
 
 
 def maybe_lend(c: Run) -> list[Outgoing]:
@@ -115,7 +135,7 @@ def poll(c: Run) -> list[Outgoing]:
         if not forced and not lends.gate.should_reclaim(supply(c)):
             return []
         why = c.without_lost(lend.before)
-        if why:  # a lent trainer rank was lost: its replica cannot train again
+        if why:  # the leader's replica, or part of one, was lost: it cannot train again
             return c.finish(RunState.FAILED, f"a rank lent to rollout was lost: {why}")
         lent_rank_s = (now - lend.lent_since) * lend.before.n_trainer_ranks
         out = c.apply_now(lend.before, source="reclaim")
@@ -125,10 +145,13 @@ def poll(c: Run) -> list[Outgoing]:
     seconds = _done_s(c, lend.reclaim_epoch)
     if seconds is None:
         return []  # the reclaim's switch is still under way
-    stop = lends.back(seconds)
+    # (no lend starts after a loss: a lost rank now was lost during this lend)
+    stop = lends.back(seconds, rank_lost=bool(c.members.lost))
     if stop is not None:  # the groups are back: the stop's checkpoint now
         return lifecycle.checkpoint_then_stop(c, stop)
-    return []
+    # a rank lost while lent: the live ranks regroup without it now (the trainer goes on
+    # with its whole replica groups), which the lend's epochs could not
+    return c.regroup_without_lost()
 
 
 def verdict(c: Run, starved_for_fresh: bool) -> None:

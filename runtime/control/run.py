@@ -352,6 +352,10 @@ class Run:
         rb = self.rebalance
         if not rb.regroup_due or rb.switching() or self.state != RunState.RUNNING:
             return []
+        if self.lends is not None and self.lends.active is not None:
+            # a lend's epoch makes no groups: its reclaim comes first, then this regroup
+            # (runtime/control/lends.py)
+            return []
         if rb.pending is None:
             source = "rank_rejoined" if self.ready_to_rejoin() else "lost_rank"
             rb.request(self.layout, source=source, force=True)
@@ -435,7 +439,7 @@ class Run:
     def apply_now(self, target: Layout, source: str) -> list[Outgoing]:
         """A lend or its reclaim (runtime/control/lends.py): ``target`` taken at once."""
         self.rebalance.apply_now(target, source, (w.rank for w in self.members.alive()))
-        return self.switch_roles(forced=False)
+        return self.switch_roles(forced=False, lend=source == "lend")
 
     def hands_over(self, rank: int) -> bool:
         """Whether ``rank`` reports what it generated when it leaves the rollout pool: a
@@ -443,9 +447,10 @@ class Run:
         out at its end is generated again under the new weights)."""
         return self.members.drives(rank) and not self.cfg.reflow.policy.colocated
 
-    def switch_roles(self, forced: bool) -> list[Outgoing]:
+    def switch_roles(self, forced: bool, lend: bool | None = None) -> list[Outgoing]:
         """Every live rank told the layout just applied; a rank leaving the rollout pool
-        gives its requests back first. ``forced``: a regroup of the same roles."""
+        gives its requests back first. ``forced``: a regroup of the same roles. ``lend``:
+        a lend (True) or its reclaim (False), which move no group or state (``Lend``)."""
         alive = self.members.alive()
         target = self.layout
         roles = self.epoch_roles()
@@ -476,4 +481,6 @@ class Run:
                 self.generation.worker_left(w.rank)
                 # its rollout time starts again at its first beat in the new role
                 self.idle.forget(w.rank)
-        return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
+        if lend is None:
+            return self.members.send(p.RoleSwitch(layout_epoch=self.layout_epoch, roles=roles))
+        return self.members.send(p.Lend(layout_epoch=self.layout_epoch, roles=roles, lent=lend))

@@ -116,6 +116,12 @@ class RoleSide(abc.ABC):
         side with no weights to give)."""
         return None
 
+    def lend_weights(self) -> tuple[int, object] | None:
+        """A lend (runtime/rank/worker.py, ``lend_switch``): the published version's weights
+        for the rank's own engine (None: a side with no weights to give). Collective over a
+        sharded trainer's group, whose ranks are all lent together."""
+        return self.engine_weights()
+
     def load_in_place(self, version: int, weights: object) -> None:
         """Mode colocated_sync: load ``weights`` of ``version`` into the rank's own engine;
         none by default (a tensor-parallel member's engine is its driver's)."""

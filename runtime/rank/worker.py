@@ -423,7 +423,7 @@ class HybridWorker:
         elif isinstance(msg, (p.Work, p.BatchWait)):
             assert self.role is not None
             self.sides[self.role].on_message(msg)
-        elif isinstance(msg, p.RoleSwitch):
+        elif isinstance(msg, (p.RoleSwitch, p.Lend)):
             self.last_ack = time.monotonic()
             if len(msg.roles) != self.world_size or msg.layout_epoch <= self.layout_epoch:
                 log.warning("ignoring role switch %s", msg)
@@ -431,10 +431,11 @@ class HybridWorker:
             start = time.perf_counter()
             old_role = self.role
             change = LayoutChange(msg.layout_epoch, self.roles, tuple(msg.roles))
+            lend = isinstance(msg, p.Lend)
             if change.after[self.rank] == p.GONE_ROLE:  # registered again, not taken back
-                return follow_gone(self, change)
+                return follow_gone(self, change, regroup=not lend)
             with self._waiting(wait_label(msg, self.rank, change.after)):
-                phases = self._switch(change)
+                phases = lend_switch(self, change, msg.lent) if lend else self._switch(change)
             self.layout_epoch, self.roles = msg.layout_epoch, change.after
             took = time.perf_counter() - start
             log.info(
@@ -465,15 +466,42 @@ class HybridWorker:
             log.warning("ignoring unexpected %s", msg.TYPE)
 
 
-def follow_gone(w: HybridWorker, change: LayoutChange) -> None:
+def follow_gone(w: HybridWorker, change: LayoutChange, regroup: bool = True) -> None:
     """An epoch that leaves ``w`` out: it registered again after it was lost and is not
     taken back yet (rank 0 waits for no report from it). It is in none of the epoch's
     groups and keeps its role; only its view of the layout follows, which the epoch that
-    takes it back plans the state moves from, as every other rank does."""
-    if w.collective is not None:
+    takes it back plans the state moves from, as every other rank does. (A lend's epoch
+    makes no groups: ``regroup`` False.)"""
+    if w.collective is not None and regroup:
         w.collective.regroup(change.epoch, change.after)  # makes no group here
     w.layout_epoch, w.roles = change.epoch, change.after
     log.info("epoch %d: rank %d not taken back yet (gone in it)", change.epoch, w.rank)
+
+
+def lend_switch(w: HybridWorker, change: LayoutChange, lent: bool) -> dict[str, float]:
+    """A lend or its reclaim (runtime/control/lends.py, ``Lend``); returns the seconds of
+    each phase. No process group changes: the trainer's groups and its state stay with
+    its ranks (offloaded as in any switch), and no sync point falls inside a lend, so the
+    sync pairs of the layout before serve again after it. A lent trainer rank's engine
+    loads the published policy from its own trainer side, as colocated_sync's does; back,
+    it hands over what it was generating, as any rank leaving the rollout pool does."""
+    phases: dict[str, float] = {}
+    role = change.after[w.rank]
+    if role == w.role:
+        return phases  # a rollout rank before and after: its engine goes on
+    if lent:
+        start = time.perf_counter()
+        exported = w.sides["trainer"].lend_weights()  # collective over the trainer group
+        export_s = time.perf_counter() - start
+        w._enter(role, phases)
+        if exported is not None:
+            start = time.perf_counter()
+            load_in_place(w.sides, *exported)
+            phases["weight_load"] = export_s + time.perf_counter() - start
+    else:
+        w.sides["rollout"].hand_over()
+        w._enter(role, phases)
+    return phases
 
 
 def heartbeat(w: HybridWorker) -> p.Heartbeat:
@@ -511,9 +539,10 @@ def wait_label(msg: p.Message, rank: int, roles: Sequence[str], rollout_group_si
         else:
             peers = "from rank 0"
         return f"weight sync of version {msg.policy_version} {peers}"
-    if isinstance(msg, p.RoleSwitch):
+    if isinstance(msg, (p.RoleSwitch, p.Lend)):
         live = [r for r, role in enumerate(roles) if role != p.GONE_ROLE]
-        return f"role switch to layout epoch {msg.layout_epoch} with ranks {live}"
+        what = "role switch" if isinstance(msg, p.RoleSwitch) else "lend"
+        return f"{what} to layout epoch {msg.layout_epoch} with ranks {live}"
     if isinstance(msg, p.Checkpoint):
         return f"checkpoint of step {msg.step} with trainer ranks {trainers}"
     if isinstance(msg, p.Park):

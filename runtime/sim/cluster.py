@@ -167,6 +167,7 @@ class SimCluster:
             p.BatchWait: self._on_batch_wait,
             p.WeightSync: self._on_weight_sync,
             p.RoleSwitch: self._on_role_switch,
+            p.Lend: self._on_role_switch,  # (its phases are a lend's: _switch_s)
             p.Stop: self._on_stop,
         }
 
@@ -292,7 +293,7 @@ class SimCluster:
         phases = self.model.switch_phases(before, roles[rank])
         return sum(phases.values()), phases
 
-    def _on_role_switch(self, rank: int, msg: p.RoleSwitch) -> None:
+    def _on_role_switch(self, rank: int, msg: p.RoleSwitch | p.Lend) -> None:
         roles = list(msg.roles)
         if msg.layout_epoch != self.epoch:  # the first rank told of this layout
             self._roles_before, self.roles, self.epoch = self.roles, roles, msg.layout_epoch

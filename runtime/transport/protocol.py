@@ -391,6 +391,28 @@ class RoleSwitch(Message):
 
 @message
 @dataclass(frozen=True)
+class Lend(Message):
+    """Broadcast: the trainer's ranks generate while it waits (``lent``: every live rank a
+    rollout rank), or go back to training (the roles of the layout before the lend), at
+    ``layout_epoch`` (runtime/control/lends.py). Unlike a :class:`RoleSwitch` no process
+    group changes and no state moves: a lent rank's engine loads the published policy
+    from its own trainer, whose state waits on the rank."""
+
+    TYPE: ClassVar[str] = "lend"
+    layout_epoch: int
+    roles: list[str]
+    lent: bool
+
+    def check(self) -> None:
+        _require(all(r in LAYOUT_ROLES for r in self.roles), "unknown role")
+        if self.lent:
+            _require(all(r != "trainer" for r in self.roles), "a lend leaves no trainer rank")
+        else:
+            _require("trainer" in self.roles, "a reclaim gives the trainer its ranks back")
+
+
+@message
+@dataclass(frozen=True)
 class WeightSync(Message):
     """Sync point: the trainer leader broadcasts ``policy_version`` to the rollout ranks of
     ``layout_epoch`` now (torch.distributed); sent to all of them at once."""

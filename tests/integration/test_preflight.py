@@ -67,15 +67,21 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str], str]]:
             "workload.agent: an environment class goes with",
         ),
         (
+            "check_plugins",
+            "recipes/demo.yaml",
+            ["reflow.sampler=uniform"],
+            "reflow.sampler: 'uniform' is not one of random, medium_reward nor a dotted path",
+        ),
+        (
             "check_lending",
             "recipes/demo.yaml",
-            ["scheduler.lend_trainer=true"],
-            "scheduler.lend_trainer: only `reflow simulate` lends for now",
+            ["scheduler.lend_trainer=true", "resources.rollout_gpus_per_replica=2"],
+            "scheduler.lend_trainer: a lent trainer rank drives a one-GPU engine",
         ),
     ]
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(10))
 def test_a_dry_run_refuses_what_the_launch_refuses_with_the_same_line(index, tmp_path, runs_dir):
     _, recipe, sets, says = cases(tmp_path)[index]
     args = [x for s in sets for x in ("--set", s)]

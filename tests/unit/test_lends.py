@@ -8,6 +8,7 @@ import math
 import pytest
 
 from runtime.config.recipe import RecipeError, build_config, load_recipe
+from runtime.config.schema import needs_collective
 from runtime.control.scheduling.lending import ArrivalRate
 from runtime.sim import cluster as sim_cluster
 from runtime.sim.parameters import ModelProfile, load_profiles
@@ -70,12 +71,13 @@ def ask(c) -> list:
     return c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
 
 
-def switches(out: list) -> list[p.RoleSwitch]:
-    """The layouts broadcast (one message to every rank each)."""
-    return list({m.layout_epoch: m for _, m in out if isinstance(m, p.RoleSwitch)}.values())
+def switches(out: list) -> list[p.RoleSwitch | p.Lend]:
+    """The layouts broadcast (one message to every rank each): switches, lends, reclaims."""
+    kinds = (p.RoleSwitch, p.Lend)
+    return list({m.layout_epoch: m for _, m in out if isinstance(m, kinds)}.values())
 
 
-def all_switched(c, clock: Clock, switch: p.RoleSwitch, after_s: float) -> list:
+def all_switched(c, clock: Clock, switch: p.RoleSwitch | p.Lend, after_s: float) -> list:
     clock.t += after_s
     out = []
     for rank, role in enumerate(switch.roles):
@@ -86,7 +88,7 @@ def all_switched(c, clock: Clock, switch: p.RoleSwitch, after_s: float) -> list:
     return out
 
 
-def lend_once(c, clock: Clock) -> tuple[p.RoleSwitch, list]:
+def lend_once(c, clock: Clock) -> tuple[p.Lend, list]:
     """Rank 2 takes 8 requests and delivers 2 a second apart (1 a second), the leader
     asks: 6 of its 8 fresh samples are missing, 6 s at that rate, beyond 1.5 round trips
     of 2 x 1 s. The lend, and rank 2's requests still out."""
@@ -102,6 +104,7 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     c = lending(clock)
     lend, held = lend_once(c, clock)
     assert lend.roles == ["rollout"] * 4  # every trainer group generates, at once
+    assert isinstance(lend, p.Lend) and lend.lent  # no group changes: not a RoleSwitch
     assert c.status()["lends"]["state"] == "lending"
     all_switched(c, clock, lend, after_s=1.0)
     assert c.status()["lends"]["state"] == "lent"
@@ -113,7 +116,7 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     # reclaim's 1 s: the groups come back, the lent leader hands its requests over
     assert not switches(deliver(c, clock, held[:2], 2, every_s=0.25))
     (reclaim,) = switches(deliver(c, clock, held[2:3], 2, every_s=0.25))
-    assert reclaim.roles == SPLIT
+    assert reclaim.roles == SPLIT and isinstance(reclaim, p.Lend) and not reclaim.lent
     assert c.data.handing_over(0)  # its requests stay out there until it reports them
     c.handle(ident(0), wire.parked_message(0, {}))  # it had nothing of any
     assert not any(w == 0 for _, w in c.data.dispatcher.outstanding.values())
@@ -184,6 +187,60 @@ def test_a_stop_while_lent_takes_the_groups_back_before_its_checkpoint(clock):
     # the groups are back: the stop goes on (no checkpointer here: it stops at once)
     assert {type(m) for _, m in out} == {p.Stop} and c.state == "STOPPING"
     assert c.status()["lends"]["paid"] == 0  # called back by the run: no verdict
+
+
+def test_a_rank_lost_while_lent_is_left_out_of_the_reclaim_and_the_run_regroups(clock):
+    # 2 trainer replicas of one rank each: rank 1, lent, falls silent. The lend's epochs
+    # make no process groups, so the live ranks regroup without it only after the
+    # reclaim (a regroup with every rank in rollout would ask them for a trainer group
+    # without its leader); the trainer goes on with rank 0's replica. Before, the run
+    # failed ("a rank lent to rollout was lost").
+    c = lending(clock)  # vLLM + torch: process groups, so a lost rank regroups
+    assert needs_collective(c.cfg)
+    lend, _ = lend_once(c, clock)
+    all_switched(c, clock, lend, after_s=1.0)
+    clock.t += c.cfg.control.heartbeat_timeout_s + 1
+    out = []
+    for r in (0, 2, 3):
+        out += c.handle(ident(r), heartbeat_of(r, c.layout_epoch))
+    out += c.tick()
+    assert c.state == "RUNNING" and [x["rank"] for x in c.members.lost_ranks] == [1]
+    assert not [m for _, m in out if isinstance(m, p.RoleSwitch)]  # no regroup while lent
+    (reclaim,) = switches(out)
+    assert isinstance(reclaim, p.Lend) and not reclaim.lent
+    assert reclaim.roles == ["trainer", "gone", "rollout", "rollout"]
+    out = []
+    for r in (0, 2, 3):
+        done = p.RoleSwitchDone(
+            rank=r, role=reclaim.roles[r], layout_epoch=reclaim.layout_epoch, duration_s=1.0
+        )
+        out += c.handle(ident(r), done)
+    (regroup,) = switches(out)
+    assert isinstance(regroup, p.RoleSwitch) and regroup.roles == reclaim.roles
+    assert regroup.layout_epoch == reclaim.layout_epoch + 1
+    assert c.rebalance.switches[-1].source == "lost_rank" and c.state == "RUNNING"
+    assert c.data.ledger_problems() == []
+    for r in (0, 2, 3):
+        done = p.RoleSwitchDone(
+            rank=r, role=regroup.roles[r], layout_epoch=regroup.layout_epoch, duration_s=1.0
+        )
+        c.handle(ident(r), done)
+    ask(c)  # the trainer's next batch request: where a lend's verdict comes
+    # the reclaim waited for the loss to be declared: no cost learnt, no verdict
+    lends = c.status()["lends"]
+    assert lends["reclaim_s"] == 1.0 and lends["paid"] == 0 and lends["margin"] == 1.5
+
+
+def heartbeat_of(rank: int, epoch: int) -> p.Heartbeat:
+    return p.Heartbeat(
+        rank=rank,
+        role="rollout",
+        state="busy",
+        layout_epoch=epoch,
+        rollout_active_s=1.0,
+        rollout_busy_s=1.0,
+        engine={},
+    )
 
 
 def test_no_lend_before_a_rate_is_measured_nor_while_a_layout_is_pending(clock):

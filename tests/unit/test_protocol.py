@@ -84,6 +84,7 @@ EXAMPLES = [
     ),
     p.WeightSync(policy_version=3, layout_epoch=1),
     p.RoleSwitch(layout_epoch=2, roles=["trainer", "rollout"]),
+    p.Lend(layout_epoch=3, roles=["rollout", "rollout"], lent=True),
     p.Stop(reason="x"),
     p.StatusRequest(),
     p.StatusReply(status={"state": "RUNNING", "workers": [{"rank": 0}]}),
@@ -215,6 +216,17 @@ def header(**fields):
             "wrong type",
         ),
         ([header(v=p.PROTOCOL_VERSION, type="status_request")] + [b""] * 20000, "frames"),
+        # a lend that leaves a trainer rank, a reclaim that gives the trainer none
+        *[
+            (
+                [header(v=p.PROTOCOL_VERSION, type="lend", layout_epoch=3, roles=roles, lent=lent)],
+                why,
+            )
+            for roles, lent, why in [
+                (["trainer", "rollout"], True, "leaves no trainer"),
+                (["rollout", "gone"], False, "gives the trainer"),
+            ]
+        ],
     ],
 )
 def test_invalid_frames_are_rejected(frames, reason):

@@ -38,3 +38,17 @@ def test_a_silent_rank0_whose_job_is_known_alive_is_watched_to_the_end(tmp_path,
     monkeypatch.setattr(launching, "read_status", status)
     done = main._watch(RunPaths(tmp_path / "r"), unanswered_s=0.05, poll_s=0.01)
     assert done["state"] == "COMPLETED"
+
+
+def test_a_rank0_that_could_not_start_is_read_off_its_status_not_a_key_error(tmp_path):
+    # rank 0 writes why it could not start where its address would be (runtime/entry.py):
+    # `reflow launch --wait` and `reflow status` failed on it ("internal error: KeyError")
+    from runtime.store.run_dir import write_json_atomic
+
+    paths = RunPaths(tmp_path / "r")
+    paths.root.mkdir()
+    why = "rank 0 could not start: PluginError: 'x' is not one of random"
+    write_json_atomic(paths.control, {"failed": why, "attempt": "1"})
+    write_json_atomic(paths.status, {"run": "r", "state": "FAILED", "reason": why})
+    status = launching.read_status(paths)
+    assert status["state"] == "FAILED" and status["reason"] == why and status["stale"]

@@ -143,9 +143,11 @@ class LendGate:
     def force_reclaim(self) -> None:
         """The run calls the lent groups back for its own reasons (a stop, a lost rank):
         the lend gets no verdict and the margin stays."""
-        if self.current is not None and self.current.reclaimed_at is None:
+        if self.current is None:
+            return
+        if self.current.reclaimed_at is None:
             self.current.reclaimed_at = self.clock()
-            self.current.forced = True
+        self.current.forced = True  # (also after the gate's own call: a rank lost since)
 
     # --- what the coordinator reports back ------------------------------------------
 
@@ -153,14 +155,16 @@ class LendGate:
         """The lend's switch is done: it took ``seconds`` (its slowest rank)."""
         self.lend_cost.observe(seconds)
 
-    def reclaimed(self, seconds: float, trainer_waited: bool) -> None:
-        """The reclaim's switch is done in ``seconds``; ``trainer_waited``: the trainer,
-        whole again, still found too few fresh samples for its batch. Such a lend did not
-        pay: the margin rises, and falls after one that did."""
+    def reclaimed(self, seconds: float | None, trainer_waited: bool) -> None:
+        """The reclaim's switch is done in ``seconds`` (None: not a switch's cost, it
+        waited for a rank lost meanwhile); ``trainer_waited``: the trainer, whole again,
+        still found too few fresh samples for its batch. Such a lend did not pay: the
+        margin rises, and falls after one that did."""
         lend = self.current
         if lend is None or lend.reclaimed_at is None:
             raise RuntimeError("a reclaim reported with no lend being reclaimed")
-        self.reclaim_cost.observe(seconds)
+        if seconds is not None:
+            self.reclaim_cost.observe(seconds)
         if not lend.forced:
             lend.paid = not trainer_waited
             step = self.margin_up if trainer_waited else -self.margin_down
@@ -264,12 +268,18 @@ class Lends:
         self.active.reclaim_epoch = epoch
         self.lent_s += lent_rank_s
 
-    def back(self, seconds: float) -> str | None:
+    def back(self, seconds: float, rank_lost: bool = False) -> str | None:
         """The reclaim's switch is done in ``seconds``; the stop that waited for it, if
-        any (its lend gets no verdict), else the verdict is due at the next request."""
+        any (its lend gets no verdict), else the verdict is due at the next request.
+        ``rank_lost``: a rank was lost during the lend; the switch waited for its loss to
+        be declared, so its seconds are not a reclaim's cost, and the lend gets no verdict."""
         assert self.active is not None
         self.active = None
         stop, self.stop_reason = self.stop_reason, None
+        if rank_lost:
+            self.gate.force_reclaim()
+            self.gate.reclaimed(None, trainer_waited=False)
+            return stop
         if stop is not None:
             self.gate.reclaimed(seconds, trainer_waited=False)  # forced: no margin change
             return stop

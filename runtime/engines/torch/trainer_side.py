@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +31,7 @@ import torch
 
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
+from runtime.engines.torch.published import PublishedCopy
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
@@ -127,6 +128,10 @@ class TorchTrainerSide(BatchConsumer):
             else None
         )
         self._gathered: dict[str, torch.Tensor] | None = None
+        # a lend between sync points loads the published version, kept here at each
+        # publish (only where the run lends and the weights run ahead of the version)
+        lends_between_syncs = cfg.scheduler.lend_trainer and cfg.train.sync_every > 1
+        self.published = PublishedCopy() if lends_between_syncs else None
         # the last role switch's timings and bytes (SWITCH_KEYS), for the worker to report
         self.last_switch: dict[str, float] = _switch_record()
         # rank 0 declares a dead trainer rank after heartbeat_timeout_s of silence, then
@@ -186,6 +191,9 @@ class TorchTrainerSide(BatchConsumer):
         if mesh is not None and mesh.member:
             index, count = mesh.ranks.index(self.rank), mesh.size
         samples, updates = wire.batch(msg).samples, wire.updates(msg)
+        t = self.trainer
+        if self.published is not None and t.step % self.cfg.train.sync_every == 0:
+            self.published.keep(t.version, self._policy_state())  # published: what a lend loads
         try:
             if updates is None:  # the whole batch (rank 0 plans for a data-parallel trainer)
                 metrics = self.trainer.train_step(samples, dp, index, count)
@@ -280,26 +288,47 @@ class TorchTrainerSide(BatchConsumer):
         """This version's full weights in host memory, for the engine of this same rank
         (mode colocated_sync). A sharded trainer's ranks all gather them, one tensor at a
         time (collective over the trainer group: every rank calls this together)."""
-        from torch.distributed.tensor import DTensor
+        return self.trainer.version, self._on_host(self._policy_state().items())
 
+    def lend_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """A lend: the published version's full weights for this rank's engine (collective,
+        as :meth:`engine_weights`). At a sync point the trainer's weights are that version;
+        between sync points they run ahead, and the host copy kept at the last publish is
+        gathered instead (runtime/engines/torch/published.py)."""
+        t = self.trainer
+        if t.step % self.cfg.train.sync_every == 0:
+            return self.engine_weights()
+        if self.published is None or self.published.version != t.version:
+            # rank 0 lends only where the copy is kept (runtime/control/lends.py)
+            raise RuntimeError(f"lent at step {t.step} with no copy of version {t.version}")
+        return t.version, self._on_host(self.published.like(self._policy_state()))
+
+    def _policy_state(self) -> dict[str, torch.Tensor]:
+        """What rollout generates with: the model's state, or a LoRA run's adapters only
+        (an adapter sync sends no copy of the whole model)."""
         from runtime.weights import lora_format
 
-        t = self.trainer
-        # a LoRA run's adapter sync: the adapters only, not a copy of the whole model
         adapter_only = self.cfg.model.lora.syncs_adapter
-        state = {
+        return {
             k: v
-            for k, v in t.model.state_dict().items()
+            for k, v in self.trainer.model.state_dict().items()
             if not adapter_only or lora_format.is_adapter_name(k)
         }
+
+    def _on_host(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``tensors`` whole, in the engine's names and format, on the host; a sharded
+        one gathered over the trainer group one at a time."""
+        from torch.distributed.tensor import DTensor
+
+        t = self.trainer
         if not t.sharded:
-            return t.version, t.for_rollout(t.checkpoint_format(state))
+            return t.for_rollout(t.checkpoint_format(dict(tensors)))
         out: dict[str, torch.Tensor] = {}
-        for name, value in state.items():
+        for name, value in tensors:
             full = value.full_tensor() if isinstance(value, DTensor) else value
             out.update(t.checkpoint_format({name: full}))  # on the host, one at a time
             del full
-        return t.version, t.for_rollout(out)
+        return t.for_rollout(out)
 
     # --- role switches ------------------------------------------------------------------
 
