@@ -45,13 +45,16 @@ demo: install
 # The benchmark report: the five modes on the CPU demo, 200 steps each (real engines, ~30
 # min here: fewer steps leave the reward where it started), each run simulated with
 # parameters fitted from it; the paper's grid in simulation, with the recipes' staleness
-# bound (delta = 1) and with delta = 2; and time to reward over 3 seeds per mode (12 demo
+# bound (delta = 1) and with delta = 2, and reflow lending its waiting trainer
+# (scheduler.lend_trainer) against the same grid; and time to reward over 3 seeds per mode (12 demo
 # runs of 400 steps, an eval every 25: about 1.5-2 h here); tables and plots go to reports/.
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/modes.py --steps 200 --out reports/cpu
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --out reports/sim
 	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --best-placement --set reflow.delta=2 --out reports/sim-delta2
+	$(BIN)/python benchmarks/sim_grid.py --syncs 10 --modes reflow --no-ablations --set scheduler.lend_trainer=true --out reports/sim-lend
+	$(BIN)/python benchmarks/lending.py --baselines reports/sim/grid.json --off reports/sim/grid.json --on reports/sim-lend/grid.json --out reports/sim-lend/lending.md
 	$(BIN)/python benchmarks/learning.py --plan modes --dir reports/learning --out reports/learning/runs
 	$(BIN)/python benchmarks/learning.py --report-only reports/learning
 

@@ -10,12 +10,16 @@ first cost estimate is small so that it lends at the waits a CPU run has (a seco
 run ahead of the published version and the lent engines load the copy kept at the
 publish (runtime/engines/torch/published.py).
 
-1. The trainer lends its three ranks and takes them back, more than once: each lent rank's
-   engine loads the policy in place, generates samples rank 0 takes, and hands over what
-   it was generating at the reclaim.
-2. Then kill -9 of rank 2 while it is lent: rank 0 declares it lost by its silence, the
-   reclaim leaves it out, the live ranks regroup without it once the groups are back, and
-   the run completes its steps with two trainer replicas, nothing lost or doubled.
+1. The trainer lends its three ranks: each lent rank's engine loads the policy in place
+   and generates samples rank 0 takes.
+2. Rank 2 is killed (-9) in its first lend: rank 0 declares it lost by its silence, the
+   reclaim leaves it out (the other lent ranks hand over what they were generating), the
+   live ranks regroup without it once the groups are back, and the run completes its
+   steps with two trainer replicas, nothing lost or doubled.
+
+The kill comes at the first lend, not after a few: the gate learns each lend's cost from
+the run, and one slow lend on a loaded machine (7.5 s once, against 0.1-0.3 s) ends the
+lending of a run whose waits last about a second.
 """
 
 from __future__ import annotations
@@ -30,8 +34,7 @@ from pathlib import Path
 from tests.helpers import REPO, reflow, running, status_json
 from tests.helpers import wait_for_status as wait_for
 
-STEPS = 30
-KILL_AFTER_LENDS = 2  # lends completed before the kill (part 1)
+STEPS = 40
 SETTINGS = (
     f"train.steps={STEPS}",
     "train.batch_size=96",
@@ -69,18 +72,18 @@ def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(ru
     run_dir = next(runs_dir.iterdir())
     run = run_dir.name
 
-    # 1. lends under way, a few of them completed
-    def lent_enough(s: dict) -> bool:
-        return s["state"] != "RUNNING" or (s["lends"] or {}).get("lends", 0) > KILL_AFTER_LENDS
-
-    s = running(wait_for(run, lent_enough, 600))
+    s = running(wait_for(run, lambda s: s["state"] != "RUNNING" or len(s["workers"]) == 4, 600))
     pid = {w["rank"]: w["pid"] for w in s["workers"]}[2]
-    # 2. rank 2's next lend: killed once its engine generates (read off its log, which a
-    # lend of about a second leaves time for; the lost rank's record says it was lent)
+    # rank 2's first lend: killed once its engine generates (read off its log; a lend
+    # lasts a second or more, the log is polled every 20 ms)
     log = run_dir / "logs" / "rank2.log"
-    deadline = time.monotonic() + 300
+    deadline, next_look = time.monotonic() + 600, 0.0
     while lent_epoch(log) is None:
-        assert time.monotonic() < deadline, "no lend of rank 2 within 300 s"
+        now = time.monotonic()
+        assert now < deadline, "no lend of rank 2 within 600 s"
+        if now >= next_look:  # (a status costs a CLI start: now and then)
+            assert status_json(run)["state"] == "RUNNING", "the run ended before any lend"
+            next_look = now + 5
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
     final = wait_for(run, lambda s: s["state"] != "RUNNING", 600)
@@ -90,7 +93,7 @@ def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(ru
     (lost,) = final["lost_ranks"]
     assert lost["rank"] == 2 and "sent no heartbeat" in lost["reason"], lost
     lends = final["lends"]
-    assert lends["lends"] > KILL_AFTER_LENDS and lends["lent_now"] == 0
+    assert lends["lends"] >= 1 and lends["lent_now"] == 0
     # (status keeps the last switches) each lend reclaimed; the reclaim after the loss,
     # then the regroup without rank 2 (no lend after a loss)
     sources = [x["source"] for x in final["switches"]]
@@ -111,7 +114,7 @@ def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(ru
     assert ledger["lost"] == 0 and ledger["duplicated"] == 0, ledger
     by_rank = final["buffer"]["delivered_by_rank"]
     assert any(by_rank.get(str(r), 0) > 0 for r in (0, 1, 2)), by_rank  # lent ranks generated
-    # a lent rank loaded the policy in place, and handed its work over at reclaims
+    # a lent rank loaded the policy in place, and handed its work over at the reclaim
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert re.search(r"trainer -> rollout .*weight_load", rank1)
     assert "leaving the rollout pool: handed over" in rank1
