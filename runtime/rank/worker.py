@@ -27,6 +27,7 @@ import zmq
 
 from runtime.config.layout import LayoutChange, group_roles, rollout_drivers
 from runtime.config.schema import Config
+from runtime.rank.coordinator_link import CoordinatorLink
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.rank.sides import CannotCheckpoint, RoleSide
 from runtime.store import checkpoint
@@ -38,9 +39,6 @@ if TYPE_CHECKING:  # torch is imported only by ranks that join a process group
     from runtime.rank.collective import Collective
 
 log = logging.getLogger(__name__)
-
-# Results rank 0 must acknowledge; sent again while it has not.
-RELIABLE = (p.SampleDone, p.SampleFailed)
 
 
 class WorkerError(RuntimeError):
@@ -103,13 +101,8 @@ class HybridWorker:
         self._on_stop_signal = on_stop_signal
         self.heartbeat_interval = cfg.control.heartbeat_interval_s
         self.last_ack = time.monotonic()
-        self.unsent = 0
-        self.resent = 0
-        # sample id -> [message, when last sent]; forgotten when rank 0 acks the id
-        self._unacked: dict[int, list] = {}
-        self._step_report: list | None = None  # [StepDone, when last sent] until acked
         # unanswered this long after the last send: sent again (acks come with each beat)
-        self.resend_after_s = 5 * cfg.control.heartbeat_interval_s
+        self.link = CoordinatorLink(resend_after_s=5 * cfg.control.heartbeat_interval_s)
         self.rollout_active_s = 0.0
         self.rollout_busy_s = 0.0
         self.waiting_on = ""  # what a blocking call under way waits on (see _waiting)
@@ -145,7 +138,7 @@ class HybridWorker:
         sock.setsockopt(zmq.LINGER, 2000)
         secure_client(sock, keys, control["server_public"].encode())
         sock.connect(control["address"])
-        self._sock = sock
+        self.link.sock = sock
         try:
             self._register()
             try:
@@ -189,53 +182,7 @@ class HybridWorker:
         self.waiting_on = ""
 
     def _send(self, msg: p.Message) -> bool:
-        """Send now if we can. Results and step reports are also kept until acknowledged
-        (and so count as sent: they will reach rank 0)."""
-        now = time.monotonic()
-        if isinstance(msg, RELIABLE):
-            self._unacked[msg.sample_id] = [msg, now]
-        elif isinstance(msg, p.StepDone):
-            self._step_report = [msg, now]
-        sent = self._transmit(msg)
-        return sent or isinstance(msg, (*RELIABLE, p.StepDone))
-
-    def _transmit(self, msg: p.Message) -> bool:
-        # Never block: with no live connection to rank 0 (not up yet, gone, or the CURVE
-        # handshake refused) a DEALER send would wait forever. The heartbeat and HELLO
-        # loops retry, and silence is what the coordinator's timeout is for.
-        try:
-            self._sock.send_multipart(p.encode(msg), flags=zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            self.unsent += 1
-            return False
-
-    def _on_ack(self, ack: p.HeartbeatAck) -> None:
-        for sid in ack.acked:
-            self._unacked.pop(sid, None)
-        if self._step_report is not None and ack.step >= self._step_report[0].step:
-            self._step_report = None
-
-    def _resend_unacked(self, now: float) -> None:
-        """What rank 0 has not acknowledged in ``resend_after_s`` goes out again."""
-        entries = list(self._unacked.values())
-        if self._step_report is not None:
-            entries.append(self._step_report)
-        for entry in entries:
-            if now - entry[1] > self.resend_after_s:
-                self.resent += 1
-                self._transmit(entry[0])
-                entry[1] = now
-
-    def _recv(self, timeout_ms: int) -> p.Message | None:
-        if not self._sock.poll(timeout_ms):
-            return None
-        frames = self._sock.recv_multipart()
-        try:
-            return p.decode(frames, max_header_bytes=p.MAX_HEADER_BYTES_FROM_COORDINATOR)
-        except p.ProtocolError as exc:
-            log.warning("dropping an invalid message from the coordinator: %s", exc)
-            return None
+        return self.link.send(msg)
 
     def _register(self) -> None:
         timeout = self.cfg.control.register_timeout_s
@@ -251,7 +198,7 @@ class HybridWorker:
             if now >= next_hello:  # repeat: a HELLO sent before rank 0 listened is not lost
                 self._send(hello)
                 next_hello = now + 2.0
-            msg = self._recv(100)
+            msg = self.link.recv(100)
             if isinstance(msg, p.Welcome) and msg.rank == self.rank:
                 # Engines are built only once rank 0 knows us, so a rank whose engine cannot
                 # start says why (Bye) instead of silently missing the registration.
@@ -396,7 +343,7 @@ class HybridWorker:
                     self.rollout_busy_s += dt
             last_tick = now
             if now >= next_beat:
-                self._resend_unacked(now)
+                self.link.resend_unacked(now)
                 self._beat()
                 next_beat = now + self.heartbeat_interval
             if now - self.last_ack > lost_after:
@@ -404,7 +351,7 @@ class HybridWorker:
                     f"rank {self.rank}: lost contact with rank 0 (no answer for {lost_after:.0f} s)"
                 )
             self.sides[self.role].step()
-            msg = self._recv(5 if self.sides[self.role].state == "busy" else 50)
+            msg = self.link.recv(5 if self.sides[self.role].state == "busy" else 50)
             if msg is not None:
                 self._handle(msg)
         self._send(p.Bye(rank=self.rank, reason=self.stop_reason))
@@ -412,7 +359,7 @@ class HybridWorker:
     def _handle(self, msg: p.Message) -> None:
         if isinstance(msg, p.HeartbeatAck):
             self.last_ack = time.monotonic()
-            self._on_ack(msg)
+            self.link.on_ack(msg)
             assert self.role is not None
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, (p.Batch, p.WeightSync, p.Park)):

@@ -18,7 +18,7 @@ from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
 from runtime.data.sample import Sample
 from runtime.rank.control_server import ControlServer
-from runtime.rank.worker import HybridWorker
+from runtime.rank.coordinator_link import CoordinatorLink
 from runtime.store.run_dir import RunPaths
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
@@ -186,12 +186,9 @@ class _FlakySocket:
         self.sent.append(p.decode(frames))
 
 
-def test_a_rank_keeps_results_until_rank_0_acknowledges_them(tmp_path):
-    cfg = build_config(RAW)
-    w = HybridWorker(
-        rank=2, world_size=4, paths=RunPaths(tmp_path), cfg=cfg, make_sides=lambda c: {}
-    )
-    w._sock = _FlakySocket()
+def test_a_rank_keeps_results_until_rank_0_acknowledges_them():
+    link = CoordinatorLink(resend_after_s=5.0)  # a rank's (runtime/rank/coordinator_link.py)
+    link.sock = _FlakySocket()
     t = Sample(
         sample_id=7,
         group_id=3,
@@ -205,21 +202,21 @@ def test_a_rank_keeps_results_until_rank_0_acknowledges_them(tmp_path):
         prompt_token_ids=[1, 2],
     )
     # no connection: the result is not dropped (the side is told it will go out)
-    assert w._send(wire.sample_done(t, 2)) is True
-    assert w._send(p.StepDone(rank=2, step=4, policy_version=4, batch_id=3, metrics={}))
-    w._sock.down = False
+    assert link.send(wire.sample_done(t, 2)) is True
+    assert link.send(p.StepDone(rank=2, step=4, policy_version=4, batch_id=3, metrics={}))
+    link.sock.down = False
     now = time.monotonic()
-    w._resend_unacked(now)  # not overdue yet
-    assert w._sock.sent == []
-    w._resend_unacked(now + w.resend_after_s + 1)
-    assert sorted(m.TYPE for m in w._sock.sent) == ["sample_done", "step_done"]
+    link.resend_unacked(now)  # not overdue yet
+    assert link.sock.sent == []
+    link.resend_unacked(now + link.resend_after_s + 1)
+    assert sorted(m.TYPE for m in link.sock.sent) == ["sample_done", "step_done"]
     # an ack for other ids and an older step keeps both; the right ones release them
-    w._on_ack(p.HeartbeatAck(step=3, policy_version=3, acked=[99]))
-    w._resend_unacked(now + 2 * (w.resend_after_s + 1))
-    assert len(w._sock.sent) == 4
-    w._on_ack(p.HeartbeatAck(step=4, policy_version=4, acked=[7]))
-    w._resend_unacked(now + 3 * (w.resend_after_s + 1))
-    assert len(w._sock.sent) == 4 and w._unacked == {} and w._step_report is None
+    link.on_ack(p.HeartbeatAck(step=3, policy_version=3, acked=[99]))
+    link.resend_unacked(now + 2 * (link.resend_after_s + 1))
+    assert len(link.sock.sent) == 4
+    link.on_ack(p.HeartbeatAck(step=4, policy_version=4, acked=[7]))
+    link.resend_unacked(now + 3 * (link.resend_after_s + 1))
+    assert len(link.sock.sent) == 4 and link.resent == 4 and link.unsent == 2
 
 
 def test_a_metrics_backend_that_fails_to_close_does_not_cost_the_run_its_summary(served):

@@ -11,7 +11,8 @@ run ahead of the published version and the lent engines load the copy kept at th
 publish (runtime/engines/torch/published.py).
 
 1. The trainer lends its three ranks: each lent rank's engine loads the policy in place
-   and generates samples rank 0 takes.
+   and generates (samples rank 0 takes, or what it hands over at the reclaim, which
+   another rank continues).
 2. Rank 2 is killed (-9) in its first lend: rank 0 declares it lost by its silence, the
    reclaim leaves it out (the other lent ranks hand over what they were generating), the
    live ranks regroup without it once the groups are back, and the run completes its
@@ -24,6 +25,7 @@ lending of a run whose waits last about a second.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -77,13 +79,14 @@ def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(ru
     # rank 2's first lend: killed once its engine generates (read off its log; a lend
     # lasts a second or more, the log is polled every 20 ms)
     log = run_dir / "logs" / "rank2.log"
-    deadline, next_look = time.monotonic() + 600, 0.0
+    deadline = time.monotonic() + 600
     while lent_epoch(log) is None:
-        now = time.monotonic()
-        assert now < deadline, "no lend of rank 2 within 600 s"
-        if now >= next_look:  # (a status costs a CLI start: now and then)
-            assert status_json(run)["state"] == "RUNNING", "the run ended before any lend"
-            next_look = now + 5
+        assert time.monotonic() < deadline, "no lend of rank 2 within 600 s"
+        # (the status rank 0 writes, read directly: `reflow status` costs a CLI start,
+        # seconds on a loaded machine, in which a lend comes and goes)
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((run_dir / "status.json").read_text())["state"]
+            assert state == "RUNNING", f"the run is {state} before any lend of rank 2"
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
     final = wait_for(run, lambda s: s["state"] != "RUNNING", 600)
@@ -112,8 +115,11 @@ def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(ru
     assert all(0.8 < x["mean_ratio"] < 1.25 for x in lines)
     ledger = final["buffer"]["ledger"]
     assert ledger["lost"] == 0 and ledger["duplicated"] == 0, ledger
-    by_rank = final["buffer"]["delivered_by_rank"]
-    assert any(by_rank.get(str(r), 0) > 0 for r in (0, 1, 2)), by_rank  # lent ranks generated
+    # the lent ranks generated: samples rank 0 took, or tokens they handed over at the
+    # reclaim that another rank continued (a lend may last a fraction of a second)
+    by_rank, parked = final["buffer"]["delivered_by_rank"], final["buffer"]["parked_rollouts"]
+    delivered = sum(by_rank.get(str(r), 0) for r in (0, 1, 2))
+    assert delivered > 0 or parked["continued_tokens"] > 0, (by_rank, parked)
     # a lent rank loaded the policy in place, and handed its work over at the reclaim
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert re.search(r"trainer -> rollout .*weight_load", rank1)
