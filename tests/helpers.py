@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,17 @@ def reflow(*args: str, timeout: float = 120, check: bool = False) -> subprocess.
             f"reflow {' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
         )
     return done
+
+
+def launch_demo(name: str, settings: Iterable[str], runs_dir: Path) -> tuple[Path, str]:
+    """``reflow launch`` the demo recipe locally as ``name`` with ``--set`` ``settings``
+    (returns once the ranks are up); the run's folder and name."""
+    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", name]
+    for s in settings:
+        args += ["--set", s]
+    reflow(*args, check=True, timeout=900)
+    run_dir = next(runs_dir.iterdir())
+    return run_dir, run_dir.name
 
 
 def launch_recipe_text(tmp_path: Path, text: str, runs_dir: Path) -> tuple[Path, str]:

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, lower_priority, reflow
+from tests.helpers import launch_demo, lower_priority, reflow
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
@@ -47,17 +47,16 @@ def back_in_role(status: dict, rank: int, role: str) -> bool:
     ("rank", "role"), [pytest.param(3, "rollout", marks=pytest.mark.slow), (1, "trainer")]
 )
 def test_a_killed_rank_started_again_rejoins_and_takes_its_role_back(runs_dir, rank, role):
-    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "rejoin"]
-    for s in (
-        "train.steps=4000",  # ended by a stop once the rejoined rank has delivered
-        "control.heartbeat_timeout_s=20",
-        "control.peer_timeout_s=5",
-        "control.collective_timeout_s=60",
-    ):
-        args += ["--set", s]
-    reflow(*args, check=True, timeout=900)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_demo(
+        "rejoin",
+        (
+            "train.steps=4000",  # ended by a stop once the rejoined rank has delivered
+            "control.heartbeat_timeout_s=20",
+            "control.peer_timeout_s=5",
+            "control.collective_timeout_s=60",
+        ),
+        runs_dir,
+    )
     hung = 2 if rank == 3 else 3
     pids: dict[int, int] = {}
     try:

@@ -17,7 +17,7 @@ import signal
 import pytest
 
 from tests.faults.test_resume import metrics, wait_gone
-from tests.helpers import REPO, descendants, reached, reflow, running, status_json
+from tests.helpers import descendants, launch_demo, reached, reflow, running, status_json
 from tests.helpers import wait_for_status as wait_for
 
 
@@ -33,12 +33,7 @@ def test_a_killed_trainer_replica_restarts_real_engines_from_the_checkpoint(runs
         "control.collective_timeout_s=60",
         "resources.trainer_gpus_per_replica=2",
     ]
-    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "realfail"]
-    for s in sets:
-        args += ["--set", s]
-    reflow(*args, check=True, timeout=900)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_demo("realfail", sets, runs_dir)
     s = wait_for(
         run,
         lambda s: (s["checkpoint"]["last"] or {}).get("step", 0) >= 4 or s["state"] != "RUNNING",

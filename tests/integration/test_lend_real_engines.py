@@ -33,7 +33,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.helpers import REPO, reflow, running, status_json
+from tests.helpers import launch_demo, running, status_json
 from tests.helpers import wait_for_status as wait_for
 
 STEPS = 40
@@ -67,12 +67,7 @@ def lent_epoch(log: Path) -> int | None:
 
 
 def test_a_waiting_trainer_lends_its_ranks_and_survives_losing_one_while_lent(runs_dir):
-    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "lend"]
-    for s in SETTINGS:
-        args += ["--set", s]
-    reflow(*args, check=True, timeout=900)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_demo("lend", SETTINGS, runs_dir)
 
     s = running(wait_for(run, lambda s: s["state"] != "RUNNING" or len(s["workers"]) == 4, 600))
     pid = {w["rank"]: w["pid"] for w in s["workers"]}[2]

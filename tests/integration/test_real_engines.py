@@ -29,7 +29,7 @@ import os
 import signal
 import time
 
-from tests.helpers import REPO, reflow, running, status_json, switched_to
+from tests.helpers import launch_demo, reflow, running, status_json, switched_to
 from tests.helpers import wait_for_status as wait_for
 from tests.integration.test_spine import pid_alive
 
@@ -41,16 +41,15 @@ STEPS_AFTER_LOSSES = 5
 
 
 def test_real_engines_train_through_role_switches_and_two_lost_ranks(runs_dir):
-    args = ["launch", str(REPO / "recipes" / "demo.yaml"), "--local", "--name", "real"]
-    for s in (
-        f"train.steps={STEPS}",
-        "control.heartbeat_timeout_s=20",  # how long a killed trainer rank goes unnoticed
-        "train.strategy=fsdp2",  # the demo's tiny model defaults to replicate
-    ):
-        args += ["--set", s]
-    reflow(*args, check=True, timeout=900)
-    run_dir = next(runs_dir.iterdir())
-    run = run_dir.name
+    run_dir, run = launch_demo(
+        "real",
+        (
+            f"train.steps={STEPS}",
+            "control.heartbeat_timeout_s=20",  # how long a killed trainer rank goes unnoticed
+            "train.strategy=fsdp2",  # the demo's tiny model defaults to replicate
+        ),
+        runs_dir,
+    )
 
     running(wait_for(run, lambda s: s["step"] >= 3 or s["state"] != "RUNNING", 600))
     reflow("rebalance", "--ratio", "3:1", run, check=True)
