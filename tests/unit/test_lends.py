@@ -122,6 +122,8 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     assert not any(w == 0 for _, w in c.data.dispatcher.outstanding.values())
     assert c.data.dispatcher.requeue_reasons["left_rollout"] == len(mine)
     all_switched(c, clock, reclaim, after_s=1.0)
+    back = c.status()["lends"]
+    assert back["lent_now"] == 0 and back["state"] == "none"  # back, its verdict to come
     deliver(c, clock, held[3:], 2, every_s=0.1)
     out = ask(c)
     assert isinstance(out[0][1], p.Batch)  # the lend paid: the batch was there

@@ -309,6 +309,8 @@ class Lends:
             if self.active.lend_s is not None
             else "lending"
         )
+        if self.active is None:  # back (the gate keeps the lend until its verdict)
+            out["lent_now"] = 0
         out["lent_rank_s"] = round(self.lent_s, 3)
         out["refused"] = dict(self.refused)
         out["paid_share"] = round(out["paid"] / out["lends"], 3) if out["lends"] else None
