@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict, get_type_hints
 
-from runtime.config.layout import Role
 from runtime.data.micro_batches import UpdatePlan
 from runtime.transport.envelope import (  # noqa: F401 - the protocol's public face
     MAX_ANONYMOUS_BYTES,
@@ -42,6 +41,15 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     message,
     message_types,
 )
+from runtime.transport.layout_messages import (  # noqa: F401 - the protocol's public face
+    GONE_ROLE,
+    LAYOUT_ROLES,
+    ROLES,
+    SWITCH_PHASES,
+    Lend,
+    RoleSwitch,
+    RoleSwitchDone,
+)
 from runtime.transport.sample_shape import (
     BATCH_FIELDS,
     DONE_FIELDS,
@@ -58,19 +66,12 @@ MAX_WAIT_LABEL = 200  # characters of a heartbeat's waiting_on
 
 RUN_STATES = tuple(s.value for s in RunState)
 WORKER_STATES = tuple(s.value for s in WorkerState)
-ROLES = tuple(r.value for r in Role)
-GONE_ROLE = "gone"  # a rank lost to the run (dead or hung), in no process group
-LAYOUT_ROLES = (*ROLES, GONE_ROLE)  # what a layout's roles may say of each rank
 # samples a batch layout may describe: far above the largest batches recipes use (DAPO's
 # 512 prompts x 16 = 8,192), a bound so a layout cannot ask for unbounded work
 MAX_BATCH_SAMPLES = 1 << 17
 # tokens one sample may have: far above any context window, a bound so that a batch's token
 # counts sum without overflow (MAX_BATCH_SAMPLES of them fit an int64 many times over)
 MAX_SAMPLE_TOKENS = (1 << 31) - 1
-# The parts of a role switch a rank times (runtime/rank/worker.py): the side it leaves
-# offloaded (trainer state to host, vLLM asleep), the side it takes woken, the process
-# groups rebuilt, trainer state moved to new replicas, rollout weights received and loaded.
-SWITCH_PHASES = ("offload", "wake", "regroup", "state_transfer", "weight_load")
 
 
 # --- worker -> coordinator -------------------------------------------------------------
@@ -154,40 +155,6 @@ class Heartbeat(Message):
                 isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                 "engine stats must be finite non-negative numbers",
             )
-
-
-@message
-@dataclass(frozen=True)
-class RoleSwitchDone(Message):
-    """The rank took up layout ``layout_epoch`` in ``duration_s``, of which ``phases``
-    (:data:`SWITCH_PHASES`, seconds; a phase the rank had no part in is left out)."""
-
-    TYPE: ClassVar[str] = "role_switch_done"
-    rank: int
-    role: str
-    layout_epoch: int
-    duration_s: float
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def check(self) -> None:
-        _require(self.role in ROLES, "unknown role")
-        _require(
-            isinstance(self.duration_s, (int, float))
-            and math.isfinite(self.duration_s)
-            and self.duration_s >= 0,
-            "duration must be a finite non-negative number",
-        )
-        _require(set(self.phases) <= set(SWITCH_PHASES), "unknown switch phase")
-        _require(
-            all(
-                isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
-                for t in self.phases.values()
-            ),
-            "switch phases must be finite non-negative seconds",
-        )
-        # phases are disjoint parts of the switch (a float's rounding aside)
-        slack = 1e-3 + 1e-6 * self.duration_s
-        _require(sum(self.phases.values()) <= self.duration_s + slack, "phases exceed the switch")
 
 
 @message
@@ -374,41 +341,6 @@ class Welcome(Message):
         _require(0 <= self.rank < len(self.roles), "rank outside the layout")
         # a lost rank rejoining is "gone" in the current epoch; it takes its role at the next
         _require(self.roles[self.rank] in (self.role, GONE_ROLE), "role disagrees with the layout")
-
-
-@message
-@dataclass(frozen=True)
-class RoleSwitch(Message):
-    """Broadcast: the new role of every rank, in rank order, for ``layout_epoch``."""
-
-    TYPE: ClassVar[str] = "role_switch"
-    layout_epoch: int
-    roles: list[str]
-
-    def check(self) -> None:
-        _require(all(r in LAYOUT_ROLES for r in self.roles), "unknown role")
-
-
-@message
-@dataclass(frozen=True)
-class Lend(Message):
-    """Broadcast: the trainer's ranks generate while it waits (``lent``: every live rank a
-    rollout rank), or go back to training (the roles of the layout before the lend), at
-    ``layout_epoch`` (runtime/control/lends.py). Unlike a :class:`RoleSwitch` no process
-    group changes and no state moves: a lent rank's engine loads the published policy
-    from its own trainer, whose state waits on the rank."""
-
-    TYPE: ClassVar[str] = "lend"
-    layout_epoch: int
-    roles: list[str]
-    lent: bool
-
-    def check(self) -> None:
-        _require(all(r in LAYOUT_ROLES for r in self.roles), "unknown role")
-        if self.lent:
-            _require(all(r != "trainer" for r in self.roles), "a lend leaves no trainer rank")
-        else:
-            _require("trainer" in self.roles, "a reclaim gives the trainer its ranks back")
 
 
 @message

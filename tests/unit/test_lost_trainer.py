@@ -318,19 +318,19 @@ def test_a_rank_not_taken_back_follows_an_epoch_that_leaves_it_out(tmp_path):
 
     cfg = build_config({"resources": {"gpus_per_node": 4, "initial_ratio": "2:2"}})
     w = HybridWorker(rank=1, world_size=4, paths=RunPaths(tmp_path), cfg=cfg, make_sides=dict)
-    w._sock = SentFrames()
+    w.link.sock = SentFrames()
     w.sides = {"trainer": RecordingSide("trainer"), "rollout": RecordingSide("rollout")}
     w.role, w.layout_epoch = "trainer", 1  # welcomed gone at epoch 1
     w.roles = ("trainer", "gone", "rollout", "rollout")
     w._handle(p.RoleSwitch(layout_epoch=2, roles=["trainer", "gone", "rollout", "gone"]))
     assert w.layout_epoch == 2 and w.roles == ("trainer", "gone", "rollout", "gone")
     assert w.role == "trainer" and w.sides["trainer"].calls == []  # kept as it was
-    assert not any(isinstance(m, p.RoleSwitchDone) for m in w._sock.sent)
+    assert not any(isinstance(m, p.RoleSwitchDone) for m in w.link.sock.sent)
     # the epoch that takes it back plans from the roles it followed
     w._handle(p.RoleSwitch(layout_epoch=3, roles=["trainer", "trainer", "rollout", "gone"]))
     assert w.sides["trainer"].calls == [("on_layout", 3)]
     assert w.sides["rollout"].calls == [("on_layout", 3)]
-    (done,) = [m for m in w._sock.sent if isinstance(m, p.RoleSwitchDone)]
+    (done,) = [m for m in w.link.sock.sent if isinstance(m, p.RoleSwitchDone)]
     assert done.layout_epoch == 3 and done.role == "trainer"
 
 

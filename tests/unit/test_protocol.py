@@ -553,7 +553,7 @@ def test_a_rank_takes_a_large_batch_from_rank_0_and_rank_0_keeps_its_limit():
     and ask again until the step timeout. Ranks take it from rank 0; what rank 0 takes
     from the ranks stays bounded."""
     from runtime.data.sample import Batch, Sample
-    from runtime.rank.worker import HybridWorker
+    from runtime.rank.coordinator_link import CoordinatorLink
     from runtime.transport import frames as wire
 
     n, prompt, response = 256, 1024, 4096
@@ -589,9 +589,9 @@ def test_a_rank_takes_a_large_batch_from_rank_0_and_rank_0_keeps_its_limit():
         def recv_multipart(self):
             return frames
 
-    worker = HybridWorker.__new__(HybridWorker)
-    worker._sock = Socket()
-    got = worker._recv(0)
+    link = CoordinatorLink(resend_after_s=5.0)  # a rank's (runtime/rank/coordinator_link.py)
+    link.sock = Socket()
+    got = link.recv(0)
     assert isinstance(got, p.Batch) and got.batch_id == 3 and len(got.samples) == n
 
 
