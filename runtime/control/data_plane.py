@@ -177,8 +177,11 @@ class DataPlane:
         return len(self.buffer.unused)
 
     def fresh_missing(self) -> int:
-        """Fresh samples the next batch still lacks (0: it has enough)."""
-        return max(0, self.buffer.min_unused - len(self.buffer.unused))
+        """Fresh samples the next batch still lacks (0: it has enough): its fresh minimum,
+        or, with replay too short to fill the rest, what unused and replay lack together."""
+        b = self.buffer
+        unused = len(b.unused)
+        return max(0, b.min_unused - unused, b.batch_size - unused - len(b.replay))
 
     @property
     def shortfall(self) -> str | None:

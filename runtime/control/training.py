@@ -141,9 +141,14 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
         lent: list[Outgoing] = []
         if leader:
             cause = starved_by(c)
-            lends.verdict(c, starved_for_fresh=cause == "fresh_short")
+            # short of fresh samples with rollout unhindered, for the batch's fresh share
+            # or for the rest that replay cannot fill: more rollout ranks make them sooner
+            lendable = cause == "fresh_short" or (
+                cause == "replay_short" and not c.idle.held_back()
+            )
+            lends.verdict(c, starved_for_fresh=lendable)
             c.idle.trainer_is(cause, now)
-            if cause == "fresh_short":
+            if lendable:
                 lent = lends.maybe_lend(c)  # its groups may generate while it waits
         return [*lent, (identity, p.BatchWait(reason="waiting for samples"))]
     if leader:

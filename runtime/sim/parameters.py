@@ -114,7 +114,9 @@ class ModelProfile:
         memory (its shard, for a sharded trainer: the KV cache needs the room), the engine
         wakes and loads the trainer's weights in place (the colocated sync's figure where
         the profile has one, else a weight sync); back, the engine sleeps and the state
-        returns, with nothing to receive from other ranks. Every rank regroups."""
+        returns, with nothing to receive from other ranks. No rank regroups: a lend moves no
+        process group (runtime/rank/worker.py ``lend_switch``; before 2026-12-06 this
+        model charged a regroup each way, 2 s of the round trip the gate weighs)."""
         if self.switch_s is not None:
             return {} if before == after else {"weight_load": self.switch_s}
         assert self.offload_gb_s  # __post_init__
@@ -122,7 +124,7 @@ class ModelProfile:
         state_gb = params * (self.trainer_state_bytes_per_param or 0.0) / 1e9
         state_gb /= self.trainer_gpus_per_replica
         weights_gb = 2 * params / self.rollout_gpus_per_replica / 1e9
-        phases = {"regroup": self.regroup_s or 0.0}
+        phases: dict[str, float] = {}
         if before == after:
             return phases
         if after == "rollout":

@@ -36,14 +36,14 @@ def clock() -> Clock:
 SPLIT = ["trainer", "trainer", "rollout", "rollout"]  # 2:2 on 4 ranks
 
 
-def lending(clock: Clock, **scheduler) -> object:
+def lending(clock: Clock, sigma: float = 0.0, **scheduler) -> object:
     c = make(
         clock,
         prompts=({"text": f"p{i}"} for i in itertools.count()),
         scheduler={"lend_trainer": True, "lend_estimate_s": 1.0, **scheduler},
         algorithm={"group_size": 2},
         train={"steps": 50, "batch_size": 8},
-        reflow={"sigma": 0.0},
+        reflow={"sigma": sigma},
     )
     register_all(c)
     # the rate over the last 3 arrivals (64 by default: a real step brings hundreds)
@@ -137,6 +137,22 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     busy = c.idle.trainer_busy_s(clock.t)
     assert busy["lent"] == pytest.approx(4.0 + 3 * 0.25)
     assert "lent" not in c.idle.trainer_idle(clock.t)
+
+
+def test_a_trainer_short_of_replay_lends_for_the_fresh_samples_that_fill_the_rest(clock):
+    # sigma 0.5, batch 8: the 4 fresh samples a batch needs are in, but there is no replay
+    # for the other 4 (idle cause replay_short): the batch waits for 4 more fresh ones,
+    # 4 s at 1 a second, beyond 1.5 round trips of 2 x 1 s. Before, only a trainer short of
+    # its fresh share (fresh_short) lent, and this one waited idle.
+    c = lending(clock, sigma=0.5)
+    held = work(c, 2)
+    deliver(c, clock, held[:4], 2, every_s=1.0)
+    out = ask(c)
+    assert isinstance(out[-1][1], p.BatchWait)
+    assert c.data.shortfall == "replay" and c.data.fresh_missing() == 4
+    (lend,) = switches(out)
+    assert isinstance(lend, p.Lend) and lend.roles == ["rollout"] * 4
+    assert c.status()["lends"]["predicted_wait_s"] == pytest.approx(4.0, rel=0.01)
 
 
 def test_a_lend_whose_batch_was_not_there_raises_the_margin(clock):
@@ -296,6 +312,8 @@ def test_a_simulated_run_lends_with_the_models_phases_and_loses_nothing():
     assert [x["max_rank_switch_s"] for x in lends] == pytest.approx([to_rollout] * len(lends))
     assert [x["max_rank_switch_s"] for x in reclaims] == pytest.approx([to_trainer] * len(lends))
     assert "state_transfer" not in reclaims[0]["phases_max_s"]  # its own state, kept
+    # a lend moves no process group (runtime/rank/worker.py lend_switch): no regroup
+    assert all("regroup" not in x["phases_max_s"] for x in lends + reclaims)
     assert s["trainer_busy_by_cause"]["lent"] > 0
     assert "fresh_short" not in s["trainer_idle_by_cause"]
     assert res.metrics[-1]["lends"]["lends"] == len(lends)
