@@ -62,8 +62,10 @@ class ModePolicy:
     def recipe_sets(self) -> list[str]:
         """The ``--set`` overrides that run a recipe written for reflow (a replay share, a
         rollout:trainer split) as this mode: its sigma is kept where the mode replays and
-        0 elsewhere; a colocated mode drops the split (every rank plays both roles)."""
+        0 elsewhere, a baseline waits for whole groups (``max_stragglers`` its default), and
+        a colocated mode drops the split (every rank plays both roles)."""
         sets = [f"reflow.mode={self.name}", *([] if self.replay else ["reflow.sigma=0"])]
+        sets += ["reflow.max_stragglers=null"] if self.baseline else []
         return sets + (["resources.initial_ratio=null"] if self.colocated else [])
 
     def batches_ahead(self, step: int, sync_every: int, steps: int) -> int:

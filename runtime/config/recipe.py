@@ -408,6 +408,12 @@ def check_feasible(cfg: Config) -> None:
             f"{rf.sigma} needs mode=reflow (replay is off in mode={rf.mode})",
             not_in_mode=f"replay is off in mode={rf.mode}",
         )
+    if rf.policy.baseline and (rf.max_stragglers or 0) > 0:
+        raise _FieldError(
+            "reflow.max_stragglers",
+            f"{rf.max_stragglers} needs mode=reflow (mode={rf.mode} waits for whole groups)",
+            not_in_mode=f"mode={rf.mode} waits for whole groups",
+        )
     _check_mode(cfg)
     if cfg.model.lora.enabled and cfg.engine.trainer != "torch":
         raise _FieldError(

@@ -336,6 +336,14 @@ class ReflowConfig:
         "oldest with a built-in sampler, sampler with one of your own",
         choices=("oldest", "sampler"),
     )
+    max_stragglers: int | None = opt(
+        None,
+        "members a group may still lack when its finished ones reach the last version "
+        "delta lets train them: it then trains without them (advantages over the members "
+        "in) and drops them when they arrive; none = 1 (reflow) or 0 (the baselines: a "
+        "group waits for all its members)",
+        ge=0,
+    )
     age_from: str = opt(
         "oldest_span",
         "the version a partial rollout's age counts from for delta: oldest_span, or "
@@ -353,6 +361,14 @@ class ReflowConfig:
         """Batches replay samples: the mode allows it and sigma > 0 (the one place this is
         decided; a validated recipe has sigma 0 where the mode does not replay)."""
         return self.policy.replay and (self.sigma or 0.0) > 0
+
+    @property
+    def stragglers_allowed(self) -> int:
+        """``max_stragglers``, or the mode's default where the recipe leaves it unset: 1
+        in reflow, 0 in a baseline (which waits for whole groups)."""
+        if self.max_stragglers is not None:
+            return self.max_stragglers
+        return 0 if self.policy.baseline else 1
 
     @property
     def replay_share(self) -> float:

@@ -43,6 +43,7 @@ class DataPlane:
             seed=train.seed,
             fresh_order=rf.fresh_order,
             age_from=rf.age_from,
+            max_stragglers=rf.stragglers_allowed,
         )
         self.dispatcher = Dispatcher(
             prompts=prompts,
@@ -52,6 +53,8 @@ class DataPlane:
             batch_size=train.batch_size,
             clock=clock,
         )
+        # a straggler of a group that trained without it is not generated any more
+        self.dispatcher.closed_groups = self.buffer.closed_groups
         self.train, self.delta = train, rf.delta
         self.last_refusal: str | None = None  # why the last work request got less
         self.policy_version = 0  # of the weights last published: one per sync
@@ -274,7 +277,7 @@ class DataPlane:
 
     def next_batch(self) -> Batch | None:
         """A batch for the trainer, or None (the wait counts as trainer idle time)."""
-        batch = self.buffer.sample_batch(self.policy_version)
+        batch = self.buffer.sample_batch(self.policy_version, self._last_chance())
         now = self.clock()
         if batch is None:
             if self._waiting_since is None:
@@ -284,6 +287,15 @@ class DataPlane:
             self.trainer_idle_s += now - self._waiting_since
             self._waiting_since = None
         return batch
+
+    def _last_chance(self) -> int | None:
+        """The newest version the next batch is the last to take (its step is the last
+        ``TrainConfig.last_step_for`` that version): groups of it close without their
+        stragglers (None: the buffer closes none)."""
+        if self.buffer.max_stragglers <= 0:
+            return None
+        step = self.step + len(self.batches) + 1
+        return step // self.train.sync_every - self.delta - 1
 
     @property
     def batches(self) -> Mapping[int, Batch]:

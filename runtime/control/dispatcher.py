@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -88,6 +89,9 @@ class Dispatcher:
         # these requests out, which stay outstanding there until it reports what it had
         # generated of each (a finished sample, a parked rollout, or nothing).
         self.handing_over: dict[int, HandOver] = {}
+        # groups that trained without their stragglers (the buffer's, shared: the data
+        # plane sets it): a request of one still queued is dropped, not handed out
+        self.closed_groups: AbstractSet[int] = frozenset()
 
     def _refill(self) -> bool:
         try:
@@ -168,7 +172,7 @@ class Dispatcher:
                 # includes its first members, so holding its rest back could leave no
                 # batch ever formed; staleness is exceeded by group_size - 1 at most)
                 why = "staleness"
-            elif not self.pending and not self._refill():
+            elif not self._drop_closed() and not self._refill():
                 why = "no_prompts"
             elif admit is not None and not admit(self.pending[0]):
                 why = "token_budget"
@@ -192,6 +196,14 @@ class Dispatcher:
             self.transitions["pending->running"] += 1
             out.append(req)
         return out
+
+    def _drop_closed(self) -> bool:
+        """Drop the queue's head while it belongs to a closed group; whether a request is
+        left at the head."""
+        while self.pending and self.pending[0].group_id in self.closed_groups:
+            self.pending.popleft()
+            self.transitions["pending->dropped"] += 1
+        return bool(self.pending)
 
     def finished(self, sample_id: int, worker: int) -> Request | None:
         """A trajectory came back from ``worker``; None if it was not outstanding there
@@ -389,6 +401,8 @@ class Dispatcher:
             "delivered": self.transitions["running->finished"],
             "requeued": self.transitions["running->pending"],
             "held_across_sync": self.transitions["running->held"],
+            # queued members of groups that trained without them (never generated)
+            "dropped_stragglers": self.transitions["pending->dropped"],
             "blocked": dict(self.blocked),
             "requeued_by_reason": dict(self.requeue_reasons),
             "parked_rollouts": dict(self.parked),

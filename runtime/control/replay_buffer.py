@@ -15,6 +15,15 @@ its older spans' tokens are then older than ``delta``, and the loss's per-token
 importance ratios, ``algorithm.tis_cap``, are what corrects them); older ones are
 evicted (reason ``stale_unused`` / ``stale_replay``).
 
+Stragglers (``max_stragglers`` > 0): a group becomes available only once all its members
+are in, and its members all carry the version they were dispatched at; one member that
+generates for more than ``delta`` versions then makes the whole group stale on arrival.
+So when a batch is the last that may take a group's finished members (its caller, which
+counts steps, says which versions: ``last_chance``) and at most ``max_stragglers``
+members are still missing (two or more in), the group is *closed*:
+it completes with the members in (advantages over them), and a missing member that
+arrives later is evicted as ``straggler``.
+
 Fresh samples are taken oldest version first, in arrival order within a version
 (``fresh_order="oldest"``, the default with the built-in samplers: the FIFO queue
 verl's fully-async trainer reads),
@@ -30,6 +39,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 
 from runtime.control.samplers import BatchSampler, RandomSampler, ReplayFilter
 from runtime.data.sample import Batch, Phase, Sample, sample_from_state, sample_state
@@ -69,6 +79,7 @@ class ReplayBuffer:
         seed: int = 0,
         fresh_order: str = "oldest",
         age_from: str = "oldest_span",
+        max_stragglers: int = 0,
     ) -> None:
         if not 0 <= sigma < 1:
             raise ValueError("sigma must be in [0, 1)")
@@ -86,6 +97,11 @@ class ReplayBuffer:
         self.fresh_order = fresh_order
         self.version_of = version_of(age_from)
         self.min_unused = math.ceil(batch_size * (1 - sigma) - 1e-9)
+        if max_stragglers < 0:
+            raise ValueError(f"max_stragglers {max_stragglers}: expected >= 0")
+        self.max_stragglers = max_stragglers
+        # groups closed without their stragglers: a member arriving later is dropped
+        self._closed: set[int] = set()
         self._groups: dict[int, list[Sample]] = {}
         self._n_waiting = 0  # samples in incomplete groups (kept in step: a hot path)
         self.unused: dict[int, Sample] = {}
@@ -109,11 +125,14 @@ class ReplayBuffer:
 
     def add(self, t: Sample) -> None:
         """A finished sample; it becomes available once its whole group is in."""
-        group = self._groups.setdefault(t.group_id, [])
         if t.sample_id in self._ids:
             raise ValueError(f"sample {t.sample_id} delivered twice")
-        self._ids.add(t.sample_id)
         t.phase = Phase.FINISHED
+        if t.group_id in self._closed:  # its group trained without it (module doc)
+            self._evict(t, Phase.FINISHED, "straggler")
+            return
+        group = self._groups.setdefault(t.group_id, [])
+        self._ids.add(t.sample_id)
         group.append(t)
         self._n_waiting += 1
         if len(group) >= self.group_size:
@@ -173,10 +192,31 @@ class ReplayBuffer:
                 n += 1
         return n
 
+    def close_expiring(self, up_to_version: int) -> list[int]:
+        """Close the groups whose finished members are of ``up_to_version`` or older (the
+        caller's: those the batch being made is the last to take) with at most
+        ``max_stragglers`` members missing (module doc); their ids."""
+        if self.max_stragglers <= 0:
+            return []
+        least = max(2, self.group_size - self.max_stragglers)
+        closing = [
+            g
+            for g, members in self._groups.items()
+            if len(members) >= least and min(map(self.version_of, members)) <= up_to_version
+        ]
+        for g in closing:
+            self._closed.add(g)
+            self._complete(g)
+        return closing
+
     # --- batches -----------------------------------------------------------------------
 
-    def sample_batch(self, current_version: int) -> Batch | None:
-        """A batch of exactly ``batch_size`` samples, or None when the rule cannot be met."""
+    def sample_batch(self, current_version: int, last_chance: int | None = None) -> Batch | None:
+        """A batch of exactly ``batch_size`` samples, or None when the rule cannot be met.
+        ``last_chance``: the newest version this batch is the last to take; groups of it
+        or older close first, without their stragglers (module doc)."""
+        if last_chance is not None:
+            self.close_expiring(last_chance)
         self.evict_stale(current_version)
         b = self.batch_size
         self.shortfall = "fresh"
@@ -242,6 +282,7 @@ class ReplayBuffer:
             "evicted_tokens": dict(self.evicted_tokens),
             "length_tally": {k: list(v) for k, v in self.length_tally.items()},
             "recent": [list(x) for x in self.recent],
+            "closed_groups": sorted(self._closed),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -264,11 +305,19 @@ class ReplayBuffer:
         self.evicted_tokens = Counter(state["evicted_tokens"])
         self.length_tally = {k: [int(a), int(b)] for k, (a, b) in state["length_tally"].items()}
         self.recent = [(int(a), int(b)) for a, b in state["recent"]]
+        # (checkpoints from before straggler closing have none)
+        self._closed.clear()  # in place: the dispatcher reads this set
+        self._closed.update(int(g) for g in state.get("closed_groups", []))
 
     # --- inspection --------------------------------------------------------------------
 
     def holds(self, sample_id: int) -> bool:
         return sample_id in self._ids
+
+    @property
+    def closed_groups(self) -> AbstractSet[int]:
+        """Groups that trained without their stragglers (a live view)."""
+        return self._closed
 
     @property
     def n_waiting_for_group(self) -> int:

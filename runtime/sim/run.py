@@ -66,6 +66,7 @@ def mode_definition(cfg: Config, mode: str | None, sets: Sequence[str] = ()) -> 
     }
     if not adaptive:  # a baseline never lends; reflow lends where the recipe says so
         changes["scheduler.lend_trainer"] = False
+        changes["reflow.max_stragglers"] = None  # and waits for whole groups (its default)
     if p is None or not p.replay:
         changes["reflow.sigma"] = 0.0  # sigma must be 0 where replay is off
     elif target != cfg.reflow.mode:

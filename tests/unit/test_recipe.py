@@ -27,7 +27,7 @@ BAD = [
     (
         "reflow: {sigmma: 0.3}",
         "reflow.sigmma: unknown key (allowed here: B_max, B_max_per_gpu, age_from, delta, "
-        "fresh_order, mode, replay_filter, sampler, sigma, tau)",
+        "fresh_order, max_stragglers, mode, replay_filter, sampler, sigma, tau)",
     ),
     ("train: {steps: ten}", "train.steps: expected an integer, got 'ten'"),
     ("train: {steps: 1.5}", "train.steps: expected an integer, got 1.5"),
