@@ -249,7 +249,7 @@ def rank_main(run_root: str) -> str:
 def _maybe_restart(coordinator: Coordinator, cfg: Config, paths: RunPaths) -> str:
     """A run that failed mid-training starts again from its last checkpoint, up to
     ``control.max_restarts`` times; the text is added to the failure reason."""
-    if not coordinator.failed_while_training or cfg.control.max_restarts == 0:
+    if not coordinator.life.failed_while_training or cfg.control.max_restarts == 0:
         return ""
     done = restarts_so_far(paths, os.environ)
     if done >= cfg.control.max_restarts:
@@ -301,17 +301,17 @@ def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:
     if info is None:
         return None
     coordinator.load_state_dict(checkpoint.read_coordinator_state(info), source=info.name)
-    assert coordinator.resumed is not None
+    assert coordinator.life.resumed is not None
     write_json_atomic(
-        paths.root / f"resumed-{coordinator.attempt}.json",
-        {**coordinator.resumed, "rejected": rejected},
+        paths.root / f"resumed-{coordinator.life.attempt}.json",
+        {**coordinator.life.resumed, "rejected": rejected},
     )
     log.info(
         "resuming from %s: step %d, policy v%d, %d samples in the buffer%s",
         info.name,
         info.step,
         info.policy_version,
-        len(coordinator.resumed["buffer"]["samples"]),
+        len(coordinator.life.resumed["buffer"]["samples"]),
         f" ({len(rejected)} newer checkpoint(s) rejected)" if rejected else "",
     )
     return info.name

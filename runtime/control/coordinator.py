@@ -160,7 +160,7 @@ class Coordinator(Run):
                 why += f"; its last beat said: waiting on {w.waiting(now)}"
             out += self.lose_rank(w, why, regroup=False)
         out += self.regroup_without_lost()  # once for every rank lost in this tick
-        if self.state == RunState.STARTING and now - self.started_at > ctl.register_timeout_s:
+        if self.state == RunState.STARTING and now - self.life.started_at > ctl.register_timeout_s:
             out += self.finish(
                 RunState.FAILED,
                 f"only {self.members.n_ready()} of {self.cfg.world_size} ranks became ready "
@@ -338,8 +338,8 @@ class Coordinator(Run):
         """Terminal, and every rank has left (or the grace period is over)."""
         if self.state not in TERMINAL:
             return False
-        assert self.ended_at is not None
-        grace_over = self.clock() - self.ended_at > self.cfg.control.stop_grace_s
+        assert self.life.ended_at is not None
+        grace_over = self.clock() - self.life.ended_at > self.cfg.control.stop_grace_s
         return self.members.all_gone() or grace_over
 
 

@@ -76,8 +76,7 @@ def published_at_hand(c: Run) -> bool:
     every = c.cfg.train.sync_every
     if c.step % every == 0:
         return True
-    started = int(c.resumed["step"]) if c.resumed else 0
-    return c.step // every * every >= started
+    return c.step // every * every >= c.life.resumed_at_step
 
 
 def maybe_lend(c: Run) -> list[Outgoing]:

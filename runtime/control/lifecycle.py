@@ -174,7 +174,7 @@ def coordinator_state(c: Run) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
         "run": c.run,
-        "attempt": c.attempt,
+        "attempt": c.life.attempt,
         "step": c.step,
         "policy_version": c.policy_version,
         "layout": [c.layout.n_rollout_ranks, c.layout.n_trainer_ranks],

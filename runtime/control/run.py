@@ -28,6 +28,7 @@ from runtime.control.membership import Membership, Outgoing, WorkerInfo
 from runtime.control.message_book import MessageBook
 from runtime.control.rebalance import Rebalancer
 from runtime.control.reward_watch import ZeroRewardWatch
+from runtime.control.run_life import RunLife
 from runtime.control.sample_check import RunBounds
 from runtime.control.scheduling import WindowStats
 from runtime.control.scheduling.concurrency import AimdSettings
@@ -124,14 +125,9 @@ class Run:
         self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
         sch = cfg.scheduler
         layout = initial_layout(cfg)
-        self._state = RunState.STARTING  # assigned by _enter alone
-        self.reason = ""
+        # state, reason, start and end, attempt: changed by the methods below alone
+        self.life = RunLife(started_at=clock())
         self.phase_started_at_step = 0  # colocated_sync: the step its current phase began at
-        self.started_at = clock()
-        self.ended_at: float | None = None
-        self.attempt = 1  # 1 + the number of resumes of this run
-        self.failed_while_training = False
-        self.resumed: dict[str, Any] | None = None
 
         rollout_group = cfg.resources.rollout_gpus_per_replica
         self.members = Membership(cfg.world_size, clock, rollout_group)
@@ -239,16 +235,16 @@ class Run:
 
     @property
     def state(self) -> RunState:
-        return self._state
+        return self.life.state
+
+    @property
+    def reason(self) -> str:
+        return self.life.reason
 
     # --- the run's state: every change here --------------------------------------------
 
     def _enter(self, state: RunState, reason: str | None = None) -> None:
-        self._state = state
-        if reason is not None:
-            self.reason = reason
-        if state in TERMINAL:
-            self.ended_at = self.clock()
+        self.life.enter(state, self.clock(), reason)
 
     def start_running(self) -> None:
         """Every rank is ready: the run starts (rank-seconds by role count from here)."""
@@ -266,12 +262,9 @@ class Run:
     def finish(self, state: RunState, reason: str) -> list[Outgoing]:
         if self.state in TERMINAL:
             return []
-        # A rank lost or failing mid-training is what a restart from the last checkpoint
-        # is for; failing to start (or a bad recipe) would fail the same way again.
-        self.failed_while_training = state == RunState.FAILED and self.training_started
-        self._enter(state, reason)
-        assert self.ended_at is not None
-        self.idle.trainer_is(None, self.ended_at)  # the trainer's time ends with the run
+        self.life.fail_or_end(state, self.clock(), reason, trained=self.training_started)
+        assert self.life.ended_at is not None
+        self.idle.trainer_is(None, self.life.ended_at)  # the trainer's time ends with the run
         return self.members.send(p.Stop(reason=reason))
 
     def check_ended(self) -> None:
@@ -280,15 +273,15 @@ class Run:
 
     def explain(self, reason: str) -> None:
         """Say what the run is doing (a stop waiting for its checkpoint), state unchanged."""
-        self.reason = reason
+        self.life.reason = reason
 
     def amend_reason(self, note: str) -> None:
         """After the run ended: add to its reason (a restart, say)."""
-        self.reason += note
+        self.life.reason += note
 
     def resumed_from(self, attempt: int, evals: dict[str, float], brief: dict[str, Any]) -> None:
         """This run goes on from a checkpoint of attempt ``attempt - 1``."""
-        self.attempt, self.resumed = attempt, brief
+        self.life.resume(attempt, brief)
         self.reports.evals = dict(evals)
 
     # --- the moves every handler makes ------------------------------------------------

@@ -42,7 +42,7 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
     line: dict[str, Any] = {
         "step": msg.step,
         "policy_version": msg.policy_version,
-        "attempt": c.attempt,
+        "attempt": c.life.attempt,
     }
     if batch is not None:
         line.update(
@@ -71,7 +71,7 @@ def step_line(c: Run, msg: p.StepDone, batch: Batch | None, now: float) -> dict[
     n.tokens_at_last_step = n.generated_tokens
     n.reward_sum, n.delivered = 0.0, 0
     line.update(
-        wall_s=round(now - c.started_at, 4),
+        wall_s=round(now - c.life.started_at, 4),
         trainer_idle_s=round(c.data.trainer_idle_s, 4),
         # cumulative idle seconds by cause (runtime/control/idle.py)
         trainer_idle_by_cause_s={
@@ -102,11 +102,11 @@ def lend_fields(c: Run, now: float) -> dict[str, Any]:
 
 
 def resumed_brief(c: Run) -> dict[str, Any] | None:
-    if c.resumed is None:
+    if c.life.resumed is None:
         return None
-    buf = c.resumed["buffer"]
+    buf = c.life.resumed["buffer"]
     return {
-        **{k: v for k, v in c.resumed.items() if k != "buffer"},
+        **{k: v for k, v in c.life.resumed.items() if k != "buffer"},
         "samples": len(buf["samples"]),
         "pending": len(buf["pending"]),
     }
@@ -115,8 +115,8 @@ def resumed_brief(c: Run) -> dict[str, Any] | None:
 def summary(c: Run) -> dict[str, Any]:
     """End-of-run figures (``summary.json``)."""
     n = c.counters
-    end = c.ended_at if c.ended_at is not None else c.clock()
-    wall = max(end - c.started_at, 1e-9)
+    end = c.life.ended_at if c.life.ended_at is not None else c.clock()
+    wall = max(end - c.life.started_at, 1e-9)
     ledger = c.data.ledger()
     tokens = sum(line.get("tokens", 0) for line in c.reports.lines)
     first = c.reports.lines[0]["wall_s"] if c.reports.lines else 0.0
@@ -151,10 +151,10 @@ def summary(c: Run) -> dict[str, Any]:
         **({"lends": c.lends.status()} if c.lends is not None else {}),  # a lending run's
         "lost_ranks": list(c.members.lost_ranks),
         "rejoined_ranks": list(c.members.rejoined_ranks),
-        "attempt": c.attempt,
+        "attempt": c.life.attempt,
         "resumed": resumed_brief(c),
         "checkpoints": list(c.checkpoints),
-        "failed_while_training": c.failed_while_training,
+        "failed_while_training": c.life.failed_while_training,
         "ledger_violations": len(c.reports.ledger_violations),
         "samples": {k: ledger[k] for k in LEDGER_KEYS},
         # paused across a weight sync and resumed; parked at a stop, continued after it
@@ -175,7 +175,7 @@ def status(c: Run) -> dict[str, Any]:
         "step": c.step,
         "total_steps": c.cfg.train.steps,
         "policy_version": c.policy_version,
-        "uptime_s": round(now - c.started_at, 3),
+        "uptime_s": round(now - c.life.started_at, 3),
         "layout": c.rebalance.status(),
         "workers": c.members.status(now),
         # one engine each: with rollout_gpus_per_replica > 1 a replica spans several ranks
@@ -186,7 +186,7 @@ def status(c: Run) -> dict[str, Any]:
         "generation": c.generation.status(),
         "lost_ranks": list(c.members.lost_ranks),
         "rejoined_ranks": list(c.members.rejoined_ranks),
-        "attempt": c.attempt,
+        "attempt": c.life.attempt,
         "resumed": resumed_brief(c),
         "checkpoint": c.ckpt.status(),
         "waits": rank0_waits(c, now),

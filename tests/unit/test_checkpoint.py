@@ -633,9 +633,9 @@ def test_a_restored_coordinator_continues_the_run(clock):
 
     fresh = coordinator(Clock(), Saves())
     fresh.load_state_dict(state, source="step-00000002")
-    assert (fresh.step, fresh.policy_version, fresh.attempt) == (2, 1, 2)
+    assert (fresh.step, fresh.policy_version, fresh.life.attempt) == (2, 1, 2)
     assert fresh.buffer_digest() == digest
-    assert fresh.resumed["from"] == "step-00000002"
+    assert fresh.life.resumed["from"] == "step-00000002"
     # When every rank is back, the restored weights go to the rollout ranks first.
     out = []
     for r in range(4):

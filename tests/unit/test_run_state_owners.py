@@ -105,6 +105,18 @@ def test_the_state_changes_only_through_the_run() -> None:
     c = Coordinator(build_config({}), run="t")
     with pytest.raises(AttributeError):
         c.state = RunState.RUNNING  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        c.reason = "x"  # type: ignore[misc]
+    c.finish(RunState.FAILED, "a bad recipe")  # before any step: no restart would help
+    assert (c.state, c.reason, c.life.failed_while_training) == ("FAILED", "a bad recipe", False)
+    assert c.life.ended_at is not None
     assert not hasattr(c.rebalance, "lost")  # membership owns the lost ranks, no alias
     c.members.lost.add(3)
     assert c.epoch_roles()[3] == "gone"
+
+
+def test_a_run_holds_its_parts_not_their_facts() -> None:
+    # Rank 0's Run had 40 attributes (issue "Weight sync as one component, rank 0's state
+    # with one owner each"); its own course is one record now (runtime/control/run_life.py)
+    c = Coordinator(build_config({}), run="t")
+    assert len(vars(c)) <= 21, sorted(vars(c))
