@@ -36,7 +36,8 @@ A recipe is a YAML file with the sections below; a key that is not listed here i
 with the list of allowed keys, and every value is checked against its type and its allowed
 values when the recipe is loaded (`runtime/config/recipe.py`). `reflow launch --set
 section.field=value` overrides a field with the same checks. Infeasible combinations are
-rejected at load too (`check_feasible`), for example a rollout replica size that does not
+rejected at load too (`check_feasible`, `runtime/config/feasibility.py`), for
+example a rollout replica size that does not
 divide `gpus_per_node`, an `initial_ratio` that does not add up to the ranks, `sigma > 0`
 outside `mode: reflow`, `checkpoint_every` not a multiple of `sync_every`, or a response
 limit that leaves no room for the prompt.

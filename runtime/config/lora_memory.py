@@ -18,7 +18,8 @@ import math
 from dataclasses import dataclass
 
 from runtime.config.architectures import ArchitectureError, ModelShape
-from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config, LoraConfig
+from runtime.config.lora_config import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, LoraConfig
+from runtime.config.schema import Config
 
 # The plan's unit: memory_plan.GIB, written out because memory_plan imports this module.
 _GIB = 2**30

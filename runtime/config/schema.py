@@ -1,33 +1,23 @@
 """The typed configuration tree of a run: one dataclass per recipe section.
 
-A recipe (YAML) is turned into a :class:`Config` by :mod:`runtime.config.recipe`, which checks
-every key, type and range using the metadata declared here, then the cross-field rules in
-:func:`runtime.config.recipe.check_feasible`. Field metadata keys:
-
-- ``choices``: the allowed values;
-- ``ge``/``gt``/``le``/``lt``: numeric bounds;
-- ``doc``: one line shown in the recipe reference (docs/recipes.md, made by ``make docs``).
+A recipe (YAML) is turned into a :class:`Config` by :mod:`runtime.config.recipe`, which
+checks every key, type and range using the metadata each field declares
+(:func:`runtime.config.fields.opt`), then the cross-field rules in
+:func:`runtime.config.feasibility.check_feasible`. The LoRA section is in
+:mod:`runtime.config.lora_config`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from runtime.config import modes
+from runtime.config.fields import opt
+from runtime.config.lora_config import LoraConfig
 from runtime.config.modes import BASELINES as BASELINES
 from runtime.config.modes import DEFAULT_MODE, MODES, ModePolicy
 from runtime.config.workload_kinds import KIND_NAMES
-
-
-def opt(default: Any, doc: str, **checks: Any) -> Any:
-    """A dataclass field with a default, a doc line and validation metadata."""
-    meta = {"doc": doc, **checks}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
 
 # The execution modes: their names and what each does are declared in
 # runtime/config/modes.py (one ModePolicy per mode; ``ReflowConfig.policy`` is the run's).
@@ -42,49 +32,6 @@ BASELINE_FIXED = {
     "scheduler.adaptive_caps": "the baselines keep fixed concurrency caps",
     "scheduler.lend_trainer": "the baselines never lend their trainer",
 }
-
-
-# The linear layers of a Qwen3/Llama decoder block, the default LoRA targets (all of them,
-# as verl's ``target_modules: all-linear`` and the LoRA-in-RL reports train).
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# What a weight publication of a LoRA run sends the rollout engines.
-LORA_SYNCS = ("adapter", "merged")
-# The ranks vLLM accepts as ``max_lora_rank`` (vllm/config/lora.py); an adapter of a smaller
-# rank is served under the next one up; its two adapter slots (runtime/engines/vllm).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-VLLM_LORA_SLOTS = 2
-
-
-@dataclass
-class LoraConfig:
-    """Low-rank adapters on a frozen base (runtime/engines/torch/lora.py); ``rank: 0`` trains
-    every parameter."""
-
-    rank: int = opt(0, "adapter rank r; 0 = no LoRA (every parameter trains)", ge=0, le=512)
-    alpha: float = opt(16.0, "the adapter's output is scaled by alpha / rank", gt=0)
-    dropout: float = opt(0.0, "dropout on the adapter's input while training", ge=0, lt=1)
-    target_modules: list[str] = opt(
-        LORA_TARGETS, "names of the linear layers that get an adapter (each block's)"
-    )
-    sync: str = opt(
-        "adapter",
-        "what a weight sync sends rollout: the adapter (vLLM loads it as a LoRA) or the "
-        "base with the adapter merged in (a full sync, no LoRA in the engine)",
-        choices=LORA_SYNCS,
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    @property
-    def syncs_adapter(self) -> bool:
-        """A LoRA run whose weight syncs send the adapter alone (the engine serves it)."""
-        return self.enabled and self.sync == "adapter"
 
 
 @dataclass

@@ -106,7 +106,7 @@ class WandbSink:
 
 
 # recipe switch -> how to open it (the package each needs, which the recipe check asks
-# for: runtime/config/recipe.py METRIC_PACKAGES)
+# for: runtime/config/feasibility.py METRIC_PACKAGES)
 BACKENDS: dict[str, Callable[[Config, RunPaths], MetricsSink]] = {
     "tensorboard": lambda cfg, paths: TensorBoardSink(paths.root / "tensorboard"),
     "wandb": WandbSink,

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import LoraConfig
+from runtime.config.lora_config import LoraConfig
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_FILE = "adapter_model.safetensors"

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import LoraConfig
+from runtime.config.lora_config import LoraConfig
 from runtime.rank.groups import LEADER
 from runtime.rank.sync_pairs import SyncPairs
 from runtime.rank.trainer_mesh import TrainerMesh

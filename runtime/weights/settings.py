@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.config.schema import Config, LoraConfig
+from runtime.config.lora_config import LoraConfig
+from runtime.config.schema import Config
 
 
 @dataclass(frozen=True)

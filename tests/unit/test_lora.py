@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from runtime.config.lora_config import LoraConfig
 from runtime.config.recipe import RecipeError, build_config
-from runtime.config.schema import LoraConfig
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.lora import LoraLinear
 from runtime.engines.torch.trainer import TorchTrainer

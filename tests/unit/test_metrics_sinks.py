@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from runtime.config import recipe
+from runtime.config import feasibility
 from runtime.config.recipe import RecipeError, build_config
 from runtime.config.schema import Config
 from runtime.store import metrics_sinks
@@ -50,7 +50,7 @@ class Broken:
 def test_a_failing_backend_is_dropped_and_the_record_goes_on(tmp_path, monkeypatch, caplog):
     broken = Broken()
     monkeypatch.setitem(metrics_sinks.BACKENDS, "tensorboard", lambda c, p: broken)
-    monkeypatch.setitem(recipe.METRIC_PACKAGES, "tensorboard", "json")
+    monkeypatch.setitem(feasibility.METRIC_PACKAGES, "tensorboard", "json")
     cfg = build_config({"logging": {"tensorboard": True}})
     writer = MetricsWriter(cfg, RunPaths(tmp_path))
     with caplog.at_level(logging.WARNING, "reflow.metrics"):
@@ -68,7 +68,7 @@ def test_a_backend_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch
         raise RuntimeError("no service")
 
     monkeypatch.setitem(metrics_sinks.BACKENDS, "wandb", refuse)
-    monkeypatch.setitem(recipe.METRIC_PACKAGES, "wandb", "json")
+    monkeypatch.setitem(feasibility.METRIC_PACKAGES, "wandb", "json")
     cfg = build_config({"logging": {"wandb": True}})
     with caplog.at_level(logging.WARNING, "reflow.metrics"):
         writer = MetricsWriter(cfg, RunPaths(tmp_path))
@@ -78,7 +78,7 @@ def test_a_backend_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch
 
 def test_a_backend_without_its_package_is_a_recipe_error(monkeypatch):
     monkeypatch.setitem(metrics_sinks.BACKENDS, "wandb", lambda c, p: None)
-    monkeypatch.setitem(recipe.METRIC_PACKAGES, "wandb", "no_such_package_for_reflow")
+    monkeypatch.setitem(feasibility.METRIC_PACKAGES, "wandb", "no_such_package_for_reflow")
     with pytest.raises(RecipeError, match=r"^<recipe>: logging\.wandb: true needs the .no_such"):
         build_config({"logging": {"wandb": True}})
     assert isinstance(build_config({}), Config)  # off: no package needed

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.config.schema import LoraConfig
+from runtime.config.lora_config import LoraConfig
 from runtime.engines.torch.parallelize import decoder_blocks
 
 

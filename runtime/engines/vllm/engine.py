@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.config.schema import VLLM_LORA_RANKS, VLLM_LORA_SLOTS, Config
+from runtime.config.lora_config import VLLM_LORA_RANKS, VLLM_LORA_SLOTS
+from runtime.config.schema import Config
 from runtime.engines.vllm.devices import replica_devices, visible_devices
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
 from runtime.weights import lora_format
