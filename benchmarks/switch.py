@@ -112,7 +112,7 @@ class Rank:
         })  # fmt: skip
         self.cuda = spec["device"] == "cuda"
         if self.cuda:
-            trainer_device(self.cfg, rank)  # binds this rank's GPU before NCCL starts
+            trainer_device(self.cfg.resources, rank)  # binds this rank's GPU before NCCL starts
         self.c = Collective.join(
             rank=rank, world_size=WORLD, rendezvous=self.dir / "dist.json",
             bind_host="127.0.0.1", advertise_host="127.0.0.1",

@@ -97,7 +97,7 @@ def export(
         )
     from runtime.embedded.resolve import resolve_model_path
 
-    base = Path(resolve_model_path(cfg))
+    base = Path(resolve_model_path(cfg.model.path))
     if not (base / "config.json").is_file():
         raise UserError(f"{base}: no config.json (model.path of {paths.name})")
     version_dir = paths.root / "weights" / f"v{version}"

@@ -89,7 +89,7 @@ def file_prompts(cfg: Config) -> Iterator[dict[str, Any]]:
     from runtime.embedded.resolve import resolve_model_path
 
     prompts = prompt_set(cfg)
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     files = cfg.data.files()
     streams = [
         _epochs(cfg, prompts, prompts.file_range(i), codec, seed=cfg.train.seed + 7919 * i)

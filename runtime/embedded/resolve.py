@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runtime.config.schema import Config
-
 EMBEDDED = "embedded:tiny-qwen3"
 EMBEDDED_CHAT = "embedded:tiny-qwen3-chat"
 EMBEDDED_SMALL = "embedded:small-qwen3"  # 25M parameters, random: trainer tests, benchmarks
@@ -25,10 +20,12 @@ def is_tiny_embedded(path: str) -> bool:
     return path in (EMBEDDED, EMBEDDED_CHAT)
 
 
-def resolve_model_path(cfg: Config) -> str:
-    if cfg.model.path in BUILDERS:
+def resolve_model_path(path: str) -> str:
+    """The folder a ``model.path`` names: an embedded model's (built on first use), or the
+    path itself."""
+    if path in BUILDERS:
         import importlib
 
-        module, _, attr = BUILDERS[cfg.model.path].partition(":")
+        module, _, attr = BUILDERS[path].partition(":")
         return str(getattr(importlib.import_module(module), attr)())
-    return cfg.model.path
+    return path

@@ -87,7 +87,7 @@ def eval_prompts(cfg: Config, path: str) -> tuple[list[dict[str, Any]], Callable
     from runtime.embedded.resolve import resolve_model_path
 
     prompts = prompt_set(cfg, path)
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     room = cfg.model.max_seq_len - min(cfg.workload.max_response_tokens, 16)
     out: list[dict[str, Any]] = []
     for i in range(len(prompts)):
@@ -121,7 +121,7 @@ async def score_set(
     from runtime.data.codec import codec_for
     from runtime.embedded.resolve import resolve_model_path
 
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     scores = SetScores(cfg.eval.k, cfg.eval.solved_at)
     envs = [AgentEnv(cfg, codec, g, record, pool) for g in (greedy, sampled)]
     for n, prompt in enumerate(prompts):

@@ -28,8 +28,8 @@ def test_the_figures_follow_what_the_model_answers(tmp_path, monkeypatch):
 
     monkeypatch.chdir(REPO)  # the recipe names its environment from the repository root
     cfg = load_recipe(REPO / "examples/arith_retry/recipe.yaml")
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg)).eval()
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg.model.path)).eval()
+    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     greedy = ModelGenerator(model, codec, 0.0, version=0)
     said = []
     for text in SUMS:

@@ -22,7 +22,7 @@ def trained_run(tmp_path):
     paths = RunPaths(tmp_path / "runs" / "done-1")
     paths.root.mkdir(parents=True)
     dump_config(cfg, paths.config)
-    trainer = TorchTrainer(cfg, resolve_model_path(cfg))
+    trainer = TorchTrainer(cfg, resolve_model_path(cfg.model.path))
     for seed in range(3):
         trainer.train_step(batch(seed))
     trainer.publish(paths.root / "weights")
@@ -43,7 +43,7 @@ def test_export_loads_in_transformers_and_vllm_with_the_trained_weights(tmp_path
     ids = torch.tensor([[BOS, 7, 14, 9, 17, 5]])
     with torch.no_grad():
         exported, trained = model(ids).logits, trainer.model(ids).logits
-        base = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg))(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg.model.path))(ids).logits
     assert torch.allclose(exported, trained, atol=1e-5)
     assert not torch.allclose(exported, base, atol=1e-3)  # trained, not the base model
     assert AutoTokenizer.from_pretrained(out)("S3+4=").input_ids[0] == 21

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 OWN_SECTION = {
     "runtime/weights": {"settings.py"},
     "runtime/control": {"run.py"},  # the run builds rank 0's components
+    "runtime/embedded": set(),  # the embedded models and where model.path points
 }
 
 

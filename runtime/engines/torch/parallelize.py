@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import Config
+from runtime.config.schema import ResourcesConfig
 
 
-def trainer_device(cfg: Config, rank: int) -> torch.device:
+def trainer_device(res: ResourcesConfig, rank: int) -> torch.device:
     """The rank's device: its node-local GPU under ``device: cuda`` (or ``auto`` where CUDA
     is present), else the CPU. The local rank comes from the launcher (``LOCAL_RANK``,
     ``SLURM_LOCALID``), else the global rank modulo the node's GPUs."""
-    wanted = cfg.resources.device
+    wanted = res.device
     if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

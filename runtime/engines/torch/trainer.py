@@ -92,7 +92,7 @@ class TorchTrainer:
             self.model: Any = None
             self.opt: Any = None
             return
-        self.device = trainer_device(cfg, rank)
+        self.device = trainer_device(cfg.resources, rank)
         default = "bfloat16" if self.device.type == "cuda" else "float32"  # device: auto
         self.param_dtype = getattr(torch, cfg.train.param_dtype or default)
         # master weights in float32 whatever the checkpoint's dtype: AdamW on bf16 weights

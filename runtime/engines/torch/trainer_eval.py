@@ -43,7 +43,7 @@ def eval_generators(cfg: Config, model: torch.nn.Module, version: int) -> tuple[
     from runtime.embedded.resolve import resolve_model_path
     from runtime.engines.torch.generate import ModelGenerator
 
-    codec = codec_for(resolve_model_path(cfg), cfg.model.path)
+    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     return (
         ModelGenerator(model, codec, 0.0, version),
         ModelGenerator(model, codec, cfg.eval.temperature, version),

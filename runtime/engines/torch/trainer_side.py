@@ -117,7 +117,7 @@ class TorchTrainerSide(BatchConsumer):
         self.mesh = collective.mesh if collective is not None else None
         self.data_parallel = collective.data_parallel if collective is not None else None
         self.sync = collective.sync if collective is not None else None
-        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg), rank, self.mesh)
+        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg.model.path), rank, self.mesh)
         self.held_out = HeldOutEval(cfg)
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
         # gathers each bucket of its shards; runtime/weights/send.py); the

@@ -98,7 +98,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
             target=self._loop.run_forever, daemon=True, name="vllm-loop"
         )
         self._thread.start()
-        model_path = resolve_model_path(cfg)
+        model_path = resolve_model_path(cfg.model.path)
         self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank, rank=rank)
         # bounded like registration: a rank whose engine never comes up is not ready
         start_s = cfg.control.register_timeout_s
