@@ -70,6 +70,23 @@ def test_a_lend_that_did_not_pay_raises_the_margin_and_the_next_wait_like_it_sta
     }  # fmt: skip
 
 
+def test_a_lend_that_kept_the_trainer_away_past_the_predicted_wait_did_not_pay():
+    # The batch was there when the trainer came back, but 9 s after the lend was decided
+    # on a predicted wait of 7 s: without the lend it would have trained 2 s sooner.
+    # Before, only a trainer that found its batch short again made a lend unpaid.
+    clock = Clock()
+    g = gate(clock)
+    assert g.should_lend(Supply(28, 4.0), 2) == 2
+    g.lent(2.0)
+    clock.t = 7.0
+    assert g.should_reclaim(Supply(4, 8.0))
+    clock.t = 9.0  # the reclaim's switch, then the trainer's request
+    g.reclaimed(2.0, trainer_waited=False)
+    (lend,) = g.history
+    assert lend.paid is False and lend.back_at == 9.0
+    assert g.margin == pytest.approx(2.0)
+
+
 def test_slow_measured_switches_make_the_gate_wait_for_longer_gaps():
     g = gate(Clock())
     g.should_lend(Supply(64, 4.0), 2)

@@ -111,7 +111,7 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     # the lent leader takes work like any rollout rank
     mine = work(c, 0)
     assert mine and all(c.data.dispatcher.outstanding[r.sample_id][1] == 0 for r in mine)
-    clock.t += 4.0  # lent 4 s: the trainer's busy cause, not idle
+    clock.t += 2.0  # lent 2 s: the trainer's busy cause, not idle
     # rank 2 delivers 3 more, 4 a second: the 4 still missing would be in within the
     # reclaim's 1 s: the groups come back, the lent leader hands its requests over
     assert not switches(deliver(c, clock, held[:2], 2, every_s=0.25))
@@ -126,7 +126,8 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     assert back["lent_now"] == 0 and back["state"] == "none"  # back, its verdict to come
     deliver(c, clock, held[3:], 2, every_s=0.1)
     out = ask(c)
-    assert isinstance(out[0][1], p.Batch)  # the lend paid: the batch was there
+    # the lend paid: the batch was there, 5.25 s after the lend was decided on a 6 s wait
+    assert isinstance(out[0][1], p.Batch)
     status = c.status()
     lends = status["lends"]
     assert lends["lends"] == 1 and lends["paid"] == 1 and lends["state"] == "none"
@@ -135,7 +136,7 @@ def test_a_waiting_trainer_lends_its_groups_and_takes_them_back_when_the_batch_i
     sources = [s["source"] for s in status["switches"]]
     assert sources[-2:] == ["lend", "reclaim"]
     busy = c.idle.trainer_busy_s(clock.t)
-    assert busy["lent"] == pytest.approx(4.0 + 3 * 0.25)
+    assert busy["lent"] == pytest.approx(2.0 + 3 * 0.25)
     assert "lent" not in c.idle.trainer_idle(clock.t)
 
 
@@ -335,7 +336,7 @@ def test_a_reclaim_in_the_middle_of_a_replicas_finished_turns_loses_nothing():
     res = simulate(plan(cfg, 16, mode="reflow", model="qwen3-14b", workload="math"))
     s = res.summary
     assert s["state"] == "COMPLETED" and s["steps"] == 160
-    assert s["lends"]["lends"] > 20 and s["samples"]["lost"] == 0
+    assert s["lends"]["lends"] > 10 and s["samples"]["lost"] == 0
     assert s["samples"]["duplicated"] == 0 and s["ledger_violations"] == 0
 
 
