@@ -6,6 +6,7 @@ clock and the files; every decision is taken by :class:`runtime.control.coordina
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -50,7 +51,8 @@ class ControlServer:
         self._advertise_host = advertise_host or bind_host
         self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._metrics = MetricsWriter(coordinator.cfg, paths)
+        cfg = coordinator.cfg
+        self._metrics = MetricsWriter(cfg.logging, paths, dataclasses.asdict(cfg))
         self._bounded = BoundedLog(log)  # refusals and handler errors: a line per period
         self.address = ""
 

@@ -12,7 +12,6 @@ with one warning: the run and ``metrics.jsonl`` go on, nothing is lost from the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.config.schema import Config
+from runtime.config.schema import LoggingConfig
 from runtime.store.run_dir import RunPaths
 
 log = logging.getLogger("reflow.metrics")
@@ -84,17 +83,19 @@ class TensorBoardSink:
 class WandbSink:
     name = "wandb"
 
-    def __init__(self, cfg: Config, paths: RunPaths) -> None:
+    def __init__(
+        self, settings: LoggingConfig, paths: RunPaths, run_config: dict[str, Any]
+    ) -> None:
         import wandb
 
         self._run = wandb.init(
-            project=cfg.logging.wandb_project,
+            project=settings.wandb_project,
             name=paths.name,
             id=paths.name,  # a resumed run (same folder) continues the same W&B run
             resume="allow",
             dir=str(paths.root),
-            mode=cfg.logging.wandb_mode,
-            config=dataclasses.asdict(cfg),
+            mode=settings.wandb_mode,
+            config=run_config,
         )
 
     def write(self, rows: list[dict[str, Any]]) -> None:
@@ -107,8 +108,8 @@ class WandbSink:
 
 # recipe switch -> how to open it (the package each needs, which the recipe check asks
 # for: runtime/config/feasibility.py METRIC_PACKAGES)
-BACKENDS: dict[str, Callable[[Config, RunPaths], MetricsSink]] = {
-    "tensorboard": lambda cfg, paths: TensorBoardSink(paths.root / "tensorboard"),
+BACKENDS: dict[str, Callable[[LoggingConfig, RunPaths, dict[str, Any]], MetricsSink]] = {
+    "tensorboard": lambda settings, paths, run_config: TensorBoardSink(paths.root / "tensorboard"),
     "wandb": WandbSink,
 }
 
@@ -116,13 +117,17 @@ BACKENDS: dict[str, Callable[[Config, RunPaths], MetricsSink]] = {
 class MetricsWriter:
     """``metrics.jsonl`` plus the backends the recipe turns on, as one sink."""
 
-    def __init__(self, cfg: Config, paths: RunPaths) -> None:
+    def __init__(
+        self, settings: LoggingConfig, paths: RunPaths, run_config: dict[str, Any]
+    ) -> None:
+        """``settings``: the recipe's logging section; ``run_config``: the whole resolved
+        config as plain data, which a backend records with the run (W&B's ``config``)."""
         self.sinks: list[MetricsSink] = [JsonlSink(paths.metrics)]
         for switch, opener in BACKENDS.items():
-            if not getattr(cfg.logging, switch):
+            if not getattr(settings, switch):
                 continue
             try:
-                self.sinks.append(opener(cfg, paths))
+                self.sinks.append(opener(settings, paths, run_config))
             except Exception as exc:  # a backend must not stop the run
                 log.warning("metrics backend %s not started: %s", switch, exc)
 

@@ -17,6 +17,7 @@ OWN_SECTION = {
     "runtime/weights": {"settings.py"},
     "runtime/control": {"run.py"},  # the run builds rank 0's components
     "runtime/embedded": set(),  # the embedded models and where model.path points
+    "runtime/store": set(),  # run folders, checkpoints, metrics sinks
 }
 
 

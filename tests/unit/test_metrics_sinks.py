@@ -49,10 +49,10 @@ class Broken:
 
 def test_a_failing_backend_is_dropped_and_the_record_goes_on(tmp_path, monkeypatch, caplog):
     broken = Broken()
-    monkeypatch.setitem(metrics_sinks.BACKENDS, "tensorboard", lambda c, p: broken)
+    monkeypatch.setitem(metrics_sinks.BACKENDS, "tensorboard", lambda logging, paths, run: broken)
     monkeypatch.setitem(feasibility.METRIC_PACKAGES, "tensorboard", "json")
     cfg = build_config({"logging": {"tensorboard": True}})
-    writer = MetricsWriter(cfg, RunPaths(tmp_path))
+    writer = MetricsWriter(cfg.logging, RunPaths(tmp_path), {})
     with caplog.at_level(logging.WARNING, "reflow.metrics"):
         writer.write([{"step": 1, "x": 1.0}])
         writer.write([{"step": 2, "x": 2.0}])
@@ -64,20 +64,20 @@ def test_a_failing_backend_is_dropped_and_the_record_goes_on(tmp_path, monkeypat
 
 
 def test_a_backend_that_cannot_start_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
-    def refuse(cfg, paths):
+    def refuse(logging, paths, run):
         raise RuntimeError("no service")
 
     monkeypatch.setitem(metrics_sinks.BACKENDS, "wandb", refuse)
     monkeypatch.setitem(feasibility.METRIC_PACKAGES, "wandb", "json")
     cfg = build_config({"logging": {"wandb": True}})
     with caplog.at_level(logging.WARNING, "reflow.metrics"):
-        writer = MetricsWriter(cfg, RunPaths(tmp_path))
+        writer = MetricsWriter(cfg.logging, RunPaths(tmp_path), {})
     assert [s.name for s in writer.sinks] == ["jsonl"]
     assert "wandb not started: no service" in caplog.text
 
 
 def test_a_backend_without_its_package_is_a_recipe_error(monkeypatch):
-    monkeypatch.setitem(metrics_sinks.BACKENDS, "wandb", lambda c, p: None)
+    monkeypatch.setitem(metrics_sinks.BACKENDS, "wandb", lambda logging, paths, run: None)
     monkeypatch.setitem(feasibility.METRIC_PACKAGES, "wandb", "no_such_package_for_reflow")
     with pytest.raises(RecipeError, match=r"^<recipe>: logging\.wandb: true needs the .no_such"):
         build_config({"logging": {"wandb": True}})
