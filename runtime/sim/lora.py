@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from runtime.config.architectures import ArchitectureError, ModelShape, model_shape
 from runtime.config.lora_memory import lora_adapter_params
-from runtime.config.schema import Config
+from runtime.config.schema import ModelConfig
 from runtime.sim.parameters import ModelProfile, ProfileError
 
 # The profiles' weight_sync_s are estimates of the model's bf16 weights on the wire.
@@ -72,16 +72,16 @@ class LoraCosts:
         return (LORA_BASE_STATE_BYTES * self.base_params + adapters) / self.base_params
 
 
-def _shape(model: ModelProfile, cfg: Config) -> ModelShape:
+def _shape(model: ModelProfile, recipe: ModelConfig) -> ModelShape:
     """The profile's model (``qwen3-8b`` is the table's Qwen3-8B), else ``model.path``'s."""
-    for name in (model.name, cfg.model.path):
+    for name in (model.name, recipe.path):
         try:
             return model_shape(name)
         except ArchitectureError:
             continue
     raise ProfileError(
         f"model {model.name}: model.lora needs the model's shape for the adapter's size, and "
-        f"neither {model.name!r} nor model.path {cfg.model.path!r} has a known one"
+        f"neither {model.name!r} nor model.path {recipe.path!r} has a known one"
     )
 
 
@@ -91,12 +91,13 @@ def scaled_sync_s(seconds: float, fixed_s: float, share: float) -> float:
     return fixed + (seconds - fixed) * share
 
 
-def lora_costs(model: ModelProfile, cfg: Config) -> LoraCosts | None:
-    """The LoRA run's costs on this profile; None without LoRA or for a fitted profile."""
-    lora = cfg.model.lora
+def lora_costs(model: ModelProfile, recipe: ModelConfig) -> LoraCosts | None:
+    """The LoRA run's costs on this profile (``recipe``: the run's ``model`` section); None
+    without LoRA or for a fitted profile."""
+    lora = recipe.lora
     if not lora.enabled or model.params_b == 0:
         return None
-    shape = _shape(model, cfg)
+    shape = _shape(model, recipe)
     try:
         adapters = lora_adapter_params(shape, lora)
     except ArchitectureError as exc:
@@ -121,9 +122,10 @@ def lora_costs(model: ModelProfile, cfg: Config) -> LoraCosts | None:
     )
 
 
-def lora_profile(model: ModelProfile, cfg: Config) -> ModelProfile:
-    """``model`` as a LoRA run of ``cfg`` costs (the same profile without LoRA)."""
-    costs = lora_costs(model, cfg)
+def lora_profile(model: ModelProfile, recipe: ModelConfig) -> ModelProfile:
+    """``model`` as a LoRA run of the ``recipe`` model section costs (the same profile
+    without LoRA)."""
+    costs = lora_costs(model, recipe)
     if costs is None:
         return model
     state = model.trainer_state_bytes_per_param
@@ -138,15 +140,15 @@ def lora_profile(model: ModelProfile, cfg: Config) -> ModelProfile:
     )
 
 
-def sync_bytes(model: ModelProfile, cfg: Config) -> float | None:
+def sync_bytes(model: ModelProfile, recipe: ModelConfig) -> float | None:
     """Bytes one weight sync of this run sends: the adapters, or the model in bf16 (None:
     a fitted profile, whose model is not known)."""
-    costs = lora_costs(model, cfg)
+    costs = lora_costs(model, recipe)
     if costs is not None:
         return costs.sync_bytes
     if model.params_b == 0:
         return None
     try:
-        return _shape(model, cfg).total_params * PROFILE_SYNC_BYTES
+        return _shape(model, recipe).total_params * PROFILE_SYNC_BYTES
     except ProfileError:
         return model.params_b * 1e9 * PROFILE_SYNC_BYTES

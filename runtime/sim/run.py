@@ -172,14 +172,14 @@ def simulate(
     model = engines.profiles.model(sim_plan.model)
     result = SimCluster(
         sim_plan.cfg,
-        lora_profile(model, sim_plan.cfg),
+        lora_profile(model, sim_plan.cfg.model),
         engines.profiles.workload(sim_plan.workload),
         seed=seed,
         block=engines.block,
         heartbeat_s=engines.heartbeat_s,
         max_seqs=engines.max_seqs,
     ).run()
-    result.weight_sync_bytes = sync_bytes(model, sim_plan.cfg)
+    result.weight_sync_bytes = sync_bytes(model, sim_plan.cfg.model)
     return result
 
 

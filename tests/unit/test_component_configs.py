@@ -36,7 +36,7 @@ OWN_SECTION = {
         "vllm/rollout.py",
     },
     # the simulator runs a whole recipe: its run, cluster, search and fits are edges
-    "runtime/sim": {"cluster.py", "fit.py", "lora.py", "run.py", "search.py"},
+    "runtime/sim": {"cluster.py", "fit.py", "run.py", "search.py"},
 }
 
 

@@ -168,7 +168,7 @@ def agent_recipe(*sets: str):
 
 def test_a_lora_sync_sends_the_adapter_and_keeps_the_fixed_part():
     model = PROFILES.model("qwen3-8b")
-    costs = lora_costs(model, agent_recipe("model.lora.rank=32"))
+    costs = lora_costs(model, agent_recipe("model.lora.rank=32").model)
     n = 8_190_735_360
     # the adapters over the model, both bf16: 1.07% of the parameters
     assert costs.sync_share == pytest.approx(qwen3_8b_adapter_by_hand(32) / n)
@@ -177,17 +177,17 @@ def test_a_lora_sync_sends_the_adapter_and_keeps_the_fixed_part():
     assert fixed == 0.86  # profiles.yaml: 2.5 s - 16.4 GB / 10 GB/s
     assert costs.weight_sync_s == pytest.approx(fixed + (2.5 - fixed) * costs.sync_share)
     # merged: the whole model, as without LoRA
-    merged = lora_costs(model, agent_recipe("model.lora.rank=32", "model.lora.sync=merged"))
+    merged = lora_costs(model, agent_recipe("model.lora.rank=32", "model.lora.sync=merged").model)
     assert merged.sync_share == 1.0 and merged.weight_sync_s == model.weight_sync_s
-    assert lora_costs(model, agent_recipe()) is None
+    assert lora_costs(model, agent_recipe().model) is None
     # a fitted profile's rates are a run's own: left alone
     fitted = dataclasses.replace(model, params_b=0.0)
-    assert lora_profile(fitted, agent_recipe("model.lora.rank=32")) == fitted
+    assert lora_profile(fitted, agent_recipe("model.lora.rank=32").model) == fitted
 
 
 def test_a_lora_trainer_step_skips_the_base_weight_gradients():
     model = PROFILES.model("qwen3-8b")
-    lora = lora_profile(model, agent_recipe("model.lora.rank=32"))
+    lora = lora_profile(model, agent_recipe("model.lora.rank=32").model)
     n, a = 8_190_735_360, qwen3_8b_adapter_by_hand(32)
     assert lora.train_tok_s == pytest.approx(model.train_tok_s * 8 * n / (6 * n + 8 * a))
     # the old log-prob pass (a forward) keeps its seconds per token
