@@ -28,7 +28,6 @@ OWN_SECTION = {
     "runtime/engines": {
         "registry.py",
         "synthetic.py",
-        "torch/policy_files.py",
         "torch/trainer.py",
         "torch/trainer_eval.py",
         "torch/trainer_side.py",

@@ -188,7 +188,7 @@ def test_a_sharded_leaders_eval_copy_carries_the_adapters(model_dir):
     t = TorchTrainer(cfg(), str(model_dir))
     t.train_step(batch(5))
     t.train_step(batch(6))
-    copy = plain_model(str(model_dir), t.export_weights(), t.cfg)
+    copy = plain_model(str(model_dir), t.export_weights(), t.cfg.model)
     ids = batch(5)[0].prompt_token_ids
     base = logits(TorchTrainer(cfg(lora={"rank": 0}), str(model_dir)), ids)
     assert not torch.allclose(logits(t, ids), base, atol=1e-4)  # the adapters matter

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import torch
 
-from runtime.config.schema import Config
+from runtime.config.schema import ModelConfig
 from runtime.store.run_dir import write_json_atomic
 from runtime.weights import lora_format
 
 
-def for_rollout(weights: dict[str, torch.Tensor], cfg: Config) -> dict[str, torch.Tensor]:
+def for_rollout(weights: dict[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
     """What a weight sync sends of checkpoint-format ``weights``: all of them, or for a LoRA
     run the adapter alone (peft's names) or the base with it merged in (``model.lora.sync``),
-    in ``model.dtype``."""
-    lora = cfg.model.lora
+    in ``model.dtype`` (``model``: the recipe's section)."""
+    lora = model.lora
     if not lora.enabled:
         return weights
-    dtype = getattr(torch, cfg.model.dtype)
+    dtype = getattr(torch, model.dtype)
     if lora.sync == "adapter":  # in the rollout dtype, as the weight stream sends them
         return {k: v.to(dtype) for k, v in lora_format.to_peft(weights).items()}
     return {k: v.to(dtype) for k, v in lora_format.merge(weights, lora.scale).items()}
@@ -30,7 +30,7 @@ def publish(
     weights_dir: Path,
     version: int,
     weights: dict[str, torch.Tensor],
-    cfg: Config,
+    model: ModelConfig,
     base_model: str,
     keep: int = 2,
 ) -> Path:
@@ -44,9 +44,9 @@ def publish(
     tmp = weights_dir / f".v{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    if cfg.model.lora.enabled:
+    if model.lora.enabled:
         adapter = lora_format.to_peft(weights)
-        lora_format.write_adapter(tmp, adapter, cfg.model.lora, base_model)
+        lora_format.write_adapter(tmp, adapter, model.lora, base_model)
     else:
         save_file(weights, str(tmp / "model.safetensors"))
     shutil.rmtree(final, ignore_errors=True)
@@ -59,7 +59,7 @@ def publish(
 
 
 def plain_model(
-    model_path: str, weights: dict[str, torch.Tensor] | None, cfg: Config
+    model_path: str, weights: dict[str, torch.Tensor] | None, settings: ModelConfig
 ) -> torch.nn.Module:
     """A plain Hugging Face model of ``weights`` (checkpoint format; None: the model folder's
     own), for a sharded trainer's leader to generate with: a LoRA run's adapters merged in,
@@ -69,8 +69,8 @@ def plain_model(
     model = AutoModelForCausalLM.from_pretrained(model_path)
     if weights is None:
         return model
-    if cfg.model.lora.enabled:
-        weights = lora_format.merge(weights, cfg.model.lora.scale)
+    if settings.lora.enabled:
+        weights = lora_format.merge(weights, settings.lora.scale)
     _, unexpected = model.load_state_dict(weights, strict=False)  # a tied head is left out
     if unexpected:
         raise RuntimeError(f"weights the model does not have: {', '.join(unexpected[:3])}")

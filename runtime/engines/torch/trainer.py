@@ -341,7 +341,7 @@ class TorchTrainer:
 
     def for_rollout(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What a weight sync sends of ``weights`` (runtime/engines/torch/policy_files.py)."""
-        return policy_files.for_rollout(weights, self.cfg)
+        return policy_files.for_rollout(weights, self.cfg.model)
 
     def abandon_step(self) -> None:
         """A step's collective failed (a trainer rank lost mid-step): its gradients are
@@ -415,7 +415,7 @@ class TorchTrainer:
         if weights is None:
             weights = self.export_weights()
         return policy_files.publish(
-            weights_dir, self.version, weights, self.cfg, self.model_path, keep
+            weights_dir, self.version, weights, self.cfg.model, self.model_path, keep
         )
 
     def save_state(self, folder: Path, group: object | None = None) -> None:

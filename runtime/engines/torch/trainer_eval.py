@@ -97,7 +97,7 @@ class HeldOutEval:
         cfg = self.cfg
         model = trainer.model
         if trainer.sharded:
-            model = plain_model(trainer.model_path, gathered, cfg)
+            model = plain_model(trainer.model_path, gathered, cfg.model)
         model.eval()
         out: dict[str, float] = {}
         try:
