@@ -285,10 +285,10 @@ class ReflowConfig:
     )
     max_stragglers: int | None = opt(
         None,
-        "members a group may still lack when its finished ones reach the last version "
-        "delta lets train them: it then trains without them (advantages over the members "
-        "in) and drops them when they arrive; none = 1 (reflow) or 0 (the baselines: a "
-        "group waits for all its members)",
+        "members a group may still lack when a batch is the last that delta lets take its "
+        "finished ones: it then trains without them (advantages over the members in) and "
+        "drops them when they arrive; none = 1 (reflow) or 0 (the baselines: a group "
+        "waits for all its members)",
         ge=0,
     )
     age_from: str = opt(

@@ -52,9 +52,8 @@ class DataPlane:
             delta=rf.delta,
             batch_size=train.batch_size,
             clock=clock,
+            closed_groups=lambda: self.buffer.closed_groups,
         )
-        # a straggler of a group that trained without it is not generated any more
-        self.dispatcher.closed_groups = self.buffer.closed_groups
         self.train, self.delta = train, rf.delta
         self.last_refusal: str | None = None  # why the last work request got less
         self.policy_version = 0  # of the weights last published: one per sync
@@ -295,7 +294,7 @@ class DataPlane:
         if self.buffer.max_stragglers <= 0:
             return None
         step = self.step + len(self.batches) + 1
-        return step // self.train.sync_every - self.delta - 1
+        return self.train.version_at(step) - self.delta - 1
 
     @property
     def batches(self) -> Mapping[int, Batch]:

@@ -57,7 +57,10 @@ class Dispatcher:
         delta: int,
         batch_size: int,
         clock: Callable[[], float],
+        closed_groups: Callable[[], AbstractSet[int]] = frozenset,
     ) -> None:
+        """``closed_groups``: the groups that trained without their stragglers now (the
+        buffer owns them): a request of one still queued is dropped, not handed out."""
         self._prompts = prompts
         self.group_size = group_size
         self.B_max = B_max
@@ -89,9 +92,7 @@ class Dispatcher:
         # these requests out, which stay outstanding there until it reports what it had
         # generated of each (a finished sample, a parked rollout, or nothing).
         self.handing_over: dict[int, HandOver] = {}
-        # groups that trained without their stragglers (the buffer's, shared: the data
-        # plane sets it): a request of one still queued is dropped, not handed out
-        self.closed_groups: AbstractSet[int] = frozenset()
+        self._closed_groups = closed_groups
 
     def _refill(self) -> bool:
         try:
@@ -200,7 +201,8 @@ class Dispatcher:
     def _drop_closed(self) -> bool:
         """Drop the queue's head while it belongs to a closed group; whether a request is
         left at the head."""
-        while self.pending and self.pending[0].group_id in self.closed_groups:
+        closed = self._closed_groups()
+        while self.pending and self.pending[0].group_id in closed:
             self.pending.popleft()
             self.transitions["pending->dropped"] += 1
         return bool(self.pending)

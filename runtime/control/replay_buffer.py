@@ -192,12 +192,12 @@ class ReplayBuffer:
                 n += 1
         return n
 
-    def close_expiring(self, up_to_version: int) -> list[int]:
+    def close_expiring(self, up_to_version: int) -> None:
         """Close the groups whose finished members are of ``up_to_version`` or older (the
         caller's: those the batch being made is the last to take) with at most
-        ``max_stragglers`` members missing (module doc); their ids."""
+        ``max_stragglers`` members missing (module doc)."""
         if self.max_stragglers <= 0:
-            return []
+            return
         least = max(2, self.group_size - self.max_stragglers)
         closing = [
             g
@@ -207,7 +207,6 @@ class ReplayBuffer:
         for g in closing:
             self._closed.add(g)
             self._complete(g)
-        return closing
 
     # --- batches -----------------------------------------------------------------------
 
@@ -306,7 +305,7 @@ class ReplayBuffer:
         self.length_tally = {k: [int(a), int(b)] for k, (a, b) in state["length_tally"].items()}
         self.recent = [(int(a), int(b)) for a, b in state["recent"]]
         # (checkpoints from before straggler closing have none)
-        self._closed.clear()  # in place: the dispatcher reads this set
+        self._closed.clear()  # in place: a view of it handed out stays live
         self._closed.update(int(g) for g in state.get("closed_groups", []))
 
     # --- inspection --------------------------------------------------------------------
@@ -316,7 +315,7 @@ class ReplayBuffer:
 
     @property
     def closed_groups(self) -> AbstractSet[int]:
-        """Groups that trained without their stragglers (a live view)."""
+        """Groups that trained without their stragglers (a live, read-only view)."""
         return self._closed
 
     @property

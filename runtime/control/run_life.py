@@ -1,7 +1,7 @@
 """The run's own course at rank 0: its state and why, when it started and ended, which
-attempt it is and what it resumed from. One record, changed in one place
-(:meth:`RunLife.enter`, called by :class:`runtime.control.run.Run` alone); the handlers,
-the server and the simulator read it."""
+attempt it is and what it resumed from. One record, changed by
+:class:`runtime.control.run.Run` alone (its state only through :meth:`RunLife.enter`); the
+handlers, the server and the simulator read it."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ clock and the files; every decision is taken by :class:`runtime.control.coordina
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import time
 
 import zmq
 
+from runtime.config.recipe import config_to_dict
 from runtime.control.coordinator import Coordinator, Outgoing
 from runtime.rank.bounded_log import BoundedLog
 from runtime.store.metrics_sinks import MetricsWriter
@@ -52,7 +52,7 @@ class ControlServer:
         self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         cfg = coordinator.cfg
-        self._metrics = MetricsWriter(cfg.logging, paths, dataclasses.asdict(cfg))
+        self._metrics = MetricsWriter(cfg.logging, paths, config_to_dict(cfg))
         self._bounded = BoundedLog(log)  # refusals and handler errors: a line per period
         self.address = ""
 
