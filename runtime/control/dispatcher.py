@@ -77,8 +77,8 @@ class Dispatcher:
         self.blocked: Counter[str] = Counter()  # why requests were not handed out
         self.requeue_reasons: Counter[str] = Counter()  # why requests came back
         # Parked rollouts kept at a stop (requests, tokens, refused) and what became of
-        # their tokens after the resume: continued (the sample starts with them) or
-        # regenerated (it does not).
+        # their tokens after the resume: continued (the sample starts with them),
+        # regenerated (it does not) or dropped with a straggler whose group closed.
         self.parked: Counter[str] = Counter()
         self.exhausted = False
         self.last_block: str | None = None  # why the last take stopped short, if it did
@@ -203,8 +203,13 @@ class Dispatcher:
         left at the head."""
         closed = self._closed_groups()
         while self.pending and self.pending[0].group_id in closed:
-            self.pending.popleft()
+            dropped = self.pending.popleft()
             self.transitions["pending->dropped"] += 1
+            if dropped.resume is not None:
+                # a parked rollout of a group that trained without it: its tokens are
+                # neither continued nor generated again, and the counts must say so
+                self.parked["dropped_straggler"] += 1
+                self.parked["dropped_straggler_tokens"] += len(dropped.resume)
         return bool(self.pending)
 
     def finished(self, sample_id: int, worker: int) -> Request | None:

@@ -15,7 +15,7 @@ import pytest
 from runtime.config.recipe import RecipeError, build_config
 from runtime.control.data_plane import DataPlane
 from runtime.control.replay_buffer import ReplayBuffer
-from runtime.data.sample import Sample
+from runtime.data.sample import ParkedRollout, Sample, Turn
 
 
 def member(sample_id: int, group: int, version: int, reward: float, worker: int = 1) -> Sample:
@@ -127,6 +127,33 @@ def test_a_queued_straggler_of_a_closed_group_is_not_generated():
     assert dp.dispatcher.transitions["pending->dropped"] == 1
     assert dp.ledger_problems() == []
     assert dp.ledger()["lost"] == 0
+
+
+def test_a_parked_rollout_of_a_closed_group_is_counted_as_dropped():
+    # A stop parks what a straggler had generated; if its group closes before the resumed
+    # run hands it out again, the parked tokens are dropped with it and the parked counts
+    # add up: continued + regenerated + dropped == kept.
+    dp = _data_plane(group_size=4)
+    reqs = dp.request_work(worker=1, slots=4)
+    parked = ParkedRollout(
+        token_ids=[5, 6, 7],
+        logprobs=[-0.5] * 3,
+        loss_mask=[1] * 3,
+        versions=[(0, 0, 3)],
+        turns=[Turn(start=0, end=3, finish="abort", stop=None)],
+    )
+    assert dp.dispatcher.keep_parked(reqs[3].sample_id, 1, parked)
+    dp.worker_gone(1)  # all four back to the queue; the fourth keeps its parked rollout
+    for r in dp.request_work(worker=2, slots=3):
+        assert r.resume is None
+        assert dp.deliver(member(r.sample_id, r.group_id, version=0, reward=1.0, worker=2))
+    dp.step = dp.policy_version = 1
+    assert dp.next_batch() is not None  # the last batch version 0 may reach: it closes
+    assert [r.group_id for r in dp.request_work(worker=2, slots=1)] == [1]
+    counts = dp.dispatcher.stats()["parked_rollouts"]
+    assert counts["kept_tokens"] == 3
+    assert counts["dropped_straggler"] == 1 and counts["dropped_straggler_tokens"] == 3
+    assert counts.get("continued_tokens", 0) + counts.get("regenerated_tokens", 0) == 0
 
 
 def test_the_mode_decides_the_default_and_a_baseline_refuses_closing():
