@@ -270,6 +270,7 @@ def broadcast_round(r: Rank) -> dict:
 
 def dcp_load(r: Rank, folder: Path) -> dict:
     """Baseline (c), second half, in layout TWO: build over the new mesh, load."""
+    from runtime.engines.torch.settings import TorchTrainerConfig
     from runtime.engines.torch.shard_handoff import training_tensors
     from runtime.engines.torch.trainer import TorchTrainer
 
@@ -277,7 +278,9 @@ def dcp_load(r: Rank, folder: Path) -> dict:
     r.sync()
     start = r.now()
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if r.cuda else []):
-        trainer = TorchTrainer(r.cfg, r.side.trainer.model_path, r.rank, r.c.mesh)
+        trainer = TorchTrainer(
+            TorchTrainerConfig.from_config(r.cfg), r.side.trainer.model_path, r.rank, r.c.mesh
+        )
     out["build_s"] = r.now() - start
     start = r.now()
     trainer.load_state(folder, r.c.mesh.group)

@@ -108,6 +108,7 @@ def rank_main(spec: dict, rank: int) -> dict:
     import transformers  # noqa: F401  (counted in the RSS after imports)
 
     from runtime.config.recipe import build_config
+    from runtime.engines.torch.settings import TorchTrainerConfig
     from runtime.engines.torch.trainer import TorchTrainer
     from runtime.rank.collective import Collective
 
@@ -143,7 +144,7 @@ def rank_main(spec: dict, rank: int) -> dict:
     )
     try:
         c.regroup(0, ("trainer",) * world)
-        trainer = TorchTrainer(cfg, spec["model"], rank, c.mesh)
+        trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), spec["model"], rank, c.mesh)
         if trainer.sharded != (spec["strategy"] == "fsdp2"):
             raise RuntimeError(f"strategy {spec['strategy']} but sharded={trainer.sharded}")
         rss_init = maxrss_kib()

@@ -257,7 +257,15 @@ class SyntheticTrainer(BatchConsumer):
             logp = logprobs(rows)
             mini = [samples[i] for i in rows]
             old_rows = None if old is None else old[rows]
-            loss, stats = batch_loss(logp, old_rows, behavior[rows], mask[rows], mini, self.cfg)
+            loss, stats = batch_loss(
+                logp,
+                old_rows,
+                behavior[rows],
+                mask[rows],
+                mini,
+                self.cfg.algorithm,
+                self.cfg.reflow.tau,
+            )
             self._opt.zero_grad()
             loss.backward()
             self._opt.step()

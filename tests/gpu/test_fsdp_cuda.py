@@ -22,6 +22,7 @@ from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import SMALL, build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
 
@@ -87,7 +88,7 @@ def nccl_rank(rank: int, world: int, model: str, out: str, param_dtype: str) -> 
     )
     c.regroup(0, ("trainer",) * world)
     cfg = cfg_for(model, world, "float32", strategy="fsdp2", param_dtype=param_dtype)
-    t = TorchTrainer(cfg, model, rank, c.mesh)
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg), model, rank, c.mesh)
     assert t.sharded and t.device.type == "cuda"
     m = t.train_step(
         samples_from(lambda prompt, resp: [-2.0] * len(resp)), c.data_parallel, rank, world
@@ -119,7 +120,7 @@ def test_fsdp2_over_nccl_makes_the_update_one_process_makes(tmp_path, world, par
     got = torch.load(tmp_path / "weights.pt")
     assert torch.isfinite(torch.tensor(got["loss"]))
     cfg = cfg_for(model, world, "float32", strategy="replicate", param_dtype=param_dtype)
-    single = TorchTrainer(cfg, model)
+    single = TorchTrainer(TorchTrainerConfig.from_config(cfg), model)
     before = single.export_weights()
     single.train_step(samples_from(lambda prompt, resp: [-2.0] * len(resp)))
     lr = cfg.train.lr
@@ -171,7 +172,7 @@ def test_vllm_bf16_against_the_trainer_is_a_small_mismatch_that_tis_bounds(tmp_p
     finally:
         eng.shutdown()
         loop.call_soon_threadsafe(loop.stop)
-    trainer = TorchTrainer(cfg, model)
+    trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model)
     m = trainer.train_step(batch)
     # Same weights on both sides: what is left is the kernels' and dtypes' mismatch.
     assert 0.0 < m["mismatch_k3"] < 0.05

@@ -130,11 +130,12 @@ def rank_script(rank: int, world: int, group: int, strategy: str, model: str, ou
     cfg = cfg_for(model, world, group, strategy)
     result: dict = {}
     if rank < rollout:
+        from runtime.engines.torch.settings import TorchTrainerConfig
         from runtime.engines.torch.trainer import TorchTrainer
         from runtime.weights.send import WeightStreamer
         from runtime.weights.settings import WeightPathConfig
 
-        trainer = TorchTrainer(cfg, model, rank, c.mesh)
+        trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model, rank, c.mesh)
         trainer.train_step(train_batch(), c.data_parallel, rank, rollout)
         streamer = WeightStreamer(WeightPathConfig.from_config(cfg), c.sync, c.mesh)
         if streamer.takes_part(trainer.sharded):

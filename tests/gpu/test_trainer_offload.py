@@ -22,6 +22,7 @@ from runtime.config.layout import LayoutChange
 from runtime.config.recipe import build_config
 from runtime.embedded.tiny_qwen3 import SMALL, build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.offload import local_tensor
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.shard_handoff import training_tensors
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
@@ -100,7 +101,7 @@ def check(out: dict) -> None:
 
 
 def test_a_replicated_trainer_offloads_to_pinned_memory_and_back(model_dir):
-    t = TorchTrainer(cfg_for(model_dir, "replicate"), model_dir)
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg_for(model_dir, "replicate")), model_dir)
     check(offload_round_trip(t))
 
 
@@ -122,7 +123,7 @@ def _join(rank: int, world: int, out: str) -> Collective:
 def fsdp_offload_rank(rank: int, model: str, out: str) -> None:
     c = _join(rank, 1, out)
     c.regroup(0, ("trainer",))
-    t = TorchTrainer(cfg_for(model, "fsdp2"), model, rank, c.mesh)
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg_for(model, "fsdp2")), model, rank, c.mesh)
     assert t.sharded
     torch.save(offload_round_trip(t), f"{out}/offload.pt")
     c.close()

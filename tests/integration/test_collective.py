@@ -20,6 +20,7 @@ from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
 from runtime.store.run_dir import RunPaths
@@ -148,7 +149,7 @@ def test_data_parallel_step_equals_one_process_on_the_whole_batch(results, model
     r0, r1, _ = results
     assert_same(r0["after1"], r1["after1"])  # replicas stay identical
     assert r0["spread1"] == 0.0
-    single = TorchTrainer(cfg_for(model_dir), model_dir)
+    single = TorchTrainer(TorchTrainerConfig.from_config(cfg_for(model_dir)), model_dir)
     ref = single.train_step(make_batch(1))
     # Sums in another order: equal up to float rounding, which Adam's first step
     # (~lr * sign(g)) can magnify for gradients near eps, so the bound is 1% of lr.

@@ -9,6 +9,7 @@ import torch
 from runtime.config.recipe import dump_config, load_recipe
 from runtime.embedded.resolve import resolve_model_path
 from runtime.embedded.tiny_qwen3 import BOS
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store.run_dir import RunPaths
 from tests.helpers import REPO, reflow
@@ -22,7 +23,7 @@ def trained_run(tmp_path):
     paths = RunPaths(tmp_path / "runs" / "done-1")
     paths.root.mkdir(parents=True)
     dump_config(cfg, paths.config)
-    trainer = TorchTrainer(cfg, resolve_model_path(cfg.model.path))
+    trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), resolve_model_path(cfg.model.path))
     for seed in range(3):
         trainer.train_step(batch(seed))
     trainer.publish(paths.root / "weights")

@@ -15,6 +15,7 @@ from jobs.export import available_versions, export
 from runtime.config.recipe import build_config, dump_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch import sharded_state
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store import checkpoint as ck
 from runtime.store.run_dir import RunPaths
@@ -35,7 +36,7 @@ def make_run(root, base, lora, name):
     paths.root.mkdir(parents=True)
     create_run_keys(paths.keys)
     dump_config(cfg, paths.config)
-    trainer = TorchTrainer(cfg, str(base))
+    trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), str(base))
     for seed in range(2):
         trainer.train_step(batch(seed))
     trainer.publish(paths.root / "weights")

@@ -20,6 +20,7 @@ from runtime.config.recipe import build_config
 from runtime.data.micro_batches import sample_plans
 from runtime.data.sample import Batch
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
 from runtime.transport import frames as wire
@@ -75,7 +76,7 @@ def rank_script(rank: int, world: int, group: int, model_dir: str, out: str, tra
     c = join(rank, world, out, group)
     c.regroup(0, ("trainer",) * world)
     cfg = cfg_for(model_dir, world, group, strategy="fsdp2", **dict(train))
-    trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
+    trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model_dir, rank, c.mesh)
     assert trainer.sharded
     # Through the wire as rank 0 sends it: this rank's samples only, and rank 0's plan.
     whole = batch()
@@ -138,7 +139,10 @@ def test_a_sharded_step_equals_one_process_on_the_whole_batch(
 ):
     got = run(world, group, model_dir, tmp_path, train)
     single = TorchTrainer(
-        cfg_for(model_dir, world, group, strategy="replicate", **dict(train)), model_dir
+        TorchTrainerConfig.from_config(
+            cfg_for(model_dir, world, group, strategy="replicate", **dict(train))
+        ),
+        model_dir,
     )
     assert not single.sharded
     ref = single.train_step(batch())
@@ -228,12 +232,12 @@ def small_model_script(rank: int, world: int, out: str) -> None:
     c.regroup(0, ("trainer",) * world)
     model = str(small_model_path())
     cfg = cfg_for(model, world, world, strategy="fsdp2", micro_batch_tokens=64)
-    trainer = TorchTrainer(cfg, model, rank, c.mesh)
+    trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model, rank, c.mesh)
     local = sum(p.to_local().numel() for p in trainer.model.parameters())
     metrics = trainer.train_step(batch(), c.data_parallel, rank, world)
     trained = trainer.gather_weights()
     trainer.save_state(Path(out) / "ckpt", c.mesh.group)
-    fresh = TorchTrainer(cfg, model, rank, c.mesh)
+    fresh = TorchTrainer(TorchTrainerConfig.from_config(cfg), model, rank, c.mesh)
     fresh.load_state(Path(out) / "ckpt", c.mesh.group)
     loaded = fresh.gather_weights()
     if rank == 0:

@@ -12,6 +12,7 @@ import torch
 from runtime.config.recipe import build_config
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.lora import LoraLinear
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.weights import lora_format
 from tests.unit.test_trainer import batch
@@ -40,7 +41,7 @@ def base(tmp_path_factory):
 def trained(base, seed: int, boost: float) -> TorchTrainer:
     """A LoRA trainer after one step, its adapters' B scaled by ``boost`` so the adapter
     moves the log-probs far more than rounding does (still the trainer's own model)."""
-    t = TorchTrainer(recipe(base), str(base))
+    t = TorchTrainer(TorchTrainerConfig.from_config(recipe(base)), str(base))
     torch.manual_seed(seed)
     t.train_step(batch(seed))
     with torch.no_grad():
@@ -51,7 +52,7 @@ def trained(base, seed: int, boost: float) -> TorchTrainer:
 
 
 def published(t: TorchTrainer, folder) -> str:
-    lora_format.write_adapter(folder, t.for_rollout(t.export_weights()), t.cfg.model.lora, "b")
+    lora_format.write_adapter(folder, t.for_rollout(t.export_weights()), t.config.model.lora, "b")
     return str(folder)
 
 
@@ -102,7 +103,9 @@ def test_the_loaded_adapter_gives_the_trainers_logprobs(engine, base, tmp_path):
     assert spans == [(1, 0, 32)]
     t.model.eval()
     assert gap(logprobs, teacher_forced(t.model, tokens)) < 1e-3
-    plain = TorchTrainer(recipe(base), str(base))  # its B = 0: the base
+    plain = TorchTrainer(
+        TorchTrainerConfig.from_config(recipe(base)), str(base)
+    )  # its B = 0: the base
     assert gap(logprobs, teacher_forced(plain.model, tokens)) > 5e-2  # the adapter mattered
 
 

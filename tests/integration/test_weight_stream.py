@@ -29,6 +29,7 @@ from runtime.config.layout import LayoutChange
 from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.weights import p2p
 from runtime.weights.send import WeightStreamer, streaming_ranks
@@ -69,7 +70,7 @@ def stream_script(rank: int, world: int, group: int, strategy: str, model_dir: s
     cfg = cfg_for(model_dir, world, group, strategy)
     result: dict = {}
     if rank < world - 1:
-        trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
+        trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model_dir, rank, c.mesh)
         trainer.train_step(batch(), c.data_parallel, c.trainer_ranks.index(rank), world - 1)
         expected = trainer.gather_weights()  # every trainer rank, the whole state on 0
         streamer = WeightStreamer(WeightPathConfig.from_config(cfg), c.sync, c.mesh)
@@ -167,7 +168,7 @@ def vllm_script(rank: int, model_dir: str, out: str) -> None:
     cfg = cfg_for(model_dir, 3, 2, "fsdp2")
     result: dict = {}
     if rank < 2:
-        trainer = TorchTrainer(cfg, model_dir, rank, c.mesh)
+        trainer = TorchTrainer(TorchTrainerConfig.from_config(cfg), model_dir, rank, c.mesh)
         trainer.train_step(
             batch(), c.data_parallel, rank, 2
         )  # the weights move away from the file's

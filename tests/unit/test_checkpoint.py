@@ -18,6 +18,7 @@ from runtime.control.coordinator import Coordinator
 from runtime.control.data_plane import DataPlane
 from runtime.data.sample import Request
 from runtime.engines.synthetic import SyntheticTrainer
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.sharded_state import load_sharded, save_sharded
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.store import checkpoint as ck
@@ -348,7 +349,9 @@ def test_loading_a_sharded_trainer_state_that_runs_code_is_refused(root, tmp_pat
 def test_the_torch_trainer_refuses_a_trainer_state_that_runs_code(root, tmp_path, model_dir):
     marker = tmp_path / "ran"
     folder = sealed_with_code(root, 4, marker)
-    trainer = TorchTrainer(build_config({"model": {"path": "x"}}), str(model_dir))
+    trainer = TorchTrainer(
+        TorchTrainerConfig.from_config(build_config({"model": {"path": "x"}})), str(model_dir)
+    )
     extra = ck.trainer_dir(folder) / ck.EXTRA_FILE
     message = refused_without_running(lambda: trainer.load_state(extra), marker)
     assert "\n" not in message and "step-00000004/trainer/extra.pt" in message

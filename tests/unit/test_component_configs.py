@@ -28,7 +28,7 @@ OWN_SECTION = {
     "runtime/engines": {
         "registry.py",
         "synthetic.py",
-        "torch/trainer.py",
+        "torch/settings.py",  # the trainer's sections, bundled at the edge
         "torch/trainer_eval.py",
         "torch/trainer_side.py",
         "vllm/engine.py",

@@ -11,6 +11,7 @@ from runtime.config.lora_config import LoraConfig
 from runtime.config.recipe import RecipeError, build_config
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch.lora import LoraLinear
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.weights import lora_format
 from tests.unit.test_trainer import batch
@@ -41,8 +42,8 @@ def logits(t: TorchTrainer, ids: list[int]) -> torch.Tensor:
 
 
 def test_only_the_adapters_train_and_step_zero_is_the_base(model_dir):
-    full = TorchTrainer(cfg(lora={"rank": 0}), str(model_dir))
-    t = TorchTrainer(cfg(), str(model_dir))
+    full = TorchTrainer(TorchTrainerConfig.from_config(cfg(lora={"rank": 0})), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     adapted = [m for m in t.model.modules() if isinstance(m, LoraLinear)]
     assert len(adapted) == 2 * 7  # two blocks, every linear layer of each
     names = [n for n, p in t.model.named_parameters() if p.requires_grad]
@@ -61,11 +62,13 @@ def test_only_the_adapters_train_and_step_zero_is_the_base(model_dir):
 
 
 def test_a_merged_sync_is_the_adapted_model(model_dir):
-    t = TorchTrainer(cfg(lora={**LORA, "sync": "merged"}), str(model_dir))
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(cfg(lora={**LORA, "sync": "merged"})), str(model_dir)
+    )
     t.train_step(batch(1))
     merged = t.for_rollout(t.export_weights())
     assert not any(lora_format.is_adapter_name(k) for k in merged)
-    plain = TorchTrainer(cfg(lora={"rank": 0}), str(model_dir))
+    plain = TorchTrainer(TorchTrainerConfig.from_config(cfg(lora={"rank": 0})), str(model_dir))
     missing, unexpected = plain.model.load_state_dict(merged, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
     ids = batch(1)[0].prompt_token_ids
@@ -73,7 +76,7 @@ def test_a_merged_sync_is_the_adapted_model(model_dir):
 
 
 def test_an_adapter_sync_and_the_published_folder_are_peft_format(model_dir, tmp_path):
-    t = TorchTrainer(cfg(), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     t.train_step(batch(2))
     sent = t.for_rollout(t.export_weights())
     assert sent and all(k.startswith("base_model.model.model.layers.") for k in sent)
@@ -91,11 +94,11 @@ def test_an_adapter_sync_and_the_published_folder_are_peft_format(model_dir, tmp
 
 
 def test_adapters_and_their_optimizer_state_survive_save_and_load(model_dir, tmp_path):
-    a = TorchTrainer(cfg(), str(model_dir))
+    a = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     a.train_step(batch(1))
     a.save_state(tmp_path / "state")
     a.train_step(batch(2))
-    b = TorchTrainer(cfg(), str(model_dir))
+    b = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     b.load_state(tmp_path / "state")
     b.train_step(batch(2))
     after_a, after_b = state(a), state(b)
@@ -103,7 +106,7 @@ def test_adapters_and_their_optimizer_state_survive_save_and_load(model_dir, tmp
 
 
 def test_offload_copies_the_base_once_and_keeps_everything_bit_exact(model_dir):
-    t = TorchTrainer(cfg(), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     with torch.no_grad():  # an allocation of its own per parameter, as on CUDA
         for p in t.model.parameters():
             p.data = p.data.clone()
@@ -133,7 +136,10 @@ def test_offload_copies_the_base_once_and_keeps_everything_bit_exact(model_dir):
 
 def test_a_target_that_is_no_linear_layer_is_one_line_naming_the_field(model_dir):
     with pytest.raises(ValueError, match=r"model.lora.target_modules"):
-        TorchTrainer(cfg(lora={"rank": 4, "target_modules": ["qproj"]}), str(model_dir))
+        TorchTrainer(
+            TorchTrainerConfig.from_config(cfg(lora={"rank": 4, "target_modules": ["qproj"]})),
+            str(model_dir),
+        )
 
 
 def test_the_recipe_checks_lora_fields():
@@ -165,11 +171,14 @@ def test_activation_checkpointing_and_micro_batches_train_the_same_adapters(mode
     """Every block recomputed in the backward (the frozen base's inputs carry no gradient:
     the non-reentrant checkpoint still reaches the adapters) and the batch in micro-batches:
     the adapters end where one plain pass leaves them."""
-    plain = TorchTrainer(cfg(), str(model_dir))
+    plain = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     other = TorchTrainer(
-        cfg(activation_checkpointing=True, micro_batch_tokens=64, mini_batches=1), str(model_dir)
+        TorchTrainerConfig.from_config(
+            cfg(activation_checkpointing=True, micro_batch_tokens=64, mini_batches=1)
+        ),
+        str(model_dir),
     )
-    assert other.cfg.train.activation_checkpointing
+    assert other.config.train.activation_checkpointing
     start = state(plain)
     plain.train_step(batch(4))
     m = other.train_step(batch(4))
@@ -185,12 +194,14 @@ def test_a_sharded_leaders_eval_copy_carries_the_adapters(model_dir):
     policy, its adapters merged in, not the base with them dropped."""
     from runtime.engines.torch.policy_files import plain_model
 
-    t = TorchTrainer(cfg(), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     t.train_step(batch(5))
     t.train_step(batch(6))
-    copy = plain_model(str(model_dir), t.export_weights(), t.cfg.model)
+    copy = plain_model(str(model_dir), t.export_weights(), t.config.model)
     ids = batch(5)[0].prompt_token_ids
-    base = logits(TorchTrainer(cfg(lora={"rank": 0}), str(model_dir)), ids)
+    base = logits(
+        TorchTrainer(TorchTrainerConfig.from_config(cfg(lora={"rank": 0})), str(model_dir)), ids
+    )
     assert not torch.allclose(logits(t, ids), base, atol=1e-4)  # the adapters matter
     copy.eval()
     with torch.no_grad():
@@ -202,7 +213,7 @@ def test_a_bfloat16_base_keeps_float32_buffers_and_generates_outside_autocast(mo
     """train.param_dtype bfloat16 (CUDA's default): the frozen base's parameters in
     bfloat16, its buffers (rotary inv_freq) still float32 as the rollout engine's, and the
     model generates with no autocast (an eval) though its adapters are float32."""
-    t = TorchTrainer(cfg(param_dtype="bfloat16"), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg(param_dtype="bfloat16")), str(model_dir))
     base = [p for p in t.model.parameters() if not p.requires_grad]
     assert base and all(p.dtype == torch.bfloat16 for p in base)
     assert all(p.dtype == torch.float32 for p in t.model.parameters() if p.requires_grad)
@@ -218,7 +229,9 @@ def test_a_bfloat16_base_keeps_float32_buffers_and_generates_outside_autocast(mo
 def test_dropout_leaves_the_old_policys_logprobs_deterministic(model_dir):
     """With adapter dropout the update trains through it, but the old policy's log-probs
     (the PPO ratio's denominator) are the whole policy's: the same at the same weights."""
-    t = TorchTrainer(cfg(lora={**LORA, "dropout": 0.5}), str(model_dir))
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(cfg(lora={**LORA, "dropout": 0.5})), str(model_dir)
+    )
     t.train_step(batch(1))  # B != 0, so dropout on the adapters' input changes outputs
     rows = batch(2)
     plan = [list(range(len(rows)))]
@@ -241,4 +254,9 @@ def test_a_merge_keeps_a_delta_a_bfloat16_base_cannot_hold():
 
 def test_every_target_must_name_a_layer(model_dir):
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules: o_prj is not"):
-        TorchTrainer(cfg(lora={"rank": 4, "target_modules": ["q_proj", "o_prj"]}), str(model_dir))
+        TorchTrainer(
+            TorchTrainerConfig.from_config(
+                cfg(lora={"rank": 4, "target_modules": ["q_proj", "o_prj"]})
+            ),
+            str(model_dir),
+        )

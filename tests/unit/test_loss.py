@@ -175,7 +175,9 @@ def _batch(lengths, replay, logprobs=None):
 
 
 def _cfg(agg, **algorithm):
-    return build_config({"algorithm": {"loss_agg": agg, **algorithm}, "reflow": {"tau": 0.3}})
+    """batch_loss's algorithm section and replay weight, from a recipe."""
+    cfg = build_config({"algorithm": {"loss_agg": agg, **algorithm}, "reflow": {"tau": 0.3}})
+    return cfg.algorithm, cfg.reflow.tau
 
 
 def test_rollout_logprobs_are_right_padded_with_zero():
@@ -199,7 +201,7 @@ def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
     torch.manual_seed(1)
     rollout = rollout_logprobs_of(samples)
     logp = rollout + torch.randn(5, 7) * 0.05
-    whole, st = batch_loss(logp, None, rollout, mask, samples, cfg)
+    whole, st = batch_loss(logp, None, rollout, mask, samples, *cfg)
     parts = [
         batch_loss(
             logp[idx],
@@ -207,7 +209,7 @@ def test_data_parallel_shards_add_up_to_the_whole_batch(agg):
             rollout[idx],
             mask[idx],
             rows(samples, idx),
-            cfg,
+            *cfg,
             norm=Normaliser.of(samples),
             at=idx,
         )
@@ -284,8 +286,8 @@ def test_identical_old_and_rollout_logprobs_are_the_previous_objective(agg, cap)
     m = torch.zeros_like(mask)
     for i, n in enumerate(lengths):
         m[i, :n] = 1
-    a_loss, _ = batch_loss(logp, None, rollout, m, samples, cfg)
-    b_loss, _ = batch_loss(logp, rollout.clone(), rollout, m, samples, cfg)
+    a_loss, _ = batch_loss(logp, None, rollout, m, samples, *cfg)
+    b_loss, _ = batch_loss(logp, rollout.clone(), rollout, m, samples, *cfg)
     assert torch.equal(a_loss, b_loss)
     w = replay_weights(is_replay, m.sum(1) if agg == "token_mean" else torch.ones(5), 0.3)
     assert torch.equal(a_loss, _previous_policy_loss(logp, rollout, adv, m, w, cap=cap, agg=agg))
@@ -382,7 +384,7 @@ def test_a_sample_with_a_mean_mismatch_beyond_the_bound_is_masked(agg):
     cfg = _cfg(agg, recompute_old_logprobs=True, mismatch_mask=M)
     keep = mismatch_keep(old, rollout, mask, M)
     assert keep.tolist() == [True, False, True, False, True]
-    loss, st = batch_loss(logp, old, rollout, mask, samples, cfg)
+    loss, st = batch_loss(logp, old, rollout, mask, samples, *cfg)
     g = leaf_grad(loss, logp)
     assert torch.count_nonzero(g[1]) == 0 and torch.count_nonzero(g[3]) == 0
     assert torch.count_nonzero(g[[0, 2, 4]]) > 0
@@ -391,7 +393,7 @@ def test_a_sample_with_a_mean_mismatch_beyond_the_bound_is_masked(agg):
     # kept samples alone, replay weights and denominator included.
     kept = [0, 2, 4]
     alone, _ = batch_loss(
-        logp[kept], old[kept], rollout[kept], mask[kept], [samples[i] for i in kept], cfg
+        logp[kept], old[kept], rollout[kept], mask[kept], [samples[i] for i in kept], *cfg
     )
     assert loss.item() == pytest.approx(alone.item(), rel=1e-5, abs=1e-8)
     torch.testing.assert_close(g[kept], leaf_grad(alone, logp)[kept])
@@ -426,7 +428,7 @@ def test_shard_stats_combine_to_the_whole_batch(agg):
     M = 1.5
     logp, old, rollout, mask, samples = _mismatched_batch(M)
     cfg = _cfg(agg, recompute_old_logprobs=True, mismatch_mask=M, tis_cap=1.05, dual_clip_cap=3)
-    whole, st = batch_loss(logp, old, rollout, mask, samples, cfg)
+    whole, st = batch_loss(logp, old, rollout, mask, samples, *cfg)
     assert st.masked_share > 0 and 0 < st.truncated_share < 1
     g_whole = leaf_grad(whole, logp)
     # Each replica's verdict on its rows, put at its shard indices and all-reduced by sum.
@@ -442,7 +444,7 @@ def test_shard_stats_combine_to_the_whole_batch(agg):
             rollout[idx],
             mask[idx],
             rows(samples, idx),
-            cfg,
+            *cfg,
             keep=keep > 0,
             norm=Normaliser.of(samples),
             at=idx,
@@ -475,7 +477,7 @@ def test_batch_loss_refuses_what_it_cannot_do_right():
             rollout[[0, 1]],
             mask[[0, 1]],
             samples[:2],
-            cfg,
+            *cfg,
             norm=Normaliser.of(samples),
             at=[0, 1],
         )
@@ -486,13 +488,13 @@ def test_batch_loss_refuses_what_it_cannot_do_right():
             rollout[[0, 1]],
             mask[[0, 1]],
             samples[:2],
-            cfg,
+            *cfg,
             norm=Normaliser.of(samples),
         )
     with pytest.raises(ValueError, match="disagrees"):
-        batch_loss(logp, old, rollout, mask, samples, cfg, keep=[True] * 5)
+        batch_loss(logp, old, rollout, mask, samples, *cfg, keep=[True] * 5)
     with pytest.raises(ValueError, match="recomputed"):
-        batch_loss(logp, None, rollout, mask, samples, cfg)
+        batch_loss(logp, None, rollout, mask, samples, *cfg)
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -506,6 +508,6 @@ def test_the_loss_computes_on_the_log_probs_device(agg):
     rollout = rollout_logprobs_of(samples)
     logp = rollout + 0.01
     with pytest.raises(RuntimeError) as raised:
-        batch_loss(logp.to("meta"), None, rollout.to("meta"), mask.to("meta"), samples, cfg)
+        batch_loss(logp.to("meta"), None, rollout.to("meta"), mask.to("meta"), samples, *cfg)
     # before the fix: "Tensor on device cpu is not on the expected device meta!"
     assert "item() cannot be called on meta tensors" in str(raised.value)

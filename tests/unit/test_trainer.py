@@ -10,6 +10,7 @@ from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 
 
@@ -52,7 +53,7 @@ def params(t: TorchTrainer):
 
 
 def test_a_step_changes_the_weights_and_bumps_the_version(model_dir):
-    t = TorchTrainer(cfg(), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     before = params(t)
     m = t.train_step(batch(0))
     assert t.step == 1 and t.version == 1
@@ -61,12 +62,12 @@ def test_a_step_changes_the_weights_and_bumps_the_version(model_dir):
 
 
 def test_state_survives_save_and_load_bit_exactly(model_dir, tmp_path):
-    a = TorchTrainer(cfg(), str(model_dir))
+    a = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     a.train_step(batch(1))
     a.save_state(tmp_path / "state.pt")
     a.train_step(batch(2))
     after_a = params(a)
-    b = TorchTrainer(cfg(), str(model_dir))
+    b = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     b.load_state(tmp_path / "state.pt")
     assert b.step == 1 and b.version == 1
     b.train_step(batch(2))
@@ -75,7 +76,7 @@ def test_state_survives_save_and_load_bit_exactly(model_dir, tmp_path):
 
 
 def test_published_weights_are_checkpoint_format(model_dir, tmp_path):
-    t = TorchTrainer(cfg(), str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
     t.train_step(batch(0))
     folder = t.publish(tmp_path / "weights")
     tensors = load_file(str(folder / "model.safetensors"))
@@ -108,7 +109,7 @@ def test_environment_tokens_are_masked_out_of_the_loss(model_dir):
 
     runs = []
     for env_lp, model_lp in ((0.0, -3.0), (-50.0, -3.0), (0.0, -1.0)):
-        t = TorchTrainer(cfg(), str(model_dir))
+        t = TorchTrainer(TorchTrainerConfig.from_config(cfg()), str(model_dir))
         runs.append((t.train_step(multi_turn(env_lp, model_lp)), params(t)))
     (m0, p0), (m1, p1), (m2, _) = runs
     assert m0["loss"] == m1["loss"] and all(torch.equal(p0[k], p1[k]) for k in p0)
@@ -118,7 +119,10 @@ def test_environment_tokens_are_masked_out_of_the_loss(model_dir):
 def test_a_step_takes_mini_batches_optimizer_updates_and_the_version_moves_at_syncs(model_dir):
     # 6 samples in 3 mini-batches: 3 AdamW updates (AdamW counts them per parameter), and
     # with a sync every 2 steps the version stays 0 after step 1 and is 1 after step 2.
-    t = TorchTrainer(cfg(mini_batches=3, sync_every=2, steps=4, batch_size=6), str(model_dir))
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(cfg(mini_batches=3, sync_every=2, steps=4, batch_size=6)),
+        str(model_dir),
+    )
     m = t.train_step(batch(0))
     state = t.opt.state_dict()["state"]
     assert {int(s["step"]) for s in state.values()} == {3}
@@ -154,9 +158,9 @@ def test_a_step_aborted_after_an_update_is_trained_again_from_the_next_one(model
     # the step, trained again, applies the second only, to the same weights as a step
     # never interrupted (the old policy is the behaviour one: nothing is recomputed)
     config = cfg(mini_batches=2, batch_size=6)
-    whole = TorchTrainer(config, str(model_dir))
+    whole = TorchTrainer(TorchTrainerConfig.from_config(config), str(model_dir))
     whole.train_step(batch(0), FlakyDataParallel())
-    t = TorchTrainer(config, str(model_dir))
+    t = TorchTrainer(TorchTrainerConfig.from_config(config), str(model_dir))
     with pytest.raises(RuntimeError, match="closed by peer"):
         t.train_step(batch(0), FlakyDataParallel(fail_at=2))
     assert (t.step, t.updates_done) == (0, 1)

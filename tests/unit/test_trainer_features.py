@@ -21,6 +21,7 @@ from runtime.data.sample import Sample
 from runtime.embedded.arith import sample_problem
 from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
 from runtime.engines.torch import trainer as trainer_module
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 
 pytestmark = pytest.mark.unit
@@ -101,7 +102,7 @@ def assert_same_grads(got: dict, want: dict, atol: float = 1e-7, rtol: float = 0
 def plan_of(t: TorchTrainer, samples) -> list[list[int]]:
     """The micro-batches a single-rank trainer packs ``samples`` into (one update)."""
     lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
-    return trainer_module.micro_batches.plan(lengths, 1, t.cfg.train.micro_batch_tokens)[0]
+    return trainer_module.micro_batches.plan(lengths, 1, t.config.train.micro_batch_tokens)[0]
 
 
 def own_logprobs(t: TorchTrainer, samples) -> dict[int, torch.Tensor]:
@@ -116,8 +117,10 @@ def own_logprobs(t: TorchTrainer, samples) -> dict[int, torch.Tensor]:
 @functools.cache
 def one_pass(model_dir: str, agg: str):
     """The reference step: the whole batch in one forward/backward."""
-    t = TorchTrainer(make_cfg(model_dir, {"loss_agg": agg}), model_dir)
-    assert t.cfg.train.micro_batch_tokens is None
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(make_cfg(model_dir, {"loss_agg": agg})), model_dir
+    )
+    assert t.config.train.micro_batch_tokens is None
     return step_grads(t, make_samples())
 
 
@@ -128,7 +131,12 @@ def test_micro_batches_give_the_gradient_of_one_pass(model_dir, budget, agg):
     ref, ref_grads = one_pass(model_dir, agg)
     assert ref["micro_steps"] == 1
 
-    t = TorchTrainer(make_cfg(model_dir, {"loss_agg": agg}, micro_batch_tokens=budget), model_dir)
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(
+            make_cfg(model_dir, {"loss_agg": agg}, micro_batch_tokens=budget)
+        ),
+        model_dir,
+    )
     plan = plan_of(t, samples)
     m, grads = step_grads(t, samples)
     assert m["micro_steps"] == len(plan)
@@ -175,7 +183,10 @@ def test_the_chunked_head_gives_the_full_log_softmax(model_dir, chunk):
     temperature = 0.7
     samples = make_samples(seed=2)
     t = TorchTrainer(
-        make_cfg(model_dir, {"temperature": temperature}, logprob_chunk_tokens=chunk), model_dir
+        TorchTrainerConfig.from_config(
+            make_cfg(model_dir, {"temperature": temperature}, logprob_chunk_tokens=chunk)
+        ),
+        model_dir,
     )
     assert t.head.chunk == chunk
     with torch.no_grad():
@@ -210,7 +221,10 @@ def test_the_chunked_head_gradient_does_not_depend_on_the_chunk(model_dir):
 
     def grads(chunk: int | None):
         t = TorchTrainer(
-            make_cfg(model_dir, {"temperature": 0.7}, logprob_chunk_tokens=chunk or 1), model_dir
+            TorchTrainerConfig.from_config(
+                make_cfg(model_dir, {"temperature": 0.7}, logprob_chunk_tokens=chunk or 1)
+            ),
+            model_dir,
         )
         if chunk is None:  # the full log-softmax, differentiated as one graph
             ids, attn = padded_batch(samples)
@@ -236,9 +250,14 @@ def test_the_chunked_head_gradient_does_not_depend_on_the_chunk(model_dir):
 
 def test_activation_checkpointing_gives_the_same_gradient(model_dir):
     samples = make_samples(seed=4)
-    plain = TorchTrainer(make_cfg(model_dir, micro_batch_tokens=64), model_dir)
+    plain = TorchTrainer(
+        TorchTrainerConfig.from_config(make_cfg(model_dir, micro_batch_tokens=64)), model_dir
+    )
     ckpt = TorchTrainer(
-        make_cfg(model_dir, micro_batch_tokens=64, activation_checkpointing=True), model_dir
+        TorchTrainerConfig.from_config(
+            make_cfg(model_dir, micro_batch_tokens=64, activation_checkpointing=True)
+        ),
+        model_dir,
     )
     assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
     m0, g0 = step_grads(plain, samples)
@@ -257,8 +276,13 @@ def test_bfloat16_compute_trains_float32_master_weights_on_cpu(model_dir):
     samples = make_samples(seed=6, advantages=(1.0, 0.5, 0.25))
     runs = {}
     for dtype in ("float32", "bfloat16"):
-        t = TorchTrainer(make_cfg(model_dir, param_dtype=dtype, micro_batch_tokens=64), model_dir)
-        assert t.cfg.train.param_dtype == dtype and t.param_dtype == getattr(torch, dtype)
+        t = TorchTrainer(
+            TorchTrainerConfig.from_config(
+                make_cfg(model_dir, param_dtype=dtype, micro_batch_tokens=64)
+            ),
+            model_dir,
+        )
+        assert t.config.train.param_dtype == dtype and t.param_dtype == getattr(torch, dtype)
         before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
         m = t.train_step(samples)
         runs[dtype] = m
@@ -293,7 +317,10 @@ def test_recomputed_old_logprobs_measure_and_truncate_a_known_mismatch(model_dir
     loss = {}
     for cap in (None, 2.0, 1.05):
         alg = {"recompute_old_logprobs": True, "tis_cap": cap, "loss_agg": agg}
-        t = TorchTrainer(make_cfg(model_dir, alg, micro_batch_tokens=40), model_dir)
+        t = TorchTrainer(
+            TorchTrainerConfig.from_config(make_cfg(model_dir, alg, micro_batch_tokens=40)),
+            model_dir,
+        )
         samples = make_samples(seed=7)
         rollout_shifted(t, samples, d)
         m = t.train_step(samples)
@@ -320,7 +347,10 @@ def test_recompute_with_no_mismatch_is_the_plain_objective(model_dir):
     runs = []
     for recompute in (False, True):
         alg = {"recompute_old_logprobs": recompute}
-        t = TorchTrainer(make_cfg(model_dir, alg, micro_batch_tokens=40), model_dir)
+        t = TorchTrainer(
+            TorchTrainerConfig.from_config(make_cfg(model_dir, alg, micro_batch_tokens=40)),
+            model_dir,
+        )
         samples = make_samples(seed=8)
         rollout_shifted(t, samples, 0.0)
         runs.append(step_grads(t, samples))
@@ -338,7 +368,9 @@ def test_mismatch_mask_drops_the_mismatched_samples_entirely(model_dir):
     samples = make_samples(seed=9)
     shifts = [0.2 if i % 3 == 1 else 0.0 for i in range(len(samples))]
     alg = {"recompute_old_logprobs": True, "mismatch_mask": 1.1}
-    t = TorchTrainer(make_cfg(model_dir, alg, micro_batch_tokens=40), model_dir)
+    t = TorchTrainer(
+        TorchTrainerConfig.from_config(make_cfg(model_dir, alg, micro_batch_tokens=40)), model_dir
+    )
     rollout_shifted(t, samples, shifts)
     m, grads = step_grads(t, samples)
     masked_tokens = sum(s.n_valid for s, x in zip(samples, shifts, strict=True) if x)
@@ -347,7 +379,10 @@ def test_mismatch_mask_drops_the_mismatched_samples_entirely(model_dir):
 
     kept = [s for s, x in zip(samples, shifts, strict=True) if not x]
     alg_kept = {"recompute_old_logprobs": True}
-    t_kept = TorchTrainer(make_cfg(model_dir, alg_kept, micro_batch_tokens=40), model_dir)
+    t_kept = TorchTrainer(
+        TorchTrainerConfig.from_config(make_cfg(model_dir, alg_kept, micro_batch_tokens=40)),
+        model_dir,
+    )
     m_kept, grads_kept = step_grads(t_kept, kept)
     assert m["loss"] == pytest.approx(m_kept["loss"], rel=1e-5)
     assert_same_grads(grads, grads_kept, atol=1e-7, rtol=1e-5)
@@ -441,7 +476,10 @@ def test_an_offload_that_moves_the_bytes_frees_the_storage_and_restores_it_exact
     model and AdamW shrinks to nothing, comes back bit-exact, and the next step equals a
     step of a twin trainer that was never offloaded."""
     cfg = make_cfg(model_dir)
-    t, twin = TorchTrainer(cfg, model_dir), TorchTrainer(cfg, model_dir)
+    t, twin = (
+        TorchTrainer(TorchTrainerConfig.from_config(cfg), model_dir),
+        TorchTrainer(TorchTrainerConfig.from_config(cfg), model_dir),
+    )
     with pytest.raises(RuntimeError, match="cannot be resized"):
         t.offload(move=True)  # on the CPU the checkpoint's tensors are memory-mapped
     assert t.offload_state == "on_device"  # refused before anything moved

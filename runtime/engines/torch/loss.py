@@ -90,6 +90,7 @@ from typing import ClassVar
 
 import torch
 
+from runtime.config.schema import AlgorithmConfig
 from runtime.data.sample import Sample
 
 _LOG_RHO_BOUND = 20.0  # |old - rollout| beyond this is clamped (verl's safety bound)
@@ -331,14 +332,15 @@ def batch_loss(
     rollout_logprobs: torch.Tensor,
     mask: torch.Tensor,
     rows: Sequence[Sample],
-    cfg,
+    algorithm: AlgorithmConfig,
+    replay_tau: float,
     *,
     norm: Normaliser | None = None,
     at: Sequence[int] | None = None,
     keep: torch.Tensor | Sequence[bool] | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The loss of ``rows`` (their samples give the advantages): ``tau``, the clip, TIS and
-    masking settings from the run's config.
+    """The loss of ``rows`` (their samples give the advantages): replayed samples weighted
+    by ``replay_tau`` (``reflow.tau``), the clip, TIS and masking settings of ``algorithm``.
 
     ``logprobs``/``old_logprobs``/``rollout_logprobs``/``mask`` are ``[rows, T]``;
     ``rollout_logprobs`` is :func:`rollout_logprobs_of` the rows.
@@ -352,7 +354,7 @@ def batch_loss(
     replica's :func:`mismatch_keep` of its rows, put at their indices of a zero vector and
     all-reduced by sum (it is checked against these rows' own verdict).
     """
-    a = cfg.algorithm
+    a = algorithm
     agg = a.loss_agg
     if norm is None:
         norm = Normaliser.of(rows)
@@ -382,7 +384,7 @@ def batch_loss(
                 keep if at is None else keep[list(at)], mine
             ):
                 raise ValueError("keep disagrees with these rows' old and rollout log-probs")
-    weights, denom = norm.weights(cfg.reflow.tau, agg, keep)
+    weights, denom = norm.weights(replay_tau, agg, keep)
     n_seqs = len(norm)
     if at is not None:
         weights = weights[list(at)]

@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from runtime.config.schema import Config
 from runtime.data import micro_batches
 from runtime.data.micro_batches import UpdatePlan
 from runtime.data.sample import Sample
@@ -53,6 +52,7 @@ from runtime.engines.torch.parallelize import (
     full_norm,
     trainer_device,
 )
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.rank.gradients import DataParallel
 from runtime.rank.trainer_mesh import TrainerMesh
 from runtime.weights import lora_format
@@ -66,15 +66,15 @@ class TorchTrainer:
 
     def __init__(
         self,
-        cfg: Config,
+        config: TorchTrainerConfig,
         model_path: str,
         rank: int = 0,
         mesh: TrainerMesh | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        torch.manual_seed(cfg.train.seed)
-        self.cfg = cfg
+        torch.manual_seed(config.train.seed)
+        self.config = config
         self.model_path = model_path
         self.step = 0
         self.version = 0
@@ -82,26 +82,26 @@ class TorchTrainer:
         # rank is trained again from there (the replicas agree on it: the leader's group
         # sends its count with its state, runtime/engines/torch/trainer_side.py)
         self.updates_done = 0
-        self.sharded = cfg.train.strategy == "fsdp2" and mesh is not None
+        self.sharded = config.train.strategy == "fsdp2" and mesh is not None
         # FSDP2's mesh, whose groups this model is built over (None: a replicated model)
         self.mesh = mesh if self.sharded else None
         # on the device or in host memory, for the role this rank is not playing
-        self.residency = TrainerResidency(cfg.model.lora.enabled)
+        self.residency = TrainerResidency(config.model.lora.enabled)
         if self.mesh is not None and not self.mesh.member:
             # not a trainer rank now: a sharded model is built when it becomes one
             self.model: Any = None
             self.opt: Any = None
             return
-        self.device = trainer_device(cfg.resources, rank)
+        self.device = trainer_device(config.resources, rank)
         default = "bfloat16" if self.device.type == "cuda" else "float32"  # device: auto
-        self.param_dtype = getattr(torch, cfg.train.param_dtype or default)
+        self.param_dtype = getattr(torch, config.train.param_dtype or default)
         # master weights in float32 whatever the checkpoint's dtype: AdamW on bf16 weights
         # loses updates smaller than their precision
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        if cfg.model.lora.enabled:  # the base frozen in the compute dtype, adapters float32
-            apply_lora(model, cfg.model.lora, self.param_dtype)
-        self.head = logprobs.install(model, cfg.train.logprob_chunk_tokens)
-        if cfg.train.activation_checkpointing:
+        if config.model.lora.enabled:  # the base frozen in the compute dtype, adapters float32
+            apply_lora(model, config.model.lora, self.param_dtype)
+        self.head = logprobs.install(model, config.train.logprob_chunk_tokens)
+        if config.train.activation_checkpointing:
             enable_activation_checkpointing(model)
         if self.mesh is not None:
             apply_fsdp(model, self.mesh.device_mesh(self.device.type), self.param_dtype)
@@ -109,7 +109,7 @@ class TorchTrainer:
             model.to(self.device)
         self.model = model
         self.model.train()
-        self.opt = torch.optim.AdamW(trainable(self.model), lr=cfg.train.lr, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(trainable(self.model), lr=config.train.lr, weight_decay=0.0)
 
     def train_step(
         self,
@@ -120,7 +120,7 @@ class TorchTrainer:
     ) -> dict[str, float]:
         """One step on a whole batch in hand (one process, a test, a benchmark): this rank's
         part of the plan rank 0 makes (:func:`runtime.data.micro_batches.rank_plans`)."""
-        t = self.cfg.train
+        t = self.config.train
         plans = micro_batches.sample_plans(
             samples, t.mini_batches, shard_count, t.micro_batch_tokens
         )
@@ -139,7 +139,7 @@ class TorchTrainer:
         rank's part (``samples``, carried update by update); the metrics are their means."""
         if self.offload_state != "on_device":
             raise RuntimeError(f"a training step with the trainer state {self.offload_state}")
-        if len(updates) != self.cfg.train.mini_batches:
+        if len(updates) != self.config.train.mini_batches:
             raise ValueError(f"{len(updates)} updates, not train.mini_batches")
         start = time.perf_counter()
         k = len(updates)
@@ -151,10 +151,10 @@ class TorchTrainer:
         todo = range(self.updates_done, k)
         olds: list[dict[int, torch.Tensor] | None] = [None] * k
         keeps: list[torch.Tensor | None] = [None] * k
-        if self.cfg.algorithm.recompute_old_logprobs:
+        if self.config.algorithm.recompute_old_logprobs:
             for j in todo:
                 old = olds[j] = self._old_logprobs(minis[j], updates[j].micro_batches)
-                if self.cfg.algorithm.mismatch_mask is not None:
+                if self.config.algorithm.mismatch_mask is not None:
                     keeps[j] = self._kept(minis[j], len(updates[j].n_valid), old, data_parallel)
         results = []
         for j in todo:  # from 0 unless an attempt was aborted
@@ -165,7 +165,7 @@ class TorchTrainer:
             self.updates_done = j + 1
         self.updates_done = 0
         self.step += 1
-        self.version = self.cfg.train.version_at(self.step)
+        self.version = self.config.train.version_at(self.step)
         out = {key: sum(u[key] for u in results) / k for key in results[0]}
         for key, pick in LossStats.EXTREMES.items():  # extremes of the step, not means
             if key in out:
@@ -180,7 +180,7 @@ class TorchTrainer:
         the current weights (0 past a row's end). No rows: one padding token, whose
         log-prob the caller multiplies by 0, so this rank still takes part in FSDP2's
         gathers and reductions."""
-        temperature = self.cfg.algorithm.temperature
+        temperature = self.config.algorithm.temperature
         seqs = [[*s.prompt_token_ids, *s.token_ids] for s in rows] or [[PAD, PAD]]
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), PAD, dtype=torch.long)
@@ -233,7 +233,7 @@ class TorchTrainer:
             rows = [samples[i]]
             rollout, mask = self._behaviour(rows, len(old_i))
             flags[i] = float(
-                mismatch_keep(old_i[None, :], rollout, mask, self.cfg.algorithm.mismatch_mask)[0]
+                mismatch_keep(old_i[None, :], rollout, mask, self.config.algorithm.mismatch_mask)[0]
             )
         if dp is not None:
             flags = dp.all_reduce_sum(flags)
@@ -292,7 +292,16 @@ class TorchTrainer:
             # 3. Replay weights, off-policy correction and the clipped surrogate
             # (runtime/engines/torch/loss.py), normalised by the whole mini-batch.
             loss, st = batch_loss(
-                logp, old_logp, rollout, mask, rows, self.cfg, norm=norm, at=batch, keep=keep
+                logp,
+                old_logp,
+                rollout,
+                mask,
+                rows,
+                self.config.algorithm,
+                self.config.replay_tau,
+                norm=norm,
+                at=batch,
+                keep=keep,
             )
             (loss * scale).backward()
             parts.append(st)
@@ -328,7 +337,7 @@ class TorchTrainer:
     def checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """In the dtype rollout runs (``model.dtype``; LoRA adapters stay float32, as peft
         saves them); a tied ``lm_head`` left out as HF does."""
-        dtype = getattr(torch, self.cfg.model.dtype)
+        dtype = getattr(torch, self.config.model.dtype)
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         adapter = lora_format.is_adapter_name
         return {
@@ -341,7 +350,7 @@ class TorchTrainer:
 
     def for_rollout(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What a weight sync sends of ``weights`` (runtime/engines/torch/policy_files.py)."""
-        return policy_files.for_rollout(weights, self.cfg.model)
+        return policy_files.for_rollout(weights, self.config.model)
 
     def abandon_step(self) -> None:
         """A step's collective failed (a trainer rank lost mid-step): its gradients are
@@ -415,7 +424,7 @@ class TorchTrainer:
         if weights is None:
             weights = self.export_weights()
         return policy_files.publish(
-            weights_dir, self.version, weights, self.cfg.model, self.model_path, keep
+            weights_dir, self.version, weights, self.config.model, self.model_path, keep
         )
 
     def save_state(self, folder: Path, group: object | None = None) -> None:

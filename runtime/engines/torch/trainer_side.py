@@ -32,6 +32,7 @@ import torch
 from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.engines.torch.published import PublishedCopy
+from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.shard_handoff import (
     TransferStats,
     adopt,
@@ -117,7 +118,9 @@ class TorchTrainerSide(BatchConsumer):
         self.mesh = collective.mesh if collective is not None else None
         self.data_parallel = collective.data_parallel if collective is not None else None
         self.sync = collective.sync if collective is not None else None
-        self.trainer = TorchTrainer(cfg, resolve_model_path(cfg.model.path), rank, self.mesh)
+        self.trainer = TorchTrainer(
+            TorchTrainerConfig.from_config(cfg), resolve_model_path(cfg.model.path), rank, self.mesh
+        )
         self.held_out = HeldOutEval(cfg)
         # Weight syncs stream the weights bucket by bucket (the leader's replica group
         # gathers each bucket of its shards; runtime/weights/send.py); the
@@ -424,7 +427,7 @@ class TorchTrainerSide(BatchConsumer):
             return
         start = time.perf_counter()
         with _own_rng():
-            new = TorchTrainer(self.cfg, old.model_path, self.rank, mesh)
+            new = TorchTrainer(old.config, old.model_path, self.rank, mesh)
         new.step, new.version = old.step, old.version
         record["rebuild_s"] = time.perf_counter() - start
         if self.rank in before:
