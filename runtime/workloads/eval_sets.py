@@ -30,6 +30,7 @@ from typing import Any
 
 from runtime.config.schema import Config
 from runtime.workloads.agents.base import AgentEnv, Generator
+from runtime.workloads.agents.settings import AgentEnvConfig
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,9 @@ async def score_set(
 
     codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     scores = SetScores(cfg.eval.k, cfg.eval.solved_at)
-    envs = [AgentEnv(cfg, codec, g, record, pool) for g in (greedy, sampled)]
+    envs = [
+        AgentEnv(AgentEnvConfig.from_config(cfg), codec, g, record, pool) for g in (greedy, sampled)
+    ]
     for n, prompt in enumerate(prompts):
         rewards = []
         for j in range(cfg.eval.k + 1):

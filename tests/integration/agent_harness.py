@@ -11,6 +11,7 @@ from runtime.config.schema import Config
 from runtime.data.codec import ChatCodec
 from runtime.workloads.agents.base import AgentEnv, Generation
 from runtime.workloads.agents.pool import RewardPool
+from runtime.workloads.agents.settings import AgentEnvConfig
 
 
 class ScriptedEngine:
@@ -49,7 +50,7 @@ def run_agent(
     codec = engine.codec
     own = pool is None
     pool = pool or RewardPool(1, cfg.workload.reward_timeout_s + 30)
-    env = AgentEnv(cfg, codec, engine, lambda i: record, pool)
+    env = AgentEnv(AgentEnvConfig.from_config(cfg), codec, engine, lambda i: record, pool)
     prompt: dict[str, Any] = {"index": 0, "prompt_ids": codec.prompt_ids(prompt_text)}
     try:
         return asyncio.run(agent.run(env, "s1", prompt)), env

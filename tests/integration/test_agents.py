@@ -16,6 +16,7 @@ from runtime.workloads.agents import scoring
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.code_agent import CodeAgent, feedback_text
 from runtime.workloads.agents.pool import RewardPool
+from runtime.workloads.agents.settings import AgentEnvConfig
 from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
 from runtime.workloads.agents.tool_reasoning import ToolAgent
 from tests.helpers import SHARED_DATA, needs_full_data
@@ -157,12 +158,14 @@ def test_math_and_arith_agents_score_single_turns():
 
     char = CharCodec()
     cfg = config("arith")
-    env = AgentEnv(cfg, char, ScriptedEngine(char, ["3+4=7;#7"]), None, None)
+    env = AgentEnv(
+        AgentEnvConfig.from_config(cfg), char, ScriptedEngine(char, ["3+4=7;#7"]), None, None
+    )
     ep = asyncio.run(
         ArithAgent().run(env, "a", {"prompt_ids": char.prompt_ids("S3+4="), "answer": 7})
     )
     assert ep.reward == 1.0
-    env = AgentEnv(cfg, char, ScriptedEngine(char, ["#8"]), None, None)
+    env = AgentEnv(AgentEnvConfig.from_config(cfg), char, ScriptedEngine(char, ["#8"]), None, None)
     assert asyncio.run(ArithAgent().run(env, "b", {"prompt_ids": [1], "answer": 7})).reward == 0.0
 
 
@@ -205,7 +208,7 @@ def test_an_episode_in_the_sandbox_holds_no_generation_slot():
     cfg = config("tool_reasoning", max_turns=2)
     engine = ScriptedEngine(codec, ["<code>import time; time.sleep(1.5)</code>", "\\boxed{1}"])
     pool = RewardPool(1, 30)
-    env = AgentEnv(cfg, codec, engine, lambda i: {"answer": "1"}, pool)
+    env = AgentEnv(AgentEnvConfig.from_config(cfg), codec, engine, lambda i: {"answer": "1"}, pool)
     seen = []
 
     async def go():

@@ -18,6 +18,7 @@ from runtime.data.sample import Sample
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.code_agent import CodeAgent
 from runtime.workloads.agents.pool import RewardPool
+from runtime.workloads.agents.settings import AgentEnvConfig
 from runtime.workloads.agents.single_turn import ArithAgent, SingleTurnAgent
 from runtime.workloads.agents.tool_reasoning import ToolAgent
 from tests.helpers import REPO
@@ -111,7 +112,7 @@ def test_the_arith_task_and_an_async_function(reward_file, pool):
 
     char = CharCodec()
     cfg = config("arith", f"{reward_file}:async_score")
-    env = AgentEnv(cfg, char, ScriptedEngine(char, ["#7"]), None, pool)
+    env = AgentEnv(AgentEnvConfig.from_config(cfg), char, ScriptedEngine(char, ["#7"]), None, pool)
     ep = asyncio.run(ArithAgent().run(env, "a", {"prompt_ids": [1], "answer": 7}))
     assert ep.reward == 0.25  # awaited; the arith rule would give 1.0
 

@@ -117,6 +117,7 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
     import time
 
     from runtime.workloads.agents.base import AgentEnv
+    from runtime.workloads.agents.settings import AgentEnvConfig
 
     eng, run, loop = engine
 
@@ -125,7 +126,7 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
             return await eng.generate_turn(request_id, prompt_ids, max_tokens, stop, True)
 
     cfg = build_config({"model": {"max_seq_len": 512}, "workload": {"max_response_tokens": 300}})
-    env = AgentEnv(cfg, None, LongTurns(), None, None)
+    env = AgentEnv(AgentEnvConfig.from_config(cfg), None, LongTurns(), None, None)
     ep = env.episode("cut", {"prompt_ids": PROMPT})
     fut = asyncio.run_coroutine_threadsafe(env.generate(ep, "cut"), loop)
     time.sleep(0.3)
@@ -135,7 +136,7 @@ def test_a_turn_cut_by_a_stop_continues_from_its_last_token(engine, weights):
     parked = ep.parked_rollout()
     assert parked is not None and parked.token_ids == cut.tokens
 
-    resumed = AgentEnv(cfg, None, LongTurns(), None, None)
+    resumed = AgentEnv(AgentEnvConfig.from_config(cfg), None, LongTurns(), None, None)
     resumed.resume("cut", parked)
     again = resumed.episode("cut", {"prompt_ids": PROMPT})
     whole = run(resumed.generate(again, "cut"))
@@ -159,6 +160,7 @@ def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
     from runtime.transport import frames as wire
     from runtime.transport import protocol as p
     from runtime.workloads.agents.base import AgentEnv
+    from runtime.workloads.agents.settings import AgentEnvConfig
     from runtime.workloads.agents.single_turn import ArithAgent
 
     eng, _run, loop = engine
@@ -171,7 +173,10 @@ def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
     side = VLLMRolloutSide.__new__(VLLMRolloutSide)  # on the module's warm engine
     RolloutSide.__init__(side, cfg, 2)
     side.cfg, side._loop, side.engine, side._updating = cfg, loop, eng, None
-    side.agent, side.env = ArithAgent(), AgentEnv(cfg, None, LongTurns(), None, None)
+    side.agent, side.env = (
+        ArithAgent(),
+        AgentEnv(AgentEnvConfig.from_config(cfg), None, LongTurns(), None, None),
+    )
     sent: list[p.Message] = []
     side.attach(sent.append, 2)
     prompt = {"prompt_ids": PROMPT, "answer": 3}

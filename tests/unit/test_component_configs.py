@@ -23,7 +23,8 @@ OWN_SECTION = {
     "runtime/transport": set(),
     "runtime/rank": {"worker.py"},  # the hybrid worker builds its two sides
     "runtime/data": {"prompts.py"},  # not converted yet
-    "runtime/workloads": {"agents/base.py", "eval_sets.py"},  # not converted yet
+    # agents' sections bundled at the edge; the trainer-side eval is not converted yet
+    "runtime/workloads": {"agents/settings.py", "eval_sets.py"},
     # the registry builds the sides; the sides and engines are not converted yet
     "runtime/engines": {
         "registry.py",

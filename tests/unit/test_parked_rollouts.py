@@ -17,6 +17,7 @@ from runtime.engines.synthetic import SyntheticRollout
 from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from runtime.workloads.agents.base import AgentEnv, Generation
+from runtime.workloads.agents.settings import AgentEnvConfig
 from tests.unit.test_checkpoint import Saves, coordinator, one_step
 from tests.unit.test_coordinator import Clock, ident, register_all
 from tests.unit.test_data_plane import traj
@@ -338,7 +339,9 @@ class TwoTurns:
 
 def env_with(engine: Engine, max_response_tokens: int = 10) -> AgentEnv:
     cfg = build_config({"workload": {"max_response_tokens": max_response_tokens}})
-    return AgentEnv(cfg, codec=None, generator=engine, record=None, pool=None)
+    return AgentEnv(
+        AgentEnvConfig.from_config(cfg), codec=None, generator=engine, record=None, pool=None
+    )
 
 
 PROMPT = {"prompt_ids": [100, 101]}

@@ -52,6 +52,7 @@ from runtime.weights.settings import WeightPathConfig
 from runtime.workloads.agents import registry
 from runtime.workloads.agents.base import AgentEnv
 from runtime.workloads.agents.pool import RewardPool
+from runtime.workloads.agents.settings import AgentEnvConfig
 
 if TYPE_CHECKING:
     import torch
@@ -126,7 +127,11 @@ class VLLMRolloutSide(RolloutSide[Future]):
             cfg.sandbox.concurrency,
         )
         self.env = AgentEnv(
-            cfg, codec_for(model_path, cfg.model.path), self.engine, record, self.pool
+            AgentEnvConfig.from_config(cfg),
+            codec_for(model_path, cfg.model.path),
+            self.engine,
+            record,
+            self.pool,
         )
 
     def _call(self, coro) -> Future:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.config.schema import Config
 from runtime.data.codec import Codec
 from runtime.data.sample import ParkedRollout, Turn
+from runtime.workloads.agents.settings import AgentEnvConfig
 
 
 @dataclass
@@ -112,13 +111,13 @@ class AgentEnv:
 
     def __init__(
         self,
-        cfg: Config,
+        config: AgentEnvConfig,
         codec: Codec,
         generator: Generator,
         record: Callable[[int], dict[str, Any]] | None,
         pool: Any,
     ) -> None:
-        self.cfg, self.codec, self.generator = cfg, codec, generator
+        self.config, self.codec, self.generator = config, codec, generator
         self._record, self.pool = record, pool
         self.generating = 0  # episodes inside a generate call now
         self.in_tools = 0  # episodes waiting on the sandbox or a reward now
@@ -153,8 +152,8 @@ class AgentEnv:
     ) -> Generation | None:
         """One model turn on the episode's context (replayed, or continued, from its
         parked rollout after a resume); None when no room is left."""
-        room = self.cfg.model.max_seq_len - len(episode.context)
-        max_tokens = min(self.cfg.workload.max_response_tokens, room)
+        room = self.config.max_seq_len - len(episode.context)
+        max_tokens = min(self.config.workload.max_response_tokens, room)
         if max_tokens < 1:
             return None
         if self.parking:  # before the replay, which would let go of the parked turn
@@ -183,7 +182,7 @@ class AgentEnv:
         runtime/workloads/rewards/custom.py) in the reward pool, on everything generated
         after the prompt; False (nothing done) when the recipe names none, and the agent
         scores as its kind does."""
-        ref = self.cfg.workload.reward_fn
+        ref = self.config.workload.reward_fn
         if ref is None:
             return False
         from runtime.workloads.rewards import custom
@@ -200,12 +199,8 @@ class AgentEnv:
 
     @property
     def data_source(self) -> str:
-        """verl's ``data_source`` for records without one: the train file's name, or the
-        workload kind for generated prompts (a mix's records carry their own file's:
-        runtime/data/prompts.py)."""
-        if self.cfg.data.embedded:
-            return self.cfg.workload.kind
-        return Path(self.cfg.data.files()[0].path).stem
+        """verl's ``data_source`` for records without one (:class:`AgentEnvConfig`)."""
+        return self.config.data_source
 
     async def call(
         self, fn: Callable[..., Any], *args: Any, on_thread: bool = False

@@ -48,7 +48,7 @@ def split_tests(total: int, public_tests: int) -> tuple[list[int], list[int]]:
 
 class CodeAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
-        w, settings = env.cfg.workload, env.cfg.sandbox
+        w, settings = env.config.workload, env.config.sandbox
         record = env.record(prompt)
         tests, fn_name = tests_of(record), record.get("fn_name") or None
         total = parse_tests(tests, fn_name=fn_name).total
@@ -80,7 +80,7 @@ class CodeAgent:
                 ep.info["public_passed_at"] = turn + 1
                 break
             ids = env.codec.user_turn_ids(feedback_text(result, error), g.finish == "stop")
-            if len(ep.context) + len(ids) >= env.cfg.model.max_seq_len:
+            if len(ep.context) + len(ids) >= env.config.max_seq_len:
                 break
             ep.add_env(ids)
         if await env.custom_reward(ep, prompt):  # the recipe's own reward replaces the tests'

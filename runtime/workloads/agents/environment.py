@@ -69,7 +69,7 @@ class Tools:
         from runtime.workloads.agents import scoring
 
         result, error = await self._env.call(
-            scoring.run_snippet, code, self._env.cfg.sandbox, on_thread=True
+            scoring.run_snippet, code, self._env.config.sandbox, on_thread=True
         )
         if result is None:
             raise RuntimeError(f"the sandbox run failed: {error}")
@@ -141,7 +141,7 @@ class EnvAgent:
     """The agent loop of ``workload.agent``: the environment's turns between the model's."""
 
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
-        w = env.cfg.workload
+        w = env.config.workload
         if w.agent is None:
             raise ValueError(f"{FIELD}: workload.kind custom needs an environment class")
         cls = _CLASSES.get(w.agent) or _CLASSES.setdefault(w.agent, load_class(w.agent))
@@ -167,7 +167,7 @@ class EnvAgent:
             if step.done or turn == w.max_turns - 1:
                 break
             ids = env.codec.user_turn_ids(step.observation or "", g.finish == "stop")
-            if len(ep.context) + len(ids) >= env.cfg.model.max_seq_len:
+            if len(ep.context) + len(ids) >= env.config.max_seq_len:
                 break
             ep.add_env(ids)
         if not await env.custom_reward(ep, prompt):
@@ -188,9 +188,9 @@ async def _env_call(
     ``reward_error`` says why."""
     env.in_tools += 1
     try:
-        return check(await _call(fn, env.cfg.workload.reward_timeout_s, *args))
+        return check(await _call(fn, env.config.workload.reward_timeout_s, *args))
     except asyncio.TimeoutError:
-        why = f"timed out after {env.cfg.workload.reward_timeout_s:g} s"
+        why = f"timed out after {env.config.workload.reward_timeout_s:g} s"
     except Exception as exc:  # the user's environment failed: recorded, not raised
         text = str(exc).splitlines()[0] if str(exc) else ""
         why = f"{type(exc).__name__}: {text}"

@@ -32,7 +32,7 @@ def tool_output_text(result: Any, error: str | None) -> str:
 
 class ToolAgent:
     async def run(self, env: AgentEnv, request_id: str, prompt: dict[str, Any]) -> Episode | None:
-        w = env.cfg.workload
+        w = env.config.workload
         ep = env.episode(request_id, prompt)
         calls = 0
         for turn in range(w.max_turns):
@@ -48,11 +48,11 @@ class ToolAgent:
                 break
             code = text.rsplit(w.tool_open, 1)[1].rsplit(w.tool_close, 1)[0]
             result, error = await env.call(
-                scoring.run_snippet, code, env.cfg.sandbox, on_thread=True
+                scoring.run_snippet, code, env.config.sandbox, on_thread=True
             )
             calls += 1
             ids = env.codec.encode(tool_output_text(result, error))
-            if len(ep.context) + len(ids) >= env.cfg.model.max_seq_len:
+            if len(ep.context) + len(ids) >= env.config.max_seq_len:
                 break
             ep.add_env(ids)
         ep.info["tool_calls"] = calls
