@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime.config.schema import Config
+from runtime.config.schema import DataConfig
 from runtime.data.datasets import (
     REQUIRED_FIELDS,
     DatasetError,
@@ -24,6 +24,7 @@ from runtime.data.datasets import (
     load_records,
     prompt_text,
 )
+from runtime.data.settings import PromptsConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,14 @@ class PromptSet:
     is its place in that order; a mix's records without a ``data_source`` get their
     file's name, as verl's data files carry one)."""
 
-    def __init__(self, cfg: Config, source: str | None = None) -> None:
-        d = cfg.data
+    def __init__(self, config: PromptsConfig, source: str | None = None) -> None:
+        d = config.data
         paths = [source] if source is not None else [f.path for f in d.files()]
         self.path = ", ".join(paths)
         self.records: list[dict[str, Any]] = []
         self.offsets: list[int] = []  # each file's first index
         for path in paths:
-            records = load_records(
-                path, d.format, d.fields, REQUIRED_FIELDS.get(cfg.workload.kind, ())
-            )
+            records = load_records(path, d.format, d.fields, REQUIRED_FIELDS.get(config.kind, ()))
             check_template(d.prompt_template, records[0], path)
             if len(paths) > 1:
                 stem = Path(path).stem
@@ -66,54 +65,56 @@ class PromptSet:
         return range(self.offsets[i], end)
 
 
-# (id of the config, file) -> (that config, its prompts). The config is kept with its
-# prompts: keyed by id alone, a config freed and a new one made at the same address got
-# the old one's prompts (a test drew a 60-prompt mix's indices from a 7-prompt file).
-_LOADED: dict[tuple[int, str], tuple[Config, PromptSet]] = {}
+# (id of the run's data section, workload kind, file) -> (that section, its prompts). The
+# section is kept with its prompts: keyed by id alone, a config freed and a new one made at
+# the same address got the old one's prompts (a test drew a 60-prompt mix's indices from a
+# 7-prompt file). Keyed by the data section, not the PromptsConfig: each edge bundles its
+# own PromptsConfig of the same run.
+_LOADED: dict[tuple[int, str, str], tuple[DataConfig, PromptSet]] = {}
 
 
-def prompt_set(cfg: Config, source: str | None = None) -> PromptSet:
-    """One loaded copy per process, config and file (``None``: the training files)."""
-    key = (id(cfg), source or "")
+def prompt_set(config: PromptsConfig, source: str | None = None) -> PromptSet:
+    """One loaded copy per process, run and file (``None``: the training files)."""
+    key = (id(config.data), config.kind, source or "")
     held = _LOADED.get(key)
-    if held is None or held[0] is not cfg:
-        held = _LOADED[key] = (cfg, PromptSet(cfg, source))
+    if held is None or held[0] is not config.data:
+        held = _LOADED[key] = (config.data, PromptSet(config, source))
     return held[1]
 
 
-def file_prompts(cfg: Config) -> Iterator[dict[str, Any]]:
+def file_prompts(config: PromptsConfig) -> Iterator[dict[str, Any]]:
     """The training prompts: one file's in shuffled epochs, or a mix's files drawn by
     weight, each file going through its own shuffled epochs (a small file with a large
     weight repeats sooner; none waits for another's epoch to end)."""
     from runtime.data.codec import codec_for
     from runtime.embedded.resolve import resolve_model_path
 
-    prompts = prompt_set(cfg)
-    codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
-    files = cfg.data.files()
+    prompts = prompt_set(config)
+    codec = codec_for(resolve_model_path(config.model_path), config.model_path)
+    files = config.data.files()
     streams = [
-        _epochs(cfg, prompts, prompts.file_range(i), codec, seed=cfg.train.seed + 7919 * i)
+        _epochs(config, prompts, prompts.file_range(i), codec, seed=config.seed + 7919 * i)
         for i in range(len(files))
     ]
     if len(streams) == 1:
         yield from streams[0]
         return
-    pick = random.Random(cfg.train.seed * 1_000_003 + 17)
+    pick = random.Random(config.seed * 1_000_003 + 17)
     weights = [f.weight for f in files]
     while True:
         yield next(streams[pick.choices(range(len(streams)), weights)[0]])
 
 
 def _epochs(
-    cfg: Config, prompts: PromptSet, indices: range, codec: Any, seed: int
+    config: PromptsConfig, prompts: PromptSet, indices: range, codec: Any, seed: int
 ) -> Iterator[dict[str, Any]]:
     """The prompts of ``indices``, epoch after epoch (shuffled with ``seed + epoch`` when
     ``data.shuffle``), skipping those that leave no room for a response."""
-    room = cfg.model.max_seq_len - min(cfg.workload.max_response_tokens, 16)
+    room = config.max_seq_len - min(config.max_response_tokens, 16)
     epoch, skipped = 0, 0
     while True:
         order = list(indices)
-        if cfg.data.shuffle:
+        if config.data.shuffle:
             random.Random(seed * 1_000_003 + epoch).shuffle(order)
         served = 0
         for i in order:

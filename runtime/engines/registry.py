@@ -63,8 +63,9 @@ def build_prompts(cfg: Config):
     """The prompt stream of ``data.train``: an embedded source, or a dataset file."""
     if not cfg.data.embedded:
         from runtime.data.prompts import file_prompts
+        from runtime.data.settings import PromptsConfig
 
-        return file_prompts(cfg)
+        return file_prompts(PromptsConfig.from_config(cfg))
     name = str(cfg.data.train)
     if name not in PROMPT_SOURCES:
         raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")

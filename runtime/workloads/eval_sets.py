@@ -85,9 +85,10 @@ def eval_prompts(cfg: Config, path: str) -> tuple[list[dict[str, Any]], Callable
     record without a ``data_source`` gets the set's file name, as verl's files carry)."""
     from runtime.data.codec import codec_for
     from runtime.data.prompts import prompt_set
+    from runtime.data.settings import PromptsConfig
     from runtime.embedded.resolve import resolve_model_path
 
-    prompts = prompt_set(cfg, path)
+    prompts = prompt_set(PromptsConfig.from_config(cfg), path)
     codec = codec_for(resolve_model_path(cfg.model.path), cfg.model.path)
     room = cfg.model.max_seq_len - min(cfg.workload.max_response_tokens, 16)
     out: list[dict[str, Any]] = []

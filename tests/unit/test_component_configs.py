@@ -22,7 +22,7 @@ OWN_SECTION = {
     "runtime/store": set(),  # run folders, checkpoints, metrics sinks
     "runtime/transport": set(),
     "runtime/rank": {"worker.py"},  # the hybrid worker builds its two sides
-    "runtime/data": {"prompts.py"},  # not converted yet
+    "runtime/data": {"settings.py"},  # the prompt stream's sections, bundled at the edge
     # agents' sections bundled at the edge; the trainer-side eval is not converted yet
     "runtime/workloads": {"agents/settings.py", "eval_sets.py"},
     # the registry builds the sides; the sides and engines are not converted yet

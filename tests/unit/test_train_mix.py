@@ -12,6 +12,7 @@ import pytest
 from runtime.config.recipe import RecipeError, build_config
 from runtime.data.datasets import check_dataset
 from runtime.data.prompts import PromptSet, file_prompts
+from runtime.data.settings import PromptsConfig
 
 pytestmark = pytest.mark.unit
 
@@ -37,8 +38,10 @@ def test_files_are_drawn_by_weight_each_through_its_own_epochs(tmp_path):
     files = _files(tmp_path, {"big": 50, "small": 5, "tagged": 5})
     cfg = build_config(_mix(files, {"big": 1.0, "small": 3.0, "tagged": 1.0}))
     assert check_dataset(cfg) == 60
-    prompts = PromptSet(cfg)
-    drawn = [p["index"] for p in itertools.islice(file_prompts(cfg), 5000)]
+    prompts = PromptSet(PromptsConfig.from_config(cfg))
+    drawn = [
+        p["index"] for p in itertools.islice(file_prompts(PromptsConfig.from_config(cfg)), 5000)
+    ]
     by_file = Counter("big" if i < 50 else "small" if i < 55 else "tagged" for i in drawn)
     assert abs(by_file["small"] / 5000 - 0.6) < 0.03, by_file
     assert abs(by_file["big"] / 5000 - 0.2) < 0.03, by_file
@@ -51,7 +54,9 @@ def test_files_are_drawn_by_weight_each_through_its_own_epochs(tmp_path):
     assert prompts.record(57)["data_source"] == "mine"
     assert prompts.text(51) == "small 1"
     # the same seed draws the same stream (a resumed run skips what it drew)
-    again = [p["index"] for p in itertools.islice(file_prompts(cfg), 5000)]
+    again = [
+        p["index"] for p in itertools.islice(file_prompts(PromptsConfig.from_config(cfg)), 5000)
+    ]
     assert again == drawn
 
 
@@ -62,14 +67,14 @@ def test_one_file_draws_as_before(tmp_path):
 
     files = _files(tmp_path, {"one": 7})
     cfg = build_config({"workload": {"kind": "math"}, "data": {"train": files["one"]}})
-    drawn = [p["index"] for p in itertools.islice(file_prompts(cfg), 14)]
+    drawn = [p["index"] for p in itertools.islice(file_prompts(PromptsConfig.from_config(cfg)), 14)]
     expected = []
     for epoch in range(2):
         order = list(range(7))
         random.Random(cfg.train.seed * 1_000_003 + epoch).shuffle(order)
         expected += order
     assert drawn == expected
-    assert "data_source" not in PromptSet(cfg).record(0)
+    assert "data_source" not in PromptSet(PromptsConfig.from_config(cfg)).record(0)
 
 
 @pytest.mark.parametrize(
@@ -108,8 +113,8 @@ def test_a_new_config_never_gets_the_prompts_of_a_freed_one(tmp_path, monkeypatc
     monkeypatch.setattr(prompts_module, "id", lambda obj: 1, raising=False)
     files = _files(tmp_path, {"big": 50, "one": 7})
     big = build_config({"workload": {"kind": "math"}, "data": {"train": files["big"]}})
-    assert len(prompts_module.prompt_set(big).records) == 50
+    assert len(prompts_module.prompt_set(PromptsConfig.from_config(big)).records) == 50
     one = build_config({"workload": {"kind": "math"}, "data": {"train": files["one"]}})
-    assert len(prompts_module.prompt_set(one).records) == 7
-    drawn = [p["index"] for p in itertools.islice(file_prompts(one), 14)]
+    assert len(prompts_module.prompt_set(PromptsConfig.from_config(one)).records) == 7
+    drawn = [p["index"] for p in itertools.islice(file_prompts(PromptsConfig.from_config(one)), 14)]
     assert sorted(set(drawn)) == list(range(7))

@@ -117,8 +117,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
         record = None
         if not cfg.data.embedded:
             from runtime.data.prompts import prompt_set
+            from runtime.data.settings import PromptsConfig
 
-            record = prompt_set(cfg).record
+            record = prompt_set(PromptsConfig.from_config(cfg)).record
         # Rewards and tool calls run in processes of their own, so a slow or crashing one
         # never stalls the engine's loop (the pool starts on first use: arith needs none).
         self.pool = RewardPool(
