@@ -139,6 +139,7 @@ def test_fsdp2_over_nccl_makes_the_update_one_process_makes(tmp_path, world, par
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 def test_vllm_bf16_against_the_trainer_is_a_small_mismatch_that_tis_bounds(tmp_path):
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     model = small_model(tmp_path / "m")
     cfg = cfg_for(model, 1, strategy="replicate", param_dtype="bfloat16")
@@ -146,7 +147,7 @@ def test_vllm_bf16_against_the_trainer_is_a_small_mismatch_that_tis_bounds(tmp_p
     cfg.algorithm.tis_cap = 2.0
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    eng = VLLMEngine(model, cfg)
+    eng = VLLMEngine(model, VLLMEngineConfig.from_config(cfg))
     asyncio.run_coroutine_threadsafe(eng.start(0), loop).result(600)
     try:
         rng = random.Random(1)

@@ -48,6 +48,7 @@ def cuda_cfg(path: Path):
 @pytest.fixture
 def engine(tmp_path):
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     path = save_pretrained(build_model(seed=0), build_tokenizer(), tmp_path / "m")
     loop = asyncio.new_event_loop()
@@ -56,7 +57,7 @@ def engine(tmp_path):
     def run(coro):
         return asyncio.run_coroutine_threadsafe(coro, loop).result(300)
 
-    eng = VLLMEngine(str(path), cuda_cfg(path))
+    eng = VLLMEngine(str(path), VLLMEngineConfig.from_config(cuda_cfg(path)))
     run(eng.start(0))
     eng.temperature = GREEDY
     try:

@@ -50,11 +50,15 @@ def test_export_loads_in_transformers_and_vllm_with_the_trained_weights(tmp_path
     assert AutoTokenizer.from_pretrained(out)("S3+4=").input_ids[0] == 21
 
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     engine = VLLMEngine(
-        str(out), load_recipe(REPO / "recipes" / "demo.yaml", ["algorithm.temperature=1.0"])
+        str(out),
+        VLLMEngineConfig.from_config(
+            load_recipe(REPO / "recipes" / "demo.yaml", ["algorithm.temperature=1.0"])
+        ),
     )
 
     def run(coro, timeout=300):

@@ -114,6 +114,7 @@ def test_a_tp2_vllm_engine_generates_and_reloads_every_shard(tmp_path, monkeypat
     :func:`runtime.entry.cpu_threads_bind`. Log-probs match the Hugging Face model only if
     both shards hold that model's weights, before and after a reload."""
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     monkeypatch.setenv(
         "VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind(0, 2, sorted(os.sched_getaffinity(0)))
@@ -136,7 +137,7 @@ def test_a_tp2_vllm_engine_generates_and_reloads_every_shard(tmp_path, monkeypat
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    eng = VLLMEngine(str(first), cfg)
+    eng = VLLMEngine(str(first), VLLMEngineConfig.from_config(cfg))
     assert eng._args.tensor_parallel_size == 2
 
     def run(coro, timeout=120):

@@ -35,6 +35,7 @@ def weights(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(weights):
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     cfg = build_config(
         {
@@ -46,7 +47,7 @@ def engine(weights):
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    eng = VLLMEngine(str(weights[0]), cfg)
+    eng = VLLMEngine(str(weights[0]), VLLMEngineConfig.from_config(cfg))
 
     def run(coro, timeout=120):
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)

@@ -65,11 +65,12 @@ def teacher_forced(model: torch.nn.Module, tokens: list[int]) -> list[float]:
 @pytest.fixture(scope="module")
 def engine(base):
     from runtime.engines.vllm.engine import VLLMEngine
+    from runtime.engines.vllm.settings import VLLMEngineConfig
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    eng = VLLMEngine(str(base), recipe(base))
+    eng = VLLMEngine(str(base), VLLMEngineConfig.from_config(recipe(base)))
     assert eng.serves_adapter
 
     def run(coro, timeout=120):

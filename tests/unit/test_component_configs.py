@@ -32,7 +32,7 @@ OWN_SECTION = {
         "torch/settings.py",  # the trainer's sections, bundled at the edge
         "torch/trainer_eval.py",
         "torch/trainer_side.py",
-        "vllm/engine.py",
+        "vllm/settings.py",  # the engine's sections, bundled at the edge
         "vllm/rollout.py",
     },
     # the simulator runs a whole recipe: its run, cluster, search and fits are edges

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config.lora_config import VLLM_LORA_RANKS, VLLM_LORA_SLOTS
-from runtime.config.schema import Config
 from runtime.engines.vllm.devices import replica_devices, visible_devices
+from runtime.engines.vllm.settings import VLLMEngineConfig
 from runtime.engines.vllm.stat_logger import EngineStats, vllm_stat_logger
 from runtime.weights import lora_format
 from runtime.weights import nccl as weight_transfer
@@ -61,33 +61,33 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, cfg: Config, *, seed: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self, model_path: str, config: VLLMEngineConfig, *, seed: int = 0, rank: int = 0
+    ) -> None:
         _prepare_env()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        from runtime.workloads.agents.registry import NEEDS_STOP_STRINGS
-
-        e = cfg.engine
+        e = config.engine
         self.model_path = model_path
-        lora = cfg.model.lora
+        lora = config.model.lora
         # A LoRA run whose syncs send the adapter: the engine serves the frozen base with
         # the newest adapter loaded in place (``model.lora.sync: merged`` sends weights).
         self.serves_adapter = lora.syncs_adapter
         self._lora = lora
         self._zero_adapter_dir: Path | None = None
-        self.temperature = cfg.algorithm.temperature
+        self.temperature = config.temperature
         # Token ids in, token ids out; only stop strings (tool calls) need the tokenizer.
-        self.detokenize = cfg.workload.kind in NEEDS_STOP_STRINGS
+        self.detokenize = config.detokenize
         kwargs: dict[str, Any] = {
             "model": model_path,
-            "dtype": cfg.model.dtype,
+            "dtype": config.model.dtype,
             "enforce_eager": e.enforce_eager,
             "skip_tokenizer_init": not self.detokenize,
-            "max_model_len": cfg.model.max_seq_len,
+            "max_model_len": config.model.max_seq_len,
             "max_num_seqs": e.max_num_seqs,
             "seed": seed,
             "worker_extension_cls": "runtime.engines.vllm.worker_ext.ReflowWorkerExtension",
-            "tensor_parallel_size": cfg.resources.rollout_gpus_per_replica,
+            "tensor_parallel_size": config.resources.rollout_gpus_per_replica,
         }
         if e.kv_cache_memory_bytes:
             kwargs["kv_cache_memory_bytes"] = e.kv_cache_memory_bytes
@@ -99,7 +99,7 @@ class VLLMEngine:
             kwargs.update(lora_engine_args(lora.rank))
         # Sleep mode exists on CUDA only (engine creation fails with it on the CPU build),
         # and so does the NCCL weight transfer.
-        self.can_sleep = cfg.resources.device == "cuda"
+        self.can_sleep = config.resources.device == "cuda"
         if self.can_sleep:
             kwargs["enable_sleep_mode"] = True
             kwargs["weight_transfer_config"] = {"backend": "nccl"}
@@ -108,11 +108,11 @@ class VLLMEngine:
         self.devices = (
             replica_devices(
                 rank,
-                cfg.resources.rollout_gpus_per_replica,
-                cfg.resources.gpus_per_node,
+                config.resources.rollout_gpus_per_replica,
+                config.resources.gpus_per_node,
                 os.environ,
             )
-            if cfg.resources.device == "cuda"
+            if config.resources.device == "cuda"
             else None
         )
         self.stats = EngineStats()  # filled by vLLM's stat logging, once per engine step

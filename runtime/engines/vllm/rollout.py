@@ -43,6 +43,7 @@ from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.engines.vllm.engine import VLLMEngine
+from runtime.engines.vllm.settings import VLLMEngineConfig
 from runtime.rank.collective import Collective
 from runtime.rank.rollout_loop import RolloutSide
 from runtime.store.run_dir import RunPaths, fresh_private_dir
@@ -100,7 +101,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
         )
         self._thread.start()
         model_path = resolve_model_path(cfg.model.path)
-        self.engine = VLLMEngine(model_path, cfg, seed=cfg.train.seed + rank, rank=rank)
+        self.engine = VLLMEngine(
+            model_path, VLLMEngineConfig.from_config(cfg), seed=cfg.train.seed + rank, rank=rank
+        )
         # bounded like registration: a rank whose engine never comes up is not ready
         start_s = cfg.control.register_timeout_s
         self._await(self.engine.start(0), start_s, "engine start (control.register_timeout_s)")
