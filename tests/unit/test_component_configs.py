@@ -12,9 +12,9 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 
 # folder -> the modules of it (paths below the folder) that may read the whole config:
-# the edge that builds the others, and what is not converted yet (named, so that it
-# shrinks, never grows). Every runtime folder but the config layer itself is listed: a
-# new module that takes the whole run config fails here.
+# the edges that build the others (named, so that the list shrinks, never grows). Every
+# runtime folder but the config layer itself is listed: a new module that takes the whole
+# run config fails here.
 OWN_SECTION = {
     "runtime/weights": {"settings.py"},
     "runtime/control": {"run.py"},  # the run builds rank 0's components
@@ -23,12 +23,14 @@ OWN_SECTION = {
     "runtime/transport": set(),
     "runtime/rank": {"worker.py"},  # the hybrid worker builds its two sides
     "runtime/data": {"settings.py"},  # the prompt stream's sections, bundled at the edge
-    # agents' sections bundled at the edge; the trainer-side eval is not converted yet
+    # agents' sections bundled at the edge; the trainer-side eval goes with issue 53
     "runtime/workloads": {"agents/settings.py", "eval_sets.py"},
-    # the registry builds the sides; the sides and engines are not converted yet
+    # The registry builds the role sides; a side is its role's edge on a rank (as the
+    # hybrid worker is the rank's): it builds its engine, trainer, agents and weight path,
+    # each from its own sections. The trainer-side eval goes with issue 53.
     "runtime/engines": {
         "registry.py",
-        "synthetic.py",
+        "synthetic.py",  # the synthetic sides
         "torch/settings.py",  # the trainer's sections, bundled at the edge
         "torch/trainer_eval.py",
         "torch/trainer_side.py",
