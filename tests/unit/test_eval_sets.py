@@ -12,10 +12,11 @@ import torch
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.control.telemetry import eval_sets
 from runtime.data.codec import CharCodec
+from runtime.data.eval_scores import SetScores, pass_at_k
 from runtime.embedded.tiny_qwen3 import build_model
 from runtime.engines.torch.generate import ModelGenerator, cut_at_stop
 from runtime.engines.torch.trainer_eval import eval_names
-from runtime.workloads.eval_sets import SetScores, pass_at_k, score_set
+from runtime.workloads.eval_sets import score_set
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.unit
