@@ -41,6 +41,11 @@ from runtime.transport.envelope import (  # noqa: F401 - the protocol's public f
     message,
     message_types,
 )
+from runtime.transport.eval_messages import (  # noqa: F401 - the protocol's public face
+    EvalDone,
+    EvalTaskRecord,
+    EvalWork,
+)
 from runtime.transport.layout_messages import (  # noqa: F401 - the protocol's public face
     GONE_ROLE,
     LAYOUT_ROLES,
@@ -352,6 +357,9 @@ class WeightSync(Message):
     TYPE: ClassVar[str] = "weight_sync"
     policy_version: int
     layout_epoch: int
+    # a rollout driver pinned to an eval round's version takes part and keeps its weights
+    # (runtime/control/evals.py): received and dropped, as by an engine that has them
+    hold: bool = False
 
     def check(self) -> None:
         _require(self.policy_version >= 1 and self.layout_epoch >= 0, "bad version or epoch")

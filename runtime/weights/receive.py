@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 # A coroutine of the engine's part of an update; it returns the seconds the engine was
 # paused (requests held), which the rollout side books.
 Update = Coroutine[Any, Any, float]
-# A strategy: (the header, when the transfer began, settle) -> the engine's part, or None
-Strategy = Callable[[WeightsHeader, float, Callable[[], None]], Update | None]
+# A strategy: (the header, when the transfer began, settle, hold) -> the engine's part, or
+# None
+Strategy = Callable[[WeightsHeader, float, Callable[[], None], bool], Update | None]
 
 
 class PolicyReceiver:
@@ -69,25 +70,27 @@ class PolicyReceiver:
 
     # --- a transfer ----------------------------------------------------------------------
 
-    def receive(self, settle: Callable[[], None]) -> Update | None:
+    def receive(self, settle: Callable[[], None], hold: bool = False) -> Update | None:
         """Take part in the leader's next transfer (this rank's thread: the header, and the
         buckets where they come over the sync group). Returns the engine's part (None:
-        nothing to load); ``settle`` waits for the update in flight before it."""
+        nothing to load); ``settle`` waits for the update in flight before it. ``hold``:
+        the engine keeps the version it serves (pinned to an eval round,
+        runtime/control/evals.py): the transfer is received and dropped."""
         if self.group is None:
             return None
         start = time.perf_counter()
         header = p2p.receive_weights_header(self.group)
-        return self.strategies[header.transport](header, start, settle)
+        return self.strategies[header.transport](header, start, settle, hold)
 
     def _from_sync_group(
-        self, header: WeightsHeader, start: float, settle: Callable[[], None]
+        self, header: WeightsHeader, start: float, settle: Callable[[], None], hold: bool
     ) -> Update | None:
         assert self.group is not None
         weights = p2p.receive_all(self.group, header)
         received_s = time.perf_counter() - start
         settle()
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-        if not self.needs(header.version):
+        if hold or not self.needs(header.version):
             self._record(header.version, nbytes, received_s, 0.0, loaded=False)
             return None
         written = time.perf_counter()
@@ -107,21 +110,21 @@ class PolicyReceiver:
         return took  # paused, reloaded, resumed: requests held meanwhile
 
     def _from_nccl(
-        self, header: WeightsHeader, start: float, settle: Callable[[], None]
+        self, header: WeightsHeader, start: float, settle: Callable[[], None], hold: bool
     ) -> Update | None:
         settle()  # one update at a time, in version order
         assert self.group is not None
-        return self._load_nccl(header, self.group.epoch)
+        return self._load_nccl(header, self.group.epoch, hold)
 
-    async def _load_nccl(self, header: WeightsHeader, epoch: int) -> float:
+    async def _load_nccl(self, header: WeightsHeader, epoch: int, hold: bool = False) -> float:
         """Join the group if the header announces one, then receive into the model
-        (paused) or, with this version loaded already, receive and drop."""
+        (paused) or, with this version loaded already or ``hold``, receive and drop."""
         eng, timeout = self.engine, self.timeout_s
         if header.nccl is not None:
             await eng.join_transfer_group(header, self.rank, epoch, timeout)
         nbytes = sum(map(header.bucket_nbytes, range(len(header.buckets))))
         start = time.perf_counter()
-        if not self.needs(header.version):
+        if hold or not self.needs(header.version):
             await eng.drain_transfer(header, timeout)
             self._record(
                 header.version, nbytes, time.perf_counter() - start, 0.0, False, over_nccl=True

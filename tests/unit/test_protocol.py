@@ -83,6 +83,27 @@ EXAMPLES = [
         roles=["trainer", "rollout"],
     ),
     p.WeightSync(policy_version=3, layout_epoch=1),
+    p.WeightSync(policy_version=4, layout_epoch=1, hold=True),
+    p.EvalWork(
+        round_id=0,
+        policy_version=3,
+        tasks=[
+            {
+                "task_id": 0,
+                "set_name": "gsm8k",
+                "prompt": {"index": 4, "prompt_ids": [5, 6]},
+                "sample": 0,
+            },
+            {
+                "task_id": 1,
+                "set_name": "gsm8k",
+                "prompt": {"index": 4, "prompt_ids": [5, 6]},
+                "sample": 1,
+            },
+        ],
+    ),
+    p.EvalDone(rank=2, round_id=0, task_id=1, policy_version=3, reward=0.5),
+    p.EvalDone(rank=2, round_id=0, task_id=0, policy_version=3, reward=None, reason="no room"),
     p.RoleSwitch(layout_epoch=2, roles=["trainer", "rollout"]),
     p.Lend(layout_epoch=3, roles=["rollout", "rollout"], lent=True),
     p.Stop(reason="x"),
@@ -629,3 +650,47 @@ def test_a_sample_is_checked_against_the_fields_its_message_carries():
     batch_only = Wire(list[int] | None, done=False, per_token=True)
     with pytest.raises(p.ProtocolError, match="extra length"):
         check_sample({**record, "extra": [1]}, frames, {**DONE_FIELDS, "extra": batch_only})
+
+
+def eval_task(**over):
+    return {
+        "task_id": 0,
+        "set_name": "s",
+        "prompt": {"index": 0, "prompt_ids": [3]},
+        "sample": 0,
+        **over,
+    }
+
+
+@pytest.mark.parametrize(
+    ("tasks", "reason"),
+    [
+        ([eval_task(), eval_task()], "repeated task id"),
+        ([eval_task(task_id=-1)], "bad or repeated task id"),
+        ([eval_task(set_name="")], "bad eval set name"),
+        ([eval_task(sample=65)], "bad sample number"),
+        ([eval_task(prompt={"index": 0})], "without ids"),
+        ([eval_task(prompt={"prompt_ids": []})], "without ids"),
+        ([eval_task(prompt={"prompt_ids": [-3]})], "bad prompt token id"),
+    ],
+)
+def test_eval_work_the_run_cannot_have_made_is_refused(tasks, reason):
+    head = {"v": p.PROTOCOL_VERSION, "type": "eval_work", "round_id": 0, "policy_version": 1}
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([header(**head, tasks=tasks)])
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"task_id": -1}, "negative id"),
+        ({"reward": float("nan")}, "wrong type"),  # the envelope takes finite floats only
+        ({"reward": "1.0"}, "wrong type"),
+        ({"reason": "x" * 501}, "reason too long"),
+    ],
+)
+def test_an_eval_result_with_impossible_values_is_refused(fields, reason):
+    head = {"v": p.PROTOCOL_VERSION, "type": "eval_done", "rank": 1, "round_id": 0}
+    body = {"task_id": 0, "policy_version": 1, "reward": 1.0, "reason": "", **fields}
+    with pytest.raises(p.ProtocolError, match=reason):
+        p.decode([header(**head, **body)])

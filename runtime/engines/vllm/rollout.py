@@ -224,7 +224,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     def observe(self, msg: p.Message, now: float) -> None:
         if isinstance(msg, p.WeightSync):
-            self._receive_weights(wait=False)
+            self._receive_weights(wait=False, hold=msg.hold)
 
     # --- RoleSide ----------------------------------------------------------------------
 
@@ -297,10 +297,11 @@ class VLLMRolloutSide(RolloutSide[Future]):
         """One record per weight sync received (bytes, seconds, GB/s)."""
         return self.receiver.records
 
-    def _receive_weights(self, *, wait: bool) -> None:
+    def _receive_weights(self, *, wait: bool, hold: bool = False) -> None:
         """Take part in the leader's weight transfer and load it into the engine (requests
-        in flight are held and resumed). ``wait``: until the engine has the weights."""
-        update = self.receiver.receive(self._settle)
+        in flight are held and resumed). ``wait``: until the engine has the weights.
+        ``hold``: keep the version served (an eval round's): received and dropped."""
+        update = self.receiver.receive(self._settle, hold)
         if update is not None:
             self._updating = self._call(self._paused(update))
         if wait:
