@@ -17,6 +17,9 @@ TRAINER_ENGINES: dict[str, str] = {
     "synthetic": "runtime.engines.synthetic:synthetic_trainer",
     "torch": "runtime.engines.torch.trainer_side:TorchTrainerSide",
 }
+# Rollout engines that play the held-out eval sets themselves (runtime/control/evals.py):
+# with another engine the trainer leader plays them (runtime/engines/torch/trainer_eval.py).
+EVAL_ROLLOUT_ENGINES = frozenset({"vllm"})
 PROMPT_SOURCES: dict[str, str] = {
     "embedded:synthetic": "runtime.engines.synthetic:synthetic_prompts",
     "embedded:arith": "runtime.embedded.arith:arith_prompts",

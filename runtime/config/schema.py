@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.config import modes
+from runtime.config.engine_names import EVAL_ROLLOUT_ENGINES
 from runtime.config.fields import opt
 from runtime.config.lora_config import LoraConfig
 from runtime.config.modes import BASELINES as BASELINES
@@ -517,6 +518,9 @@ class EvalConfig:
     temperature: float = opt(1.0, "sampling temperature of those k episodes", gt=0)
     max_prompts: int = opt(64, "prompts per set: the first ones of its file, in order", ge=1)
     solved_at: float = opt(1.0, "an episode with at least this reward counts as solved (pass@k)")
+    timeout_s: float = opt(
+        1800.0, "an eval round on the rollout engines longer than this ends incomplete", gt=0
+    )
 
 
 @dataclass
@@ -542,6 +546,12 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.resources.nodes * self.resources.gpus_per_node
+
+    @property
+    def evals_on_rollout(self) -> bool:
+        """Whether the rollout engines play the ``data.eval`` sets (rank 0's eval rounds,
+        runtime/control/evals.py), not the trainer leader."""
+        return bool(self.data.eval) and self.engine.rollout in EVAL_ROLLOUT_ENGINES
 
 
 # Engine pairs whose trainer broadcasts weights to the rollout engines over

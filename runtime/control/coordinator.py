@@ -29,6 +29,7 @@ from runtime.config.layout import LayoutError, Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS, needs_collective
 from runtime.control import (
     colocation,
+    eval_work,
     hand_over,
     lends,
     lifecycle,
@@ -188,6 +189,7 @@ class Coordinator(Run):
                 out += self._wait_for_parked(now)
         out += colocation.advance(self)
         out += lends.poll(self)
+        out += eval_work.tick(self)
         self.check_ended()
         return out
 
@@ -275,7 +277,8 @@ class Coordinator(Run):
         }
         self.members.declare_lost(record, out_of_groups=needs_collective(self.cfg))
         self.rebalance.forget(w.rank)  # a switch under way no longer waits for it
-        return [(w.identity, p.Stop(reason=f"declared lost: {why}"))]
+        ended = eval_work.rank_lost(self, w.rank)  # its eval round, if pinned: incomplete
+        return [(w.identity, p.Stop(reason=f"declared lost: {why}")), *ended]
 
     def _survivable(self, w: WorkerInfo) -> bool:
         """A dead rank the run can go on without: a rollout rank, the driver of another
@@ -360,6 +363,7 @@ HANDLERS: dict[type[p.Message], Handler] = {
     p.StepDone: training.on_step_done,
     p.CheckpointSaved: lifecycle.on_checkpoint_saved,
     p.Parked: hand_over.on_parked,
+    p.EvalDone: eval_work.on_eval_done,
     # clients (reflow status / rebalance / allocator / stop)
     p.StatusRequest: Coordinator._on_status_request,
     p.RebalanceRequest: Coordinator._on_rebalance,

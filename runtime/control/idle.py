@@ -69,6 +69,9 @@ ROLLOUT_CAUSES = (
     "token_budget",
     "weight_sync",
     "role_switch",
+    # held for an eval round: the pinned driver with no episode left to hand out, or a
+    # driver that serves a round's version until a sync brings it the current one
+    "eval_hold",
     "between_turns",
     "between_requests",
 )

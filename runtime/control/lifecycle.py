@@ -182,6 +182,7 @@ def coordinator_state(c: Run) -> dict[str, Any]:
         "consumed_total": c.counters.consumed_total,
         "generated_tokens": c.counters.generated_tokens,
         "evals": dict(c.reports.evals),
+        "eval_rounds": c.evals.state_dict() if c.evals is not None else None,
         "auto_rebalance": c.auto_rebalance,
         "saved_at": c.wall(),
     }
@@ -203,3 +204,5 @@ def restore(c: Run, state: dict[str, Any], source: str = "") -> None:
     c.rebalance.resume(saved_layout, bool(state["auto_rebalance"]), c.step)
     brief = {"from": source, "step": c.step, "policy_version": c.policy_version}
     c.resumed_from(int(state["attempt"]) + 1, state["evals"], {**brief, "buffer": c.data.digest()})
+    if c.evals is not None and state.get("eval_rounds"):  # (none before eval rounds)
+        c.evals.load_state_dict(state["eval_rounds"])

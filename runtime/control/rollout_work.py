@@ -17,7 +17,7 @@ accounting are per driver, that is per replica.
 from __future__ import annotations
 
 from runtime.config.layout import Role
-from runtime.control import colocation, lends, telemetry
+from runtime.control import colocation, eval_work, lends, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
@@ -41,6 +41,10 @@ def on_work_request(c: Run, identity: bytes, msg: p.WorkRequest) -> list[Outgoin
     if msg.rank in c.members.lost:  # rejoining: no work before the epoch that brings the weights
         return [(identity, wire.work_message(requests, c.policy_version))]
     if c.state == RunState.RUNNING and c.layout.role_of(msg.rank) == Role.ROLLOUT:
+        eval_work.at_first_work(c)
+        for_evals = eval_work.work_for(c, msg.rank, msg.slots)
+        if for_evals is not None:  # the pinned driver's episodes, or none for a while
+            return [(identity, for_evals)]
         gen = c.generation
         running = c.data.running_at(msg.rank)
         in_tools = tools_waiting(c, msg, running)

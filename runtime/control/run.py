@@ -23,6 +23,7 @@ from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
 from runtime.control.data_plane import DataPlane
 from runtime.control.decode_rates import EngineRateProfile
+from runtime.control.evals import EvalRecord, EvalRounds
 from runtime.control.idle import IdleBook
 from runtime.control.membership import Membership, Outgoing, WorkerInfo
 from runtime.control.message_book import MessageBook
@@ -97,6 +98,28 @@ class RunReports:
         self.last_metrics = dict(metrics)
         self.evals.update({k: v for k, v in metrics.items() if k.startswith("eval")})
 
+    def eval_round(self, record: EvalRecord) -> None:
+        """An eval round on the rollout engines ended: its metrics line, under the step
+        that published the version it measured (the start's figures as ``eval_start/``,
+        as the trainer-side path names them), and its figures for the summary."""
+        figures = (
+            {"eval_start/" + k.removeprefix("eval/"): v for k, v in record.figures.items()}
+            if record.when == "start"
+            else dict(record.figures)
+        )
+        self.evals.update(figures)
+        self.new_lines.append(
+            {
+                "step": record.step,
+                "eval_version": record.version,
+                "eval_s": round(record.seconds, 3),
+                "eval_complete": record.complete,
+                "eval_missing": record.missing,
+                **({"eval_reason": record.reason} if record.reason else {}),
+                **figures,
+            }
+        )
+
     def drain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The metrics and samples lines since the last call (the server writes them)."""
         out = self.new_lines, self.new_samples
@@ -115,9 +138,12 @@ class Run:
         wall: Callable[[], float] = time.time,
         save_checkpoint: SaveCheckpoint | None = None,
         vocab_size: int | None = None,
+        eval_prompts: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         """``vocab_size``: the rollout model's vocabulary, the bound on every token id a
-        sample may carry (None: any non-negative id, as for simulated engines)."""
+        sample may carry (None: any non-negative id, as for simulated engines).
+        ``eval_prompts``: the ``data.eval`` sets' prompts, rendered, when the rollout
+        engines play them (``Config.evals_on_rollout``; None: no eval rounds)."""
         self.cfg = cfg
         self.run = run
         self.clock = clock
@@ -167,6 +193,12 @@ class Run:
         self._next_overdue_check = 0.0
         self.messages = MessageBook()  # taken, refused by category, undeliverable replies
         self.reports = RunReports()
+        # held-out eval rounds on a pinned rollout replica (runtime/control/eval_work.py)
+        self.evals = (
+            EvalRounds(eval_prompts, cfg.eval.k, cfg.eval.solved_at, cfg.eval.timeout_s, clock)
+            if eval_prompts
+            else None
+        )
 
     # --- read by the handlers, the server, the tests and the simulator -----------------
 
@@ -334,9 +366,22 @@ class Run:
         ]
 
     def weight_sync(self) -> list[Outgoing]:
-        """Tell the ranks of :meth:`weight_sync_ranks` to run the weight broadcast."""
+        """Tell the ranks of :meth:`weight_sync_ranks` to run the weight broadcast; a
+        rollout driver pinned to an eval round takes part and keeps its weights."""
         msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
-        return self.members.send(msg, self.weight_sync_ranks())
+        ranks = self.weight_sync_ranks()
+        pinned = self.evals.pinned if self.evals is not None else None
+        if pinned is None:
+            if self.evals is not None:
+                self.evals.synced(ranks)
+            return self.members.send(msg, ranks)
+        held = p.WeightSync(
+            policy_version=self.policy_version, layout_epoch=self.layout_epoch, hold=True
+        )
+        others = [r for r in ranks if r != pinned]
+        assert self.evals is not None
+        self.evals.synced(others)
+        return self.members.send(msg, others) + self.members.send(held, [pinned])
 
     def regroup_without_lost(self) -> list[Outgoing]:
         """A new epoch of the same layout once a rank is lost, so the live ranks rebuild

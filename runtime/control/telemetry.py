@@ -144,6 +144,7 @@ def summary(c: Run) -> dict[str, Any]:
         "eval_reward_start": c.reports.evals.get("eval_reward_start"),
         "eval_reward_end": c.reports.evals.get("eval_reward_end"),
         "evals": eval_sets(c.reports.evals),
+        "eval_rounds": [r.as_dict() for r in c.evals.records] if c.evals is not None else [],
         "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
         # tokens and seconds of the rollout engines by running requests (heartbeats)
         "rollout_decode_by_concurrency": c.engine_profile.summary(),
@@ -198,6 +199,8 @@ def status(c: Run) -> dict[str, Any]:
             **c.data.waste(),
         },
         "evals": eval_sets(c.reports.evals),
+        # the rollout engines' eval rounds: the last finished, the one in flight
+        "eval_rounds": c.evals.status() if c.evals is not None else None,
         "lends": c.lends.status() if c.lends is not None else None,
         "allocator": {
             "auto": c.auto_rebalance,

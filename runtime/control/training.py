@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from runtime.config.layout import Role
 from runtime.config.schema import DATA_PARALLEL_TRAINERS
-from runtime.control import colocation, lends, lifecycle, telemetry
+from runtime.control import colocation, eval_work, lends, lifecycle, telemetry
 from runtime.control.membership import Outgoing
 from runtime.control.replay_buffer import Batch
 from runtime.control.run import Run
@@ -70,12 +70,16 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
             line["placement"] = decision
     c.reports.step(line, msg.metrics)
     if c.step >= train.steps:
+        out = eval_work.final_round(c)  # the last version's eval: the run completes after
+        if c.evals is not None and c.evals.closing:
+            return out
         return c.finish(RunState.COMPLETED, f"reached step {c.step}")
     out: list[Outgoing] = []
     if c.step % train.sync_every == 0 and not colocation.is_colocated(c):
         # Weights first: the sync group of the current layout takes part in the
         # broadcast, then a pending layout (if any) regroups everyone.
         out = c.weight_sync() + c.apply_pending_layout()
+        eval_work.after_sync(c, c.step - train.sync_every)
     stop = c.ckpt.take_stop_after_step()
     if stop is not None:
         out += lifecycle.checkpoint_then_stop(c, stop)
@@ -112,6 +116,8 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
         return []
     if c.state != RunState.RUNNING or c.layout.role_of(msg.rank) != Role.TRAINER:
         return [(identity, p.BatchWait(reason=f"run is {c.state}"))]
+    if c.step >= c.cfg.train.steps:  # the last step is trained; the end's eval runs
+        return [(identity, p.BatchWait(reason="training done: the last eval runs"))]
     if c.batch_in_flight is not None:
         batch = c.data.batches.get(c.batch_in_flight)
         if msg.rank == 0 and msg.last_batch_id != c.batch_in_flight and batch is not None:

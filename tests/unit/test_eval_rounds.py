@@ -23,7 +23,12 @@ class Clock:
 
 
 def rounds(sets=None, k=2, timeout_s=600.0, clock=None) -> EvalRounds:
-    return EvalRounds(sets or {"gsm": 3, "mbpp": 2}, k, 1.0, timeout_s, clock or Clock())
+    sizes = sets or {"gsm": 3, "mbpp": 2}
+    prompts = {
+        name: [{"index": 10 + i, "prompt_ids": [1, i]} for i in range(n)]
+        for name, n in sizes.items()
+    }
+    return EvalRounds(prompts, k, 1.0, timeout_s, clock or Clock())
 
 
 def reward_of(task) -> float:
@@ -44,8 +49,9 @@ def test_a_round_hands_the_pinned_rank_every_episode_and_counts_as_the_trainer_s
     assert not ev.takes_training_work(2) and ev.takes_training_work(1)
     tasks = ev.take(2, 4) + ev.take(2, 100)
     assert len(tasks) == 15 and len({t.task_id for t in tasks}) == 15
+    assert ev.prompt_of(tasks[-1]) == {"index": 11, "prompt_ids": [1, 1]}
     clock.t = 42.0
-    results = [ev.finished(2, r.round_id, t.task_id, reward_of(t)) for t in tasks]
+    results = [ev.finished(2, r.round_id, t.task_id, reward_of(t), 3) for t in tasks]
     assert results[:-1] == [True] * 14
     record = results[-1]
     assert record.complete and record.missing == 0 and record.reason == ""
@@ -73,8 +79,8 @@ def test_an_episode_without_a_score_counts_zero_and_is_counted():
     ev = rounds({"s": 1}, k=1)
     r = ev.start(1, 1, "step", 0)
     a, b = ev.take(0, 2)
-    assert ev.finished(0, r.round_id, a.task_id, None, "no room") is True
-    record = ev.finished(0, r.round_id, b.task_id, 1.0)
+    assert ev.finished(0, r.round_id, a.task_id, None, 1, "no room") is True
+    record = ev.finished(0, r.round_id, b.task_id, 1.0, 1)
     assert record.complete and record.figures["eval/s/unscored"] == 1.0
     assert record.figures["eval/s/greedy"] == 0.0 and record.figures["eval/s/mean@1"] == 1.0
 
@@ -94,19 +100,19 @@ def test_results_the_round_cannot_have_asked_for_are_refused(rank, round_offset,
     ev = rounds({"s": 1}, k=1)
     r = ev.start(1, 1, "step", 0)
     ev.take(0, 1)  # task 0 is out, task 1 is not
-    assert ev.finished(rank, r.round_id + round_offset, task, reward) is False
+    assert ev.finished(rank, r.round_id + round_offset, task, reward, 1) is False
     assert ev.refused == {why: 1}
     # a refused bad reward leaves the task owed: the right answer still counts
     if why == "bad_reward":
-        assert ev.finished(0, r.round_id, 0, 1.0) is True
+        assert ev.finished(0, r.round_id, 0, 1.0, 1) is True
 
 
 def test_a_duplicate_result_is_refused():
     ev = rounds({"s": 1}, k=1)
     r = ev.start(1, 1, "step", 0)
     (t,) = ev.take(0, 1)
-    assert ev.finished(0, r.round_id, t.task_id, 1.0) is True
-    assert ev.finished(0, r.round_id, t.task_id, 1.0) is False
+    assert ev.finished(0, r.round_id, t.task_id, 1.0, 1) is True
+    assert ev.finished(0, r.round_id, t.task_id, 1.0, 1) is False
     assert ev.refused == {"not_out": 1}
 
 
@@ -114,9 +120,9 @@ def test_losing_the_pinned_rank_ends_the_round_incomplete_never_silently_short()
     ev = rounds({"s": 2}, k=1)
     r = ev.start(5, 10, "step", 3)
     tasks = ev.take(3, 4)
-    ev.finished(3, r.round_id, tasks[0].task_id, 1.0)
-    ev.finished(3, r.round_id, tasks[1].task_id, 0.0)  # prompt 0 complete
-    ev.finished(3, r.round_id, tasks[2].task_id, 1.0)  # prompt 1 half
+    ev.finished(3, r.round_id, tasks[0].task_id, 1.0, 5)
+    ev.finished(3, r.round_id, tasks[1].task_id, 0.0, 5)  # prompt 0 complete
+    ev.finished(3, r.round_id, tasks[2].task_id, 1.0, 5)  # prompt 1 half
     assert ev.rank_lost(1) is None  # another rank: nothing happens
     record = ev.rank_lost(3)
     assert not record.complete and record.reason == "rank 3 lost" and record.missing == 1
@@ -124,7 +130,7 @@ def test_losing_the_pinned_rank_ends_the_round_incomplete_never_silently_short()
     assert record.figures["eval/s/prompts"] == 1.0
     assert record.figures["eval/s/greedy"] == 1.0
     assert ev.pinned is None and 3 not in ev.stale
-    assert ev.finished(3, r.round_id, tasks[3].task_id, 1.0) is False  # too late
+    assert ev.finished(3, r.round_id, tasks[3].task_id, 1.0, 5) is False  # too late
 
 
 def test_a_round_that_runs_past_its_timeout_ends_incomplete():
@@ -145,7 +151,7 @@ def test_one_round_at_a_time_and_one_round_per_version():
     r = ev.start(1, 1, "step", 0)
     assert ev.start(2, 2, "step", 1) is None and ev.skipped == 1
     for t in ev.take(0, 2):
-        ev.finished(0, r.round_id, t.task_id, 1.0)
+        ev.finished(0, r.round_id, t.task_id, 1.0, 1)
     assert ev.start(1, 1, "end", 0) is None  # version 1 has its record
     assert ev.start(2, 2, "step", 1) is not None
 
@@ -159,7 +165,7 @@ def test_a_resume_keeps_finished_rounds_and_does_not_evaluate_them_again():
     ev = rounds({"s": 1}, k=1)
     r = ev.start(0, 0, "start", 1)
     for t in ev.take(1, 2):
-        ev.finished(1, r.round_id, t.task_id, 1.0)
+        ev.finished(1, r.round_id, t.task_id, 1.0, 0)
     ev.start(1, 2, "step", 1)  # in flight at the checkpoint: not kept
     state = ev.state_dict()
     assert state["interrupted"] == 1
@@ -181,13 +187,25 @@ def test_status_shows_the_last_round_and_the_one_in_flight():
     assert st["last"] is None
     assert st["in_flight"] == {"version": 0, "rank": 1, "done": 0, "total": 2, "seconds": 2.0}
     for t in ev.take(1, 2):
-        ev.finished(1, r.round_id, t.task_id, 1.0)
+        ev.finished(1, r.round_id, t.task_id, 1.0, 0)
     st = ev.status()
     assert st["in_flight"] is None and st["last"]["version"] == 0 and st["last"]["complete"]
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="k >= 1"):
-        EvalRounds({"s": 1}, 0, 1.0, 10.0, Clock())
+        EvalRounds({"s": [{"prompt_ids": [1]}]}, 0, 1.0, 10.0, Clock())
     with pytest.raises(ValueError, match="timeout_s > 0"):
-        EvalRounds({"s": 1}, 1, 1.0, 0.0, Clock())
+        EvalRounds({"s": [{"prompt_ids": [1]}]}, 1, 1.0, 0.0, Clock())
+
+
+def test_an_episode_of_another_version_ends_the_round_incomplete():
+    # the pinned rank did not hold the round's weights: what it plays is not version 4
+    ev = rounds({"s": 2}, k=1)
+    r = ev.start(4, 8, "step", 1)
+    a, b, c, _ = ev.take(1, 4)
+    assert ev.finished(1, r.round_id, a.task_id, 1.0, 4) is True
+    assert ev.finished(1, r.round_id, b.task_id, 1.0, 4) is True
+    record = ev.finished(1, r.round_id, c.task_id, 1.0, 5)
+    assert not record.complete and record.reason == "rank 1 served version 5, not 4"
+    assert record.missing == 2 and record.figures["eval/s/prompts"] == 1.0

@@ -1,0 +1,143 @@
+"""Held-out evals on the rollout engines at rank 0: when a round starts, what the pinned
+rollout driver is handed, what its results change (runtime/control/evals.py keeps the
+rounds and says why one replica is pinned).
+
+- **When.** At the start of a run (not of a resumed one: its start was evaluated before),
+  version 0, once a rollout driver asks for work; after each weight sync that crosses a
+  multiple of ``train.eval_every``, the version that sync published; and after the last
+  step, whose version a weight sync sends to the rollout drivers for it: the run completes
+  once that round ends (complete, or incomplete after ``eval.timeout_s``).
+- **Where.** The live rollout driver with the fewest requests out. Its weight syncs are
+  held (``WeightSync.hold``) while the round runs, and it gets no training work from the
+  round's start until a sync has reached it after the round.
+- **What comes back.** ``EvalDone`` per episode, checked by the book; a finished round
+  writes its figures into the metrics under the step that published its version
+  (``eval/<set>/<figure>``, ``eval_start/...`` for the start's, with ``eval_version``,
+  ``eval_s``, ``eval_complete``), into the summary and ``reflow status``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.control.evals import EvalRecord, EvalTask
+from runtime.control.membership import Outgoing
+from runtime.control.run import Run
+from runtime.transport import protocol as p
+from runtime.transport.states import RunState
+
+
+def pick_driver(c: Run) -> int | None:
+    """The live rollout driver with the fewest requests out (None: there is none)."""
+    drivers = [r for r in c.sync_receivers() if r not in c.members.lost]
+    return min(drivers, key=lambda r: (c.data.running_at(r), r), default=None)
+
+
+def start_round(c: Run, when: str) -> bool:
+    """A round of the current policy version, if one is due and a driver can take it."""
+    ev = c.evals
+    if ev is None or not ev.enabled or ev.evaluated(c.policy_version):
+        return False
+    rank = pick_driver(c)
+    if rank is None:
+        return False
+    return ev.start(c.policy_version, c.step, when, rank) is not None
+
+
+def at_first_work(c: Run) -> None:
+    """Before any step of a run that did not resume: the initial policy's round."""
+    ev = c.evals
+    first = c.step == 0 and c.life.resumed is None
+    if ev is not None and first and not ev.records and ev.active is None:
+        start_round(c, "start")
+
+
+def after_sync(c: Run, previous_sync_step: int) -> None:
+    """A weight sync after step ``c.step`` published a version: a round of it if a
+    multiple of ``train.eval_every`` lies in ``(previous_sync_step, c.step]``."""
+    every = c.cfg.train.eval_every
+    if every and c.step // every > previous_sync_step // every:
+        start_round(c, "step")
+
+
+def final_round(c: Run) -> list[Outgoing]:
+    """The last step is trained: its version to the rollout drivers and its round, or
+    nothing (the run completes at once) when no round can run."""
+    ev = c.evals
+    if ev is None or not ev.enabled or ev.evaluated(c.policy_version):
+        return []
+    out = c.weight_sync()  # the last step syncs no weights for training: this one is for it
+    if not start_round(c, "end"):
+        return []
+    ev.closing = True
+    return out
+
+
+def work_for(c: Run, rank: int, slots: int) -> p.Message | None:
+    """The answer to a work request of ``rank`` when evals decide it: episodes for the
+    pinned driver, nothing for one that still serves a round's version (None: training
+    work as usual)."""
+    ev = c.evals
+    if ev is None:
+        return None
+    if ev.pinned == rank:
+        r = ev.active
+        assert r is not None
+        tasks = ev.take(rank, slots)
+        c.idle.rank_is(rank, None if tasks else "eval_hold", c.clock(), 0.0)
+        return p.EvalWork(
+            round_id=r.round_id,
+            policy_version=r.version,
+            tasks=[task_record(ev.prompt_of(t), t) for t in tasks],
+        )
+    if not ev.takes_training_work(rank) or ev.closing:
+        c.idle.rank_is(rank, "eval_hold", c.clock())
+        return p.Work(policy_version=c.policy_version, requests=[])
+    return None
+
+
+def task_record(prompt: dict[str, Any], t: EvalTask) -> p.EvalTaskRecord:
+    return {"task_id": t.task_id, "set_name": t.set_name, "prompt": prompt, "sample": t.sample}
+
+
+def on_eval_done(c: Run, identity: bytes, msg: p.EvalDone) -> list[Outgoing]:
+    if c.known(identity, msg.rank) is None or c.evals is None:
+        return []
+    result = c.evals.finished(
+        msg.rank, msg.round_id, msg.task_id, msg.reward, msg.policy_version, msg.reason
+    )
+    if result is False:
+        c.messages.reject("eval_result")
+        return []
+    return ended(c, result) if isinstance(result, EvalRecord) else []
+
+
+def tick(c: Run) -> list[Outgoing]:
+    """A round past its timeout, or whose rank no longer drives a rollout replica (a
+    layout change took it), ends incomplete."""
+    ev = c.evals
+    if ev is None:
+        return []
+    record = ev.tick()
+    if record is None and ev.pinned is not None and ev.pinned not in c.sync_receivers():
+        record = ev.abandon(f"rank {ev.pinned} left the rollout pool")
+    return ended(c, record) if record is not None else []
+
+
+def rank_lost(c: Run, rank: int) -> list[Outgoing]:
+    if c.evals is None:
+        return []
+    record = c.evals.rank_lost(rank)
+    return ended(c, record) if record is not None else []
+
+
+def ended(c: Run, record: EvalRecord) -> list[Outgoing]:
+    """A round ended: its figures into the metrics and the reports; the end's round
+    completes the run."""
+    c.reports.eval_round(record)
+    ev = c.evals
+    assert ev is not None
+    if ev.closing and ev.active is None and c.state == RunState.RUNNING:
+        ev.closing = False
+        return c.finish(RunState.COMPLETED, f"reached step {c.step}")
+    return []

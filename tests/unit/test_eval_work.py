@@ -1,0 +1,187 @@
+"""Eval rounds in the run (runtime/control/eval_work.py), driven through the coordinator
+with a fake clock: the start's round, a round after a sync that crosses eval_every, steps
+going on while one runs, held weight syncs, the end's round before the run completes, a
+lost pinned rank, and a resume that does not evaluate a version again."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config.recipe import build_config
+from runtime.control.coordinator import Coordinator
+from runtime.transport import protocol as p
+from tests.unit.test_coordinator import Clock, ident, register_all, train_step
+
+pytestmark = pytest.mark.unit
+
+PROMPTS = {
+    "alpha": [{"index": 0, "prompt_ids": [5, 6]}, {"index": 3, "prompt_ids": [7]}],
+    "beta": [{"index": 1, "prompt_ids": [8, 9, 10]}],
+}
+
+
+def make(clock: Clock, steps: int = 4, **sections) -> Coordinator:
+    raw = {
+        "resources": {"gpus_per_node": 4, "initial_ratio": "2:2"},
+        "train": {"steps": steps, "sync_every": 1, "eval_every": 2},
+        "eval": {"k": 1, "timeout_s": 60},
+        **sections,
+    }
+    return Coordinator(build_config(raw), run="t", clock=clock, wall=clock, eval_prompts=PROMPTS)
+
+
+def ask(c: Coordinator, rank: int, slots: int = 16) -> p.Message:
+    ((_, answer),) = c.handle(ident(rank), p.WorkRequest(rank=rank, slots=slots))
+    return answer
+
+
+def play(c: Coordinator, rank: int, work: p.EvalWork, reward=lambda t: 1.0) -> list:
+    out = []
+    for t in work.tasks:
+        done = p.EvalDone(
+            rank=rank,
+            round_id=work.round_id,
+            task_id=t["task_id"],
+            policy_version=work.policy_version,
+            reward=reward(t),
+        )
+        out += c.handle(ident(rank), done)
+    return out
+
+
+def eval_lines(c: Coordinator) -> list[dict]:
+    return [line for line in c.reports.new_lines if "eval_version" in line]
+
+
+def test_rounds_at_the_start_every_n_steps_and_at_the_end_while_training_goes_on():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    rollout = c.sync_receivers()
+    assert rollout == [2, 3]
+    # the first driver to ask is pinned to version 0 and gets every episode of the round
+    work = ask(c, 2)
+    assert isinstance(work, p.EvalWork) and work.policy_version == 0
+    assert len(work.tasks) == (2 + 1) * 2  # greedy + k=1 sampled per prompt
+    assert {t["prompt"]["index"] for t in work.tasks} == {0, 1, 3}
+    assert c.evals.pinned == 2
+    # the other driver gets training work; the pinned one asks again and gets none
+    assert isinstance(ask(c, 3), p.Work)
+    again = ask(c, 2)
+    assert isinstance(again, p.EvalWork) and again.tasks == []
+
+    # a step while the round runs: its weight sync is held for the pinned driver
+    out = train_step(c, 1)
+    syncs = {to: m for to, m in out if isinstance(m, p.WeightSync)}
+    assert syncs[ident(2)].hold and not syncs[ident(3)].hold and not syncs[ident(0)].hold
+    assert c.step == 1  # training did not wait for the eval
+
+    clock.t += 5.0
+    play(c, 2, work, reward=lambda t: 1.0 if t["set_name"] == "alpha" else 0.0)
+    (start,) = eval_lines(c)
+    assert start["step"] == 0 and start["eval_version"] == 0 and start["eval_complete"]
+    assert start["eval_start/alpha/greedy"] == 1.0 and start["eval_start/beta/greedy"] == 0.0
+    assert start["eval_s"] == pytest.approx(5.0)
+    # done, but still at version 0: no training work until a sync reaches it
+    assert c.evals.pinned is None
+    answer = ask(c, 2)
+    assert isinstance(answer, p.Work) and answer.requests == []
+
+    # step 2 crosses eval_every: a sync (rank 2 now takes version 2), then its round
+    out = train_step(c, 2)
+    syncs = {to: m for to, m in out if isinstance(m, p.WeightSync)}
+    assert not syncs[ident(2)].hold
+    r = c.evals.active
+    assert r is not None and (r.version, r.step, r.when) == (2, 2, "step")
+    pinned = c.evals.pinned
+    work = ask(c, pinned)
+    assert isinstance(work, p.EvalWork) and work.policy_version == 2
+
+    train_step(c, 3)  # steps go on while it runs
+    assert c.step == 3
+    play(c, pinned, work)
+    assert [line["eval_version"] for line in eval_lines(c)] == [0, 2]
+    assert eval_lines(c)[1]["step"] == 2 and eval_lines(c)[1]["eval/alpha/pass@1"] == 1.0
+
+    # the last step: its version to the drivers, its round, then the run completes
+    out = train_step(c, 4)
+    assert c.state == "RUNNING" and c.evals.closing
+    assert {m.policy_version for _, m in out if isinstance(m, p.WeightSync)} == {4}
+    ((_, wait),) = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+    assert isinstance(wait, p.BatchWait)  # no fifth step
+    other = next(r for r in (2, 3) if r != c.evals.pinned)
+    answer = ask(c, other)
+    assert isinstance(answer, p.Work) and answer.requests == []  # no training work now
+    work = ask(c, c.evals.pinned)
+    out = play(c, c.evals.pinned, work)
+    assert c.state == "COMPLETED"
+    assert any(isinstance(m, p.Stop) for _, m in out)
+    summary = c.summary()
+    assert [r["version"] for r in summary["eval_rounds"]] == [0, 2, 4]
+    assert summary["evals"]["alpha"]["last"]["greedy"] == 1.0
+    assert c.status()["eval_rounds"]["last"]["when"] == "end"
+
+
+def test_a_result_of_another_round_or_rank_is_refused_and_counted():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    work = ask(c, 2)
+    t = work.tasks[0]["task_id"]
+    done = p.EvalDone(rank=3, round_id=work.round_id, task_id=t, policy_version=0, reward=1.0)
+    assert c.handle(ident(3), done) == []
+    assert c.messages.rejected["eval_result"] == 1
+    assert c.evals.refused == {"not_pinned": 1}
+
+
+def test_losing_the_pinned_rank_ends_its_round_incomplete():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    work = ask(c, 2)
+    play(c, 2, p.EvalWork(round_id=work.round_id, policy_version=0, tasks=work.tasks[:2]))
+    c.lose_rank(c.workers[2], "test: killed")
+    (line,) = eval_lines(c)
+    assert not line["eval_complete"] and line["eval_missing"] == 4
+    assert line["eval_reason"] == "rank 2 lost"
+    assert line["eval_start/alpha/prompts"] == 1.0  # the prompt whose episodes came back
+
+
+def test_a_round_past_its_timeout_ends_incomplete_and_the_end_completes_the_run():
+    clock = Clock()
+    # ranks stay alive without beating here: only the round's timeout is under test
+    c = make(clock, steps=2, control={"heartbeat_timeout_s": 1000, "peer_timeout_s": 500})
+    register_all(c)
+    ask(c, 2)  # the start's round, never answered
+    clock.t += 61.0
+    c.tick()
+    (line,) = eval_lines(c)
+    assert not line["eval_complete"] and line["eval_reason"] == "timed out after 60 s"
+    train_step(c, 1)
+    train_step(c, 2)  # the last: an end round that never comes back either
+    assert c.state == "RUNNING"
+    clock.t += 61.0
+    c.tick()
+    assert c.state == "COMPLETED"
+
+
+def test_a_resumed_run_keeps_its_rounds_and_evaluates_no_version_again():
+    from runtime.control import lifecycle
+
+    clock = Clock()
+    c = make(clock, steps=6)
+    register_all(c)
+    play(c, 2, ask(c, 2))  # version 0
+    train_step(c, 1)
+    train_step(c, 2)  # version 2's round starts
+    state = lifecycle.coordinator_state(c)
+    assert state["eval_rounds"]["interrupted"] == 2
+
+    resumed = make(Clock(), steps=6)
+    lifecycle.restore(resumed, state, "test")
+    register_all(resumed)
+    assert [r.version for r in resumed.evals.records] == [0]
+    # a resumed run has no start round: its first work request gets training work
+    answer = ask(resumed, 2)
+    assert isinstance(answer, p.Work) and resumed.evals.active is None
+    assert resumed.summary()["evals"]["alpha"]["start"]["greedy"] == 1.0
