@@ -22,7 +22,7 @@ from runtime.config.layout import is_rollout_driver
 from runtime.config.recipe import load_recipe
 from runtime.config.schema import Config, needs_collective
 from runtime.control.coordinator import Coordinator
-from runtime.engines.registry import build_prompts, build_sides, vocab_size
+from runtime.engines.registry import build_eval_prompts, build_prompts, build_sides, vocab_size
 from runtime.rank.auto_restart import restart_job, restarts_so_far
 from runtime.rank.orphans import guard_process_group
 from runtime.rank.worker import HybridWorker, WorkerError, node_name
@@ -176,6 +176,7 @@ def rank_main(run_root: str) -> str:
                     paths.checkpoints, cfg.train.keep_checkpoints
                 ),
                 vocab_size=vocab_size(cfg),
+                eval_prompts=build_eval_prompts(cfg),
             )
             resume = _resume(coordinator, paths)
         except Exception as exc:

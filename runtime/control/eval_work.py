@@ -28,8 +28,13 @@ from runtime.transport.states import RunState
 
 
 def pick_driver(c: Run) -> int | None:
-    """The live rollout driver with the fewest requests out (None: there is none)."""
-    drivers = [r for r in c.sync_receivers() if r not in c.members.lost]
+    """The live rollout driver with the fewest requests out that serves the current
+    policy (None: there is none)."""
+    ev = c.evals
+    assert ev is not None
+    drivers = [
+        r for r in c.sync_receivers() if r not in c.members.lost and ev.takes_training_work(r)
+    ]
     return min(drivers, key=lambda r: (c.data.running_at(r), r), default=None)
 
 
@@ -61,16 +66,25 @@ def after_sync(c: Run, previous_sync_step: int) -> None:
 
 
 def final_round(c: Run) -> list[Outgoing]:
-    """The last step is trained: its version to the rollout drivers and its round, or
-    nothing (the run completes at once) when no round can run."""
+    """The last step is trained: the run completes after the end's round (``closing``),
+    which starts now or, with a round still running, when that one ends."""
     ev = c.evals
     if ev is None or not ev.enabled or ev.evaluated(c.policy_version):
         return []
-    out = c.weight_sync()  # the last step syncs no weights for training: this one is for it
-    if not start_round(c, "end"):
-        return []
     ev.closing = True
-    return out
+    return [] if ev.active is not None else begin_end(c)
+
+
+def begin_end(c: Run) -> list[Outgoing]:
+    """The last version to the rollout drivers (the last step syncs none for training;
+    a driver that has it drops it) and its round; the run completes if none can run."""
+    ev = c.evals
+    assert ev is not None
+    out = c.weight_sync()
+    if start_round(c, "end"):
+        return out
+    ev.closing = False
+    return out + c.finish(RunState.COMPLETED, f"reached step {c.step}")
 
 
 def work_for(c: Run, rank: int, slots: int) -> p.Message | None:
@@ -137,7 +151,9 @@ def ended(c: Run, record: EvalRecord) -> list[Outgoing]:
     c.reports.eval_round(record)
     ev = c.evals
     assert ev is not None
-    if ev.closing and ev.active is None and c.state == RunState.RUNNING:
-        ev.closing = False
-        return c.finish(RunState.COMPLETED, f"reached step {c.step}")
-    return []
+    if not ev.closing or c.state != RunState.RUNNING:
+        return []
+    if not ev.evaluated(c.policy_version):  # a round the last step found running ended
+        return begin_end(c)
+    ev.closing = False
+    return c.finish(RunState.COMPLETED, f"reached step {c.step}")

@@ -17,6 +17,7 @@ engine on them would be a second replica, and on CUDA would take the driver's GP
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from runtime.config.engine_names import PROMPT_SOURCES, ROLLOUT_ENGINES, TRAINER_ENGINES
 from runtime.config.layout import is_rollout_driver
@@ -70,6 +71,17 @@ def build_prompts(cfg: Config):
     if name not in PROMPT_SOURCES:
         raise EngineUnavailable(f"data.train: {name!r} has no loader in this version")
     return _load("data", name, PROMPT_SOURCES[name])(cfg.train.seed)
+
+
+def build_eval_prompts(cfg: Config) -> dict[str, list[dict[str, Any]]] | None:
+    """The ``data.eval`` sets' prompts as rank 0 hands them to the rollout engines (each
+    set's first ``eval.max_prompts`` that leave room for a response), or None when the
+    rollout engines do not play them (``Config.evals_on_rollout``)."""
+    if not cfg.evals_on_rollout:
+        return None
+    from runtime.workloads.eval_sets import eval_prompts
+
+    return {name: eval_prompts(cfg, path)[0] for name, path in cfg.data.eval.items()}
 
 
 def vocab_size(cfg: Config) -> int | None:

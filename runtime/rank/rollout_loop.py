@@ -93,7 +93,17 @@ class RolloutLoop(Generic[H]):
         self.gate.answered(0.0 if msg.requests else now + self.retry_s)
         return [r for r in wire.requests(msg) if r.sample_id not in self.running]
 
+    def take_eval(self, msg: p.EvalWork, now: float) -> None:
+        """Rank 0 answered a work request with eval episodes (this rank is pinned to an
+        eval round): answered, as by a ``Work``; none: ask again after ``retry_s``."""
+        self.gate.answered(0.0 if msg.tasks else now + self.retry_s)
+
     # --- this rank -> rank 0 -----------------------------------------------------------
+
+    def queue(self, msg: p.Message) -> None:
+        """A result other than a sample (an eval episode's), sent with the next
+        :meth:`flush` (any thread)."""
+        self._outbox.append(msg)
 
     def pull(self, free: int, now: float, in_tools: int = 0) -> bool:
         """Ask for ``free`` requests if nothing is unanswered and no wait is due; whether
@@ -161,6 +171,21 @@ class RolloutSide(LinkedSide, Generic[H]):
         reward now, not generating (none for an engine without tools)."""
         return 0
 
+    def play_evals(self, msg: p.EvalWork) -> None:
+        """Play an eval round's episodes on this engine (runtime/control/evals.py); an
+        engine that cannot says so for each, and rank 0 counts them unscored."""
+        for t in msg.tasks:
+            self.loop.queue(
+                p.EvalDone(
+                    rank=self.rank,
+                    round_id=msg.round_id,
+                    task_id=t["task_id"],
+                    policy_version=msg.policy_version,
+                    reward=None,
+                    reason=f"the {type(self).__name__} plays no eval episodes",
+                )
+            )
+
     def abort(self, running: dict[int, H]) -> None:
         """Stop generating what was dropped (by default nothing runs outside the loop)."""
 
@@ -195,6 +220,9 @@ class RolloutSide(LinkedSide, Generic[H]):
             running = self.loop.running
             for req in self.loop.take(msg, now):
                 running[req.sample_id] = self.start(req, now)
+        elif isinstance(msg, p.EvalWork) and not self.parked:
+            self.loop.take_eval(msg, now)
+            self.play_evals(msg)
         elif isinstance(msg, p.Park) and not self.parked:
             # The run stops after a checkpoint: what is in flight goes into it. Finished
             # samples go first (one connection keeps the order), then the parked rollouts.

@@ -367,7 +367,7 @@ class HybridWorker:
             tp = self.cfg.resources.rollout_gpus_per_replica
             with self._waiting(wait_label(msg, self.rank, self.roles, tp)):
                 self.sides[self.role].on_message(msg)
-        elif isinstance(msg, (p.Work, p.BatchWait)):
+        elif isinstance(msg, (p.Work, p.EvalWork, p.BatchWait)):
             assert self.role is not None
             self.sides[self.role].on_message(msg)
         elif isinstance(msg, (p.RoleSwitch, p.Lend)):

@@ -80,10 +80,17 @@ def test_the_arith_retry_environment_runs_on_the_embedded_task(runs_dir):
     """examples/arith_retry: a custom environment on the embedded prompts and model (the
     run that learns is 400 steps, outside make test: docs/results.md)."""
     sets = ("train.steps=3", "logging.samples=true", "eval.max_prompts=3", "eval.k=2")
-    summary, samples, steps = launch("arith_retry", runs_dir, *sets)
+    summary, samples, lines = launch("arith_retry", runs_dir, *sets)
+    steps = [line for line in lines if "eval_version" not in line]
     assert len(steps) == 3
-    # the held-out set, played by the environment at the start and the end
-    for line, prefix in ((steps[0], "eval_start/unseen/"), (steps[-1], "eval/draws/")):
+    # the held-out sets, played by the environment on a rollout engine at the start and
+    # the end (runtime/control/evals.py), each under the step that published its version
+    rounds = [line for line in lines if "eval_version" in line]
+    assert [(r["step"], r["eval_version"], r["eval_complete"]) for r in rounds] == [
+        (0, 0, True),
+        (3, 3, True),
+    ], rounds
+    for line, prefix in ((rounds[0], "eval_start/unseen/"), (rounds[-1], "eval/draws/")):
         figures = {k.removeprefix(prefix): v for k, v in line.items() if k.startswith(prefix)}
         assert set(figures) >= {"greedy", "mean@2", "pass@2", "prompts"}, line
         assert figures["prompts"] == 3.0

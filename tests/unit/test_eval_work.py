@@ -185,3 +185,22 @@ def test_a_resumed_run_keeps_its_rounds_and_evaluates_no_version_again():
     answer = ask(resumed, 2)
     assert isinstance(answer, p.Work) and resumed.evals.active is None
     assert resumed.summary()["evals"]["alpha"]["start"]["greedy"] == 1.0
+
+
+def test_a_round_the_last_step_finds_running_is_followed_by_the_ends_round():
+    clock = Clock()
+    c = make(clock, steps=1)
+    register_all(c)
+    start = ask(c, 2)
+    out = train_step(c, 1)  # the last step, the start's round still out
+    assert c.state == "RUNNING" and c.evals.closing and c.evals.active.version == 0
+    assert not [m for _, m in out if isinstance(m, p.WeightSync)]  # its sync comes later
+    out = play(c, 2, start)
+    # the start's round ended: the last version to every driver, none held, then its round
+    syncs = [m for _, m in out if isinstance(m, p.WeightSync)]
+    assert syncs and all(m.policy_version == 1 and not m.hold for m in syncs)
+    assert c.evals.active.when == "end" and c.state == "RUNNING"
+    rank = c.evals.pinned
+    play(c, rank, ask(c, rank))
+    assert c.state == "COMPLETED"
+    assert [line["eval_version"] for line in eval_lines(c)] == [0, 1]

@@ -56,7 +56,9 @@ class HeldOutEval:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.trainer_eval = workload_kind(cfg.workload.kind).trainer_eval
-        self.enabled = self.trainer_eval or bool(cfg.data.eval)
+        # the data.eval sets, unless the rollout engines play them (rank 0's eval rounds)
+        self.sets_here = bool(cfg.data.eval) and not cfg.evals_on_rollout
+        self.enabled = self.trainer_eval or self.sets_here
         self.at_start: dict[str, float] | None = None  # before the first step (None: not yet)
         self._reward_pool: Any = None  # for the sets' rewards and tools, started on first use
 
@@ -105,7 +107,7 @@ class HeldOutEval:
                 out["eval_reward"] = greedy_accuracy(
                     model, max_new=cfg.workload.max_response_tokens
                 )
-            if cfg.data.eval:
+            if self.sets_here:
                 if self._reward_pool is None:
                     from runtime.workloads.agents.pool import RewardPool
 

@@ -156,16 +156,18 @@ class VLLMEngine:
         max_tokens: int,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        temperature: float | None = None,
     ) -> Generation:
         """One generation (the agents' engine interface); ``stop`` strings end it, kept in
-        the output."""
+        the output. ``temperature``: this request's (an eval's: 0 is greedy), else the
+        run's ``algorithm.temperature``."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=self.temperature,
+            temperature=self.temperature if temperature is None else temperature,
             logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=bool(stop) and self.detokenize,

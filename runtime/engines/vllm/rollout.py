@@ -43,6 +43,7 @@ from runtime.config.layout import LayoutChange
 from runtime.config.schema import Config
 from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.engines.vllm.engine import VLLMEngine
+from runtime.engines.vllm.eval_player import EvalPlayer
 from runtime.engines.vllm.settings import VLLMEngineConfig
 from runtime.rank.collective import Collective
 from runtime.rank.rollout_loop import RolloutSide
@@ -130,13 +131,10 @@ class VLLMRolloutSide(RolloutSide[Future]):
             cfg.workload.reward_timeout_s + 30,
             cfg.sandbox.concurrency,
         )
-        self.env = AgentEnv(
-            AgentEnvConfig.from_config(cfg),
-            codec_for(model_path, cfg.model.path),
-            self.engine,
-            record,
-            self.pool,
-        )
+        codec = codec_for(model_path, cfg.model.path)
+        self.env = AgentEnv(AgentEnvConfig.from_config(cfg), codec, self.engine, record, self.pool)
+        # an eval round's episodes when rank 0 pins this driver to one (runtime/control/evals.py)
+        self.evals = EvalPlayer(cfg, self.engine, codec, self.pool, self.agent, self._call)
 
     def _call(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -162,6 +160,7 @@ class VLLMRolloutSide(RolloutSide[Future]):
         if self._updating is not None and self._updating.done():
             done, self._updating = self._updating, None
             done.result()  # a failed weight update fails the rank, with its reason
+        self.evals.reap(self.loop.queue)
         running = self.loop.running
         for sid in [s for s, f in running.items() if f.done()]:
             fut = running.pop(sid)
@@ -172,7 +171,14 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     def free_slots(self) -> int:
         # Only episodes generating now hold a slot: one waiting on the sandbox does not.
-        return self.slots - (len(self.loop.running) - self.env.in_tools)
+        # An eval round's episodes hold theirs (a pinned driver runs little else).
+        return self.slots - (len(self.loop.running) - self.env.in_tools) - len(self.evals.running)
+
+    def play_evals(self, msg: p.EvalWork) -> None:
+        """An eval round's episodes: the weight update in flight (if any) lands first, so
+        the engine serves the round's version; from here its syncs are held."""
+        self._settle()
+        self.evals.start(self.rank, msg.round_id, msg.policy_version, msg.tasks)
 
     def episodes_in_tools(self) -> int:
         """Episodes waiting on a tool call or a reward: rank 0 counts no slot for them."""
@@ -238,6 +244,9 @@ class VLLMRolloutSide(RolloutSide[Future]):
 
     def deactivate(self) -> None:
         super().deactivate()
+        evals = self.evals.cancel()  # rank 0 ends the round incomplete: this rank left
+        if evals:
+            self._await(self.engine.abort(evals), ENGINE_CALL_TIMEOUT_S, "abort of evals")
         try:
             self._settle()  # no weight update in flight while the engine goes to sleep
         except Exception:  # its weights are replaced on joining again; the sleep goes on
