@@ -32,9 +32,8 @@ def pick_driver(c: Run) -> int | None:
     policy (None: there is none)."""
     ev = c.evals
     assert ev is not None
-    drivers = [
-        r for r in c.sync_receivers() if r not in c.members.lost and ev.takes_training_work(r)
-    ]
+    version = c.policy_version
+    drivers = [r for r in c.sync_receivers() if r not in c.members.lost and ev.serves(r, version)]
     return min(drivers, key=lambda r: (c.data.running_at(r), r), default=None)
 
 
@@ -89,8 +88,8 @@ def begin_end(c: Run) -> list[Outgoing]:
 
 def work_for(c: Run, rank: int, slots: int) -> p.Message | None:
     """The answer to a work request of ``rank`` when evals decide it: episodes for the
-    pinned driver, nothing for one that still serves a round's version (None: training
-    work as usual)."""
+    pinned driver, nothing once the last step is trained (None: training work as
+    usual)."""
     ev = c.evals
     if ev is None:
         return None
@@ -104,10 +103,25 @@ def work_for(c: Run, rank: int, slots: int) -> p.Message | None:
             policy_version=r.version,
             tasks=[task_record(ev.prompt_of(t), t) for t in tasks],
         )
-    if not ev.takes_training_work(rank) or ev.closing:
+    if ev.closing:
         c.idle.rank_is(rank, "eval_hold", c.clock())
         return p.Work(policy_version=c.policy_version, requests=[])
     return None
+
+
+def catch_up(c: Run) -> list[Outgoing]:
+    """A weight sync for a rank whose round is done and that still serves its round's
+    version, at a point that allows one: the trainer between steps at a sync point (its
+    weights are the published version), no switch under way. Every driver takes part; those
+    that have the version drop it."""
+    ev = c.evals
+    if ev is None or not ev.behind(c.policy_version) or c.policy_version < 1:
+        return []
+    if c.batch_in_flight is not None or c.rebalance.switching():
+        return []
+    if c.step % c.cfg.train.sync_every or c.step >= c.cfg.train.steps:
+        return []
+    return c.weight_sync()
 
 
 def task_record(prompt: dict[str, Any], t: EvalTask) -> p.EvalTaskRecord:

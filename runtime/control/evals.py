@@ -117,9 +117,13 @@ class EvalRounds:
         self.clock = clock
         self.active: EvalRound | None = None
         self.records: list[EvalRecord] = []
-        # a replica whose round is done but still serves the round's version: no training
-        # work until a weight sync brings it the current policy
-        self.stale: set[int] = set()
+        # rank -> the version it serves: a replica whose round is done serves the round's
+        # version until a weight sync reaches it. It takes training work meanwhile (its
+        # samples carry their versions, judged by the staleness rule as any lagging rank's:
+        # refusing it work deadlocked a run whose only other rollout rank was lost), and
+        # rank 0 sends a catch-up sync at the first point that allows one
+        # (runtime/control/eval_work.py).
+        self.stale: dict[int, int] = {}
         # the end's round runs: the run completes when it ends (runtime/control/eval_work.py)
         self.closing = False
         self.skipped = 0  # evals due while a round ran
@@ -139,8 +143,17 @@ class EvalRounds:
         return any(r.version == version for r in self.records)
 
     def takes_training_work(self, rank: int) -> bool:
-        """Whether ``rank`` may be handed training requests now."""
-        return rank != self.pinned and rank not in self.stale
+        """Whether ``rank`` may be handed training requests now (not while pinned)."""
+        return rank != self.pinned
+
+    def serves(self, rank: int, version: int) -> bool:
+        """Whether ``rank`` serves ``version`` or later, as far as evals know (a rank whose
+        round is done serves its round's version until a sync reaches it)."""
+        return rank != self.pinned and self.stale.get(rank, version) >= version
+
+    def behind(self, version: int) -> bool:
+        """Whether a rank whose round is done still serves a version before ``version``."""
+        return any(v < version for v in self.stale.values())
 
     def start(self, version: int, step: int, when: str, rank: int) -> EvalRound | None:
         """A round of ``version`` on ``rank``; None when no set is configured, the version
@@ -163,7 +176,7 @@ class EvalRounds:
             self._next_round, version, step, when, rank, self.clock(), tasks, rewards=rewards
         )
         self._next_round += 1
-        self.stale.discard(rank)
+        self.stale.pop(rank, None)
         return self.active
 
     def prompt_of(self, task: EvalTask) -> dict[str, Any]:
@@ -226,7 +239,7 @@ class EvalRounds:
         record = None
         if self.active is not None and self.active.rank == rank:
             record = self._end(f"rank {rank} lost")
-        self.stale.discard(rank)  # a rank that comes back is synced like any other
+        self.stale.pop(rank, None)  # a rank that comes back is synced like any other
         return record
 
     def abandon(self, reason: str) -> EvalRecord | None:
@@ -242,13 +255,14 @@ class EvalRounds:
 
     def synced(self, ranks: list[int]) -> None:
         """A weight sync reached ``ranks``: they serve the current policy again."""
-        self.stale.difference_update(ranks)
+        for rank in ranks:
+            self.stale.pop(rank, None)
 
     def _end(self, reason: str) -> EvalRecord:
         r = self.active
         assert r is not None
         self.active = None
-        self.stale.add(r.rank)
+        self.stale[r.rank] = r.version
         figures: dict[str, float] = {}
         missing = 0
         for name, per_prompt in r.rewards.items():

@@ -142,6 +142,11 @@ def on_batch_request(c: Run, identity: bytes, msg: p.BatchRequest) -> list[Outgo
         if out:  # the role switch: the batch after it
             c.idle.trainer_is("role_switch", now)
             return [*out, (identity, p.BatchWait(reason="sync point in progress"))]
+        # a rank whose eval round is done gets the current version before the next batch
+        caught_up = eval_work.catch_up(c)
+        if caught_up:
+            c.idle.trainer_is("weight_sync", now)
+            return [*caught_up, (identity, p.BatchWait(reason="weight sync after an eval"))]
     batch = c.data.next_batch()
     if batch is None:
         lent: list[Outgoing] = []

@@ -68,10 +68,12 @@ def test_a_round_hands_the_pinned_rank_every_episode_and_counts_as_the_trainer_s
     assert record.figures["eval/mbpp/greedy"] == 1.0
     assert record.figures["eval/mbpp/mean@2"] == pytest.approx(0.75)
     assert record.figures["eval/gsm/unscored"] == 0.0
-    # done: no longer pinned, but it serves version 3 until a sync reaches it
-    assert ev.pinned is None and not ev.takes_training_work(2)
+    # done: no longer pinned, it takes training work, but serves version 3 until a sync
+    # reaches it
+    assert ev.pinned is None and ev.takes_training_work(2)
+    assert ev.behind(4) and not ev.behind(3) and not ev.serves(2, 4) and ev.serves(1, 4)
     ev.synced([0, 2])
-    assert ev.takes_training_work(2)
+    assert not ev.behind(4) and ev.serves(2, 4)
     assert math.isclose(pass_at_k(2, 1, 2), 1.0)
 
 

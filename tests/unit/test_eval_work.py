@@ -82,10 +82,15 @@ def test_rounds_at_the_start_every_n_steps_and_at_the_end_while_training_goes_on
     assert start["step"] == 0 and start["eval_version"] == 0 and start["eval_complete"]
     assert start["eval_start/alpha/greedy"] == 1.0 and start["eval_start/beta/greedy"] == 0.0
     assert start["eval_s"] == pytest.approx(5.0)
-    # done, but still at version 0: no training work until a sync reaches it
-    assert c.evals.pinned is None
-    answer = ask(c, 2)
-    assert isinstance(answer, p.Work) and answer.requests == []
+    # done, still at version 0: it takes training work again, and the leader's next batch
+    # request (between steps, at a sync point) first brings it the current version
+    assert c.evals.pinned is None and c.evals.behind(1)
+    assert isinstance(ask(c, 2), p.Work)
+    out = c.handle(ident(0), p.BatchRequest(rank=0, last_batch_id=-1))
+    syncs = {to: m for to, m in out if isinstance(m, p.WeightSync)}
+    assert set(syncs) == {ident(0), ident(2), ident(3)} and syncs[ident(2)].policy_version == 1
+    assert not any(m.hold for m in syncs.values()) and not c.evals.behind(1)
+    assert isinstance(out[-1][1], p.BatchWait)
 
     # step 2 crosses eval_every: a sync (rank 2 now takes version 2), then its round
     out = train_step(c, 2)
