@@ -144,7 +144,8 @@ def summary(c: Run) -> dict[str, Any]:
         "eval_reward_start": c.reports.evals.get("eval_reward_start"),
         "eval_reward_end": c.reports.evals.get("eval_reward_end"),
         "evals": eval_sets(c.reports.evals),
-        "eval_rounds": [r.as_dict() for r in c.evals.records] if c.evals is not None else [],
+        # a run whose rollout engines play its eval sets: every eval that ended
+        **({"eval_rounds": [r.as_dict() for r in c.evals.records]} if c.evals is not None else {}),
         "weight_sync_s_median": syncs[len(syncs) // 2] if syncs else None,
         # tokens and seconds of the rollout engines by running requests (heartbeats)
         "rollout_decode_by_concurrency": c.engine_profile.summary(),
