@@ -209,3 +209,17 @@ def test_a_round_the_last_step_finds_running_is_followed_by_the_ends_round():
     play(c, rank, ask(c, rank))
     assert c.state == "COMPLETED"
     assert [line["eval_version"] for line in eval_lines(c)] == [0, 1]
+
+
+def test_which_runs_evaluate_on_the_rollout_engines():
+    base = {
+        "workload": {"kind": "math"},
+        "data": {"train": "a.jsonl", "eval": {"held": "b.jsonl"}},
+        "engine": {"rollout": "vllm", "trainer": "torch"},
+    }
+    assert build_config(base).evals_on_rollout
+    # colocated_sync loads every version in place on every rank: no round could hold one
+    assert not build_config({**base, "reflow": {"mode": "colocated_sync"}}).evals_on_rollout
+    synthetic = {"rollout": "synthetic", "trainer": "synthetic"}
+    assert not build_config({**base, "engine": synthetic}).evals_on_rollout
+    assert not build_config({**base, "data": {"train": "a.jsonl"}}).evals_on_rollout
