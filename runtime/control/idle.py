@@ -75,8 +75,9 @@ ROLLOUT_CAUSES = (
     "between_turns",
     "between_requests",
 )
-# Busy time booked by what the engine did, apart from its decoding (not idle).
-ROLLOUT_BUSY_CAUSES = ("prefill",)
+# Busy time booked by what the engine did, apart from its decoding (not idle): prefill,
+# and a driver pinned to a held-out eval round generating for it (runtime/control/evals.py).
+ROLLOUT_BUSY_CAUSES = ("prefill", "eval")
 # Refusals that hold a rank under its capacity by the run's rules, not its engine's.
 THROTTLES = frozenset(
     {
@@ -198,11 +199,14 @@ class IdleBook:
         paused_s: float,
         holding: bool,
         prefill_s: float | None = None,
+        evaluating: bool = False,
     ) -> None:
         """A heartbeat's cumulative rollout seconds; ``holding``: the rank has requests
-        out; ``prefill_s``: its engine's cumulative prefill seconds, if it says. The
-        interval since its previous beat is attributed (module doc); a driver's seconds
-        count once per rank of its replica, a member's not at all."""
+        out; ``prefill_s``: its engine's cumulative prefill seconds, if it says;
+        ``evaluating``: the rank is pinned to an eval round (its busy seconds since the
+        last beat are the eval's, booked as ``eval``). The interval since its previous beat
+        is attributed (module doc); a driver's seconds count once per rank of its replica,
+        a member's not at all."""
         if not self.counts(rank):
             return
         r = self._ranks.setdefault(rank, _Rank(since=now))
@@ -221,7 +225,10 @@ class IdleBook:
         idle = d_active - d_busy
         ranks = self.rollout_group_size  # the replica's ranks share its engine's seconds
         self.rollout_active_s += d_active * ranks
-        if prefill_s is not None:
+        if evaluating:  # generating for the eval (and the training requests it still ran)
+            if d_busy - paused > 0:
+                self.rollout_busy["eval"] += (d_busy - paused) * ranks
+        elif prefill_s is not None:
             # a new engine's counter starts again from zero
             d_prefill = prefill_s - prefill_before if prefill_s >= prefill_before else prefill_s
             d_prefill = min(max(d_prefill, 0.0), d_busy - paused)  # busy, and not a pause

@@ -102,6 +102,7 @@ def on_heartbeat(c: Run, identity: bytes, msg: p.Heartbeat) -> list[Outgoing]:
             msg.rollout_paused_s,
             holding,
             prefill_s=msg.engine.get("prefill_s"),  # an engine that says (the simulator's)
+            evaluating=c.evals is not None and c.evals.pinned == msg.rank,
         )
     else:
         c.engine_profile.forget(msg.rank)

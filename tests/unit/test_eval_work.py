@@ -223,3 +223,33 @@ def test_which_runs_evaluate_on_the_rollout_engines():
     synthetic = {"rollout": "synthetic", "trainer": "synthetic"}
     assert not build_config({**base, "engine": synthetic}).evals_on_rollout
     assert not build_config({**base, "data": {"train": "a.jsonl"}}).evals_on_rollout
+
+
+def test_the_pinned_ranks_generating_seconds_are_booked_as_eval():
+    clock = Clock()
+    c = make(clock)
+    register_all(c)
+    ask(c, 2)  # pinned to the start's round
+
+    def beat(rank: int, active: float, busy: float) -> None:
+        c.handle(
+            ident(rank),
+            p.Heartbeat(
+                rank=rank,
+                role="rollout",
+                state="busy",
+                layout_epoch=0,
+                rollout_active_s=active,
+                rollout_busy_s=busy,
+                engine={},
+            ),
+        )
+
+    for rank in (2, 3):
+        beat(rank, 0.0, 0.0)
+    clock.t += 10.0
+    beat(2, 10.0, 8.0)  # evaluating
+    beat(3, 10.0, 8.0)  # generating for training
+    assert c.idle.rollout_busy["eval"] == pytest.approx(8.0)  # rank 2's alone
+    report = c.idle.report(clock.t, None)["rollout_busy_by_cause"]
+    assert report == {"eval": 0.4}  # of both ranks' 20 active seconds
