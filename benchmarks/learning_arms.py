@@ -394,22 +394,28 @@ def busy_reason(machine: dict) -> str | None:
 # ---- run folder -> record ---------------------------------------------------------------
 
 
-def _metrics(path: Path) -> list[dict]:
+def _metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """The step lines and the eval lines (an eval on the rollout engines, written when it
+    ended under the step that published its version: ``eval_version``) of metrics.jsonl."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise BadRecord(f"{path}: cannot read ({exc.strerror})") from None
-    out = []
+    steps, evals = [], []
     for i, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
         try:
             x = json.loads(raw)
+            if "eval_version" in x:
+                int(x["step"])
+                evals.append(x)
+                continue
             float(x["wall_s"]), int(x["step"])
         except (json.JSONDecodeError, TypeError, KeyError, ValueError):
             raise BadRecord(f"{path}:{i}: not a metrics line with step and wall_s") from None
-        out.append(x)
-    return out
+        steps.append(x)
+    return steps, evals
 
 
 def held_out_figures(line: dict, when: str) -> dict[str, float]:
@@ -461,7 +467,7 @@ def record_from_run(
         )  # fmt: skip
         rec["summary"] = {k: s.get(k) for k in keep if k in s}
     metrics = folder / "metrics.jsonl"
-    lines = _metrics(metrics) if metrics.exists() else []
+    lines, eval_lines = _metrics(metrics) if metrics.exists() else ([], [])
     if not lines:
         rec["problem"] = "no training step in metrics.jsonl"
         return rec
@@ -472,8 +478,10 @@ def record_from_run(
         **{col: [x.get(key) for x in lines] for col, key in STEP_COLUMNS.items()},
     }
     eval_s = 0.0
+    blocking_at: dict[int, float] = {}  # the leader's eval seconds up to each step
     for x in lines:
         eval_s += float(x.get("eval_s", 0.0))
+        blocking_at[x["step"]] = round(eval_s, 3)
         start = held_out_figures(x, "start")
         if start:
             rec["evals"].append({"step": 0, "wall_s": 0.0, "eval_s": 0.0, "figures": start})
@@ -487,6 +495,29 @@ def record_from_run(
                     "figures": after,
                 }
             )
+    # Evals on the rollout engines stall no training: no eval seconds of their own on the
+    # training clock; their figures join those of the same step (the arith kind's own
+    # eval_reward stays the trainer's, on the step's line).
+    wall_at = {x["step"]: round(x["wall_s"] - t0, 3) for x in lines}
+    for x in eval_lines:
+        start = held_out_figures(x, "start")
+        figures = start or held_out_figures(x, "after")
+        if not figures:
+            continue
+        step = 0 if start else int(x["step"])
+        same = next((e for e in rec["evals"] if e["step"] == step), None)
+        if same is not None:
+            same["figures"].update(figures)
+            continue
+        rec["evals"].append(
+            {
+                "step": step,
+                "wall_s": wall_at.get(step, 0.0),
+                "eval_s": blocking_at.get(step, 0.0),
+                "figures": figures,
+            }
+        )
+    rec["evals"].sort(key=lambda e: e["step"])
     for e in rec["evals"]:  # the figure the report reads; the others stay for the reader
         e["reward"] = e["figures"].get(held_out)
     rec["problem"] = run_problem(rec, lines, spec)

@@ -313,6 +313,32 @@ def test_record_from_a_run_folder(tmp_path):
     )
 
 
+def test_a_record_takes_the_evals_of_the_rollout_engines_from_their_own_lines(tmp_path):
+    """With vLLM rollout engines a data.eval set's eval is a line of its own, written when
+    it ended, under the step that published its version; it stalls no training step."""
+    spec = learning_arms.ArmSpec("examples/arith_retry/recipe.yaml", "reflow", 0, 4, 2)
+    d = tmp_path / "run"
+    d.mkdir()
+    lines = [
+        {"step": 1, "wall_s": 50.0, "batch_unused": 32},
+        {"step": 0, "eval_version": 0, "eval_s": 9.0, "eval_start/gsm/greedy": 0.1},
+        {"step": 2, "wall_s": 53.0},
+        {"step": 3, "wall_s": 54.0},
+        {"step": 2, "eval_version": 2, "eval_s": 8.0, "eval/gsm/greedy": 0.2},
+        {"step": 4, "wall_s": 57.0},
+        {"step": 4, "eval_version": 4, "eval_s": 7.0, "eval/gsm/greedy": 0.3},
+    ]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / "summary.json").write_text(json.dumps({"state": "COMPLETED", "samples": {"lost": 0}}))
+    rec = learning_arms.record_from_run(d, spec, commit="c", machine={}, held_out="eval/gsm/greedy")
+    assert rec["problem"] is None and rec["steps"]["step"] == [1, 2, 3, 4]
+    assert [(e["step"], e["wall_s"], e["eval_s"], e["reward"]) for e in rec["evals"]] == [
+        (0, 0.0, 0.0, 0.1),
+        (2, 3.0, 0.0, 0.2),
+        (4, 7.0, 0.0, 0.3),
+    ]
+
+
 def test_recorded_arms_are_skipped_and_failed_ones_run_again(tmp_path):
     spec = learning_plan.demo("async", 0)
     assert not learning.recorded(spec, tmp_path)
