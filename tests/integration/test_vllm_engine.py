@@ -156,6 +156,7 @@ def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
     import time
 
     from runtime.data.sample import Request, Turn
+    from runtime.engines.vllm.eval_player import EvalPlayer
     from runtime.engines.vllm.rollout import VLLMRolloutSide
     from runtime.rank.rollout_loop import RolloutSide
     from runtime.transport import frames as wire
@@ -178,6 +179,7 @@ def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
         ArithAgent(),
         AgentEnv(AgentEnvConfig.from_config(cfg), None, LongTurns(), None, None),
     )
+    side.evals = EvalPlayer(cfg, eng, None, None, side.agent, side._call)  # none handed out
     sent: list[p.Message] = []
     side.attach(sent.append, 2)
     prompt = {"prompt_ids": PROMPT, "answer": 3}
