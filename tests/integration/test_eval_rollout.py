@@ -33,7 +33,9 @@ def test_a_round_on_the_rollout_engine_equals_the_trainer_side_eval(monkeypatch)
 
     from runtime.engines.vllm.engine import VLLMEngine
     from runtime.engines.vllm.eval_player import EvalPlayer
+    from runtime.engines.vllm.rollout import eval_records
     from runtime.engines.vllm.settings import VLLMEngineConfig
+    from runtime.workloads.agents.settings import AgentEnvConfig
 
     monkeypatch.chdir(REPO)  # the recipe names its environment and sets from the repository
     cfg = load_recipe(
@@ -58,7 +60,9 @@ def test_a_round_on_the_rollout_engine_equals_the_trainer_side_eval(monkeypatch)
         book = EvalRounds(build_eval_prompts(cfg), K, cfg.eval.solved_at, 600.0, time.monotonic)
         r = book.start(version=0, step=0, when="start", rank=2)
         player = EvalPlayer(
-            cfg,
+            AgentEnvConfig.from_config(cfg),
+            lambda name: eval_records(cfg, name),
+            cfg.eval.temperature,
             engine,
             codec_for(path, cfg.model.path),
             None,

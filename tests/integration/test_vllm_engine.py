@@ -179,7 +179,16 @@ def test_a_rollout_side_told_to_park_reports_what_it_had_generated(engine):
         ArithAgent(),
         AgentEnv(AgentEnvConfig.from_config(cfg), None, LongTurns(), None, None),
     )
-    side.evals = EvalPlayer(cfg, eng, None, None, side.agent, side._call)  # none handed out
+    side.evals = EvalPlayer(  # none handed out
+        AgentEnvConfig.from_config(cfg),
+        lambda name: None,
+        1.0,
+        eng,
+        None,
+        None,
+        side.agent,
+        side._call,
+    )
     sent: list[p.Message] = []
     side.attach(sent.append, 2)
     prompt = {"prompt_ids": PROMPT, "answer": 3}

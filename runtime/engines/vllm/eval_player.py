@@ -18,10 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from runtime.config.schema import Config
 from runtime.workloads.agents.base import AgentEnv, Generation
 from runtime.workloads.agents.settings import AgentEnvConfig
-from runtime.workloads.eval_sets import eval_prompts
+
+# a set's name -> its record lookup by index (None: the run has no such set)
+RecordsOf = Callable[[str], Callable[[int], Any] | None]
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +44,25 @@ class AtTemperature:
 class EvalPlayer:
     def __init__(
         self,
-        cfg: Config,
+        agent_config: AgentEnvConfig,
+        records_of: RecordsOf,
+        temperature: float,
         engine: Any,
         codec: Any,
         pool: Any,
         agent: Any,
         submit: Callable[[Any], Future],
     ) -> None:
-        """``submit`` runs a coroutine on the engine's loop (the rollout side's)."""
-        self.cfg, self.engine, self.codec, self.pool, self.agent = cfg, engine, codec, pool, agent
+        """``records_of``: each set's record lookup, loaded on first use (the rollout side
+        loads the set's file as rank 0 rendered it); ``temperature``: the sampled
+        episodes' (``eval.temperature``); ``submit`` runs a coroutine on the engine's loop
+        (the rollout side's)."""
+        self.agent_config, self.records_of, self.temperature = agent_config, records_of, temperature
+        self.engine, self.codec, self.pool, self.agent = engine, codec, pool, agent
         self.submit = submit
         self.running: dict[tuple[int, int], Future] = {}  # (round, task) -> its episode
         self._envs: dict[tuple[str, float], AgentEnv] = {}
-        self._records: dict[str, Callable[[int], Any]] = {}
+        self._records: dict[str, Callable[[int], Any] | None] = {}
 
     def start(self, rank: int, round_id: int, version: int, tasks: list[Any]) -> None:
         for t in tasks:
@@ -73,7 +80,7 @@ class EvalPlayer:
     def cancel(self) -> list[str]:
         """Leaving the rollout pool: the round ends without these (rank 0 ends it
         incomplete when the rank leaves); the engine request ids to abort."""
-        turns = range(self.cfg.workload.max_turns)
+        turns = range(self.agent_config.workload.max_turns)
         ids = [f"eval{r}-{t}" for r, t in self.running]
         ids += [f"{rid}-t{n}" for rid in list(ids) for n in turns]
         for fut in self.running.values():
@@ -81,16 +88,19 @@ class EvalPlayer:
         self.running.clear()
         return ids
 
+    def records(self, set_name: str) -> Callable[[int], Any] | None:
+        if set_name not in self._records:
+            self._records[set_name] = self.records_of(set_name)
+        return self._records[set_name]
+
     def env(self, set_name: str, temperature: float) -> AgentEnv:
         key = (set_name, temperature)
         if key not in self._envs:
-            if set_name not in self._records:
-                self._records[set_name] = eval_prompts(self.cfg, self.cfg.data.eval[set_name])[1]
             self._envs[key] = AgentEnv(
-                AgentEnvConfig.from_config(self.cfg),
+                self.agent_config,
                 self.codec,
                 AtTemperature(self.engine, temperature),
-                self._records[set_name],
+                self.records(set_name),
                 self.pool,
             )
         return self._envs[key]
@@ -102,10 +112,10 @@ class EvalPlayer:
         reward: float | None = None
         why = ""
         at_start = self.engine.version
-        if task["set_name"] not in self.cfg.data.eval:
+        if self.records(task["set_name"]) is None:
             why = f"no eval set {task['set_name'][:100]!r} in this run"
         else:
-            temperature = 0.0 if task["sample"] == 0 else self.cfg.eval.temperature
+            temperature = 0.0 if task["sample"] == 0 else self.temperature
             env = self.env(task["set_name"], temperature)
             try:
                 ep = await self.agent.run(env, rid, task["prompt"])

@@ -67,6 +67,15 @@ ENGINE_CALL_TIMEOUT_S = 600.0  # sleep, wake-up, a reload: minutes at most on a 
 PARK_GRACE_S = 5.0
 
 
+def eval_records(cfg: Config, name: str) -> Any:
+    """The record lookup of the eval set ``name`` (its file loaded as rank 0 rendered its
+    prompts), or None if the run has no such set."""
+    from runtime.workloads.eval_sets import eval_prompts
+
+    path = cfg.data.eval.get(name)
+    return None if path is None else eval_prompts(cfg, path)[1]
+
+
 class VLLMRolloutSide(RolloutSide[Future]):
     name = "rollout"
 
@@ -134,7 +143,16 @@ class VLLMRolloutSide(RolloutSide[Future]):
         codec = codec_for(model_path, cfg.model.path)
         self.env = AgentEnv(AgentEnvConfig.from_config(cfg), codec, self.engine, record, self.pool)
         # an eval round's episodes when rank 0 pins this driver to one (runtime/control/evals.py)
-        self.evals = EvalPlayer(cfg, self.engine, codec, self.pool, self.agent, self._call)
+        self.evals = EvalPlayer(
+            AgentEnvConfig.from_config(cfg),
+            lambda name: eval_records(cfg, name),
+            cfg.eval.temperature,
+            self.engine,
+            codec,
+            self.pool,
+            self.agent,
+            self._call,
+        )
 
     def _call(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
