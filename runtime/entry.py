@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -318,17 +319,23 @@ def _resume(coordinator: Coordinator, paths: RunPaths) -> str | None:
     return info.name
 
 
-def _torch_endpoint(advertise: str) -> tuple[str, int] | None:
-    """The process group's address from submitit's TorchDistributedEnvironment: the job's
-    first node (rank 0's) and a port from the job id. A local run stays on loopback.
-    None outside submitit (the dist.json rendezvous is used then)."""
+def torch_endpoint(environ: Mapping[str, str], advertise: str) -> tuple[str, int] | None:
+    """The process group's address from submitit's TorchDistributedEnvironment on Slurm:
+    the job's first node (rank 0's) and a port from the job id (``MASTER_PORT`` overrides).
+
+    None for a local run without ``MASTER_PORT``, and outside submitit: rank 0 then binds a
+    free port and publishes it in dist.json, which every rank on this host reads. A port
+    derived from the job id lies in 20000-60000, across Linux's ephemeral range, so on a busy
+    host it can be some other socket's already (a resumed run failed to start on one: CI)."""
     import submitit
 
+    on_slurm = environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    if not on_slurm and "MASTER_PORT" not in environ:
+        return None
     try:
         env = submitit.helpers.TorchDistributedEnvironment()
     except RuntimeError:
         return None
-    on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
     return (env.master_addr if on_slurm else advertise), env.master_port
 
 
@@ -346,7 +353,7 @@ def join_collective(
         rank=info.rank,
         world_size=info.world_size,
         rendezvous=paths.root / "dist.json",
-        endpoint=_torch_endpoint(advertise),
+        endpoint=torch_endpoint(os.environ, advertise),
         bind_host=bind,
         advertise_host=advertise,
         # On GPU nodes CUDA tensors go over NCCL and CPU ones (headers) over gloo.

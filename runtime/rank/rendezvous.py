@@ -1,12 +1,13 @@
 """How a rank joins the run's world process group: the store, its address, the wait.
 
-Rendezvous: rank 0 hosts a ``TCPStore``. Under submitit (Slurm or local) its address comes
-from submitit's ``TorchDistributedEnvironment`` (the job's first node, a port derived from
-the job id, ``MASTER_PORT`` to override), which every rank computes alike. Outside submitit
-rank 0 takes a free port and publishes ``host:port`` in ``<run>/dist.json``; the other
-ranks wait for that file (rank 0 publishes it under submitit too, for a rank started again
-outside the job: ``reflow rejoin``, which joins the world group anew and the groups of the
-next epoch; tested on gloo).
+Rendezvous: rank 0 hosts a ``TCPStore``. On Slurm its address comes from submitit's
+``TorchDistributedEnvironment`` (the job's first node, a port derived from the job id,
+``MASTER_PORT`` to override), which every rank computes alike. A local run (unless
+``MASTER_PORT`` is set) and a rank outside submitit use ``<run>/dist.json``: rank 0 takes a
+free port and publishes ``host:port`` there and the other ranks wait for that file (a derived
+port can be some other socket's on a busy host). Rank 0 publishes the file on Slurm too,
+for a rank started again outside the job: ``reflow rejoin``, which joins the world group
+anew and the groups of the next epoch (tested on gloo).
 
 What is not authenticated: the store and gloo's and NCCL's peer connections take no key and
 are not encrypted; CURVE covers only the control plane (runtime/rank/control_server.py). Anyone
