@@ -115,7 +115,10 @@ def catch_up(c: Run) -> list[Outgoing]:
     weights are the published version), no switch under way. Every driver takes part; those
     that have the version drop it."""
     ev = c.evals
-    if ev is None or not ev.behind(c.policy_version) or c.policy_version < 1:
+    if ev is None:
+        return []
+    ev.drivers_now(c.sync_receivers())
+    if not ev.behind(c.policy_version) or c.policy_version < 1:
         return []
     if c.batch_in_flight is not None or c.rebalance.switching():
         return []

@@ -258,6 +258,14 @@ class EvalRounds:
         for rank in ranks:
             self.stale.pop(rank, None)
 
+    def drivers_now(self, drivers: list[int]) -> None:
+        """Only ``drivers`` (the layout's rollout drivers) serve rollout: a rank that left
+        the pool is no longer behind (it loads the current weights when it plays rollout
+        again), and no sync would ever clear it (a catch-up sync for it, sent before every
+        batch, starved the trainer forever: found in simulation)."""
+        for rank in [r for r in self.stale if r not in drivers]:
+            del self.stale[rank]
+
     def _end(self, reason: str) -> EvalRecord:
         r = self.active
         assert r is not None

@@ -10,7 +10,7 @@ import pytest
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
 from runtime.transport import protocol as p
-from tests.unit.test_coordinator import Clock, ident, register_all, train_step
+from tests.unit.test_coordinator import Clock, ident, register_all, take_batch, train_step
 
 pytestmark = pytest.mark.unit
 
@@ -253,3 +253,33 @@ def test_the_pinned_ranks_generating_seconds_are_booked_as_eval():
     assert c.idle.rollout_busy["eval"] == pytest.approx(8.0)  # rank 2's alone
     report = c.idle.report(clock.t, None)["rollout_busy_by_cause"]
     assert report == {"eval": 0.4}  # of both ranks' 20 active seconds
+
+
+def test_a_pinned_rank_moved_to_the_trainer_is_not_caught_up_for_ever():
+    """The allocator (or a user's rebalance) moves the pinned driver to the trainer: its
+    round ends incomplete, and the rank, which will load the current weights when it plays
+    rollout again, is not behind any more. Before, a catch-up sync for it went out before
+    every batch and the trainer never got one (a simulated run stalled at step 124)."""
+    from runtime.control import eval_work
+    from tests.unit.test_lost_trainer import finish_switch
+
+    clock = Clock()
+    c = make(clock, steps=6)
+    register_all(c)
+    work = ask(c, 2)
+    assert isinstance(work, p.EvalWork) and c.evals.pinned == 2
+    batch = take_batch(c)
+    out = c.handle(b"cli", p.RebalanceRequest(rollout=1, trainer=3))
+    assert out[0][1].ok, out[0][1].text
+    done = p.StepDone(rank=0, step=1, policy_version=1, batch_id=batch.batch_id, metrics={})
+    c.handle(ident(0), done)  # the switch, at this sync point
+    assert c.rebalance.switching() and c.policy_version == 1
+    finish_switch(c)
+    assert c.sync_receivers() == [3]
+    c.tick()  # the pinned rank left the pool: its round ends incomplete
+    (line,) = eval_lines(c)
+    assert not line["eval_complete"] and "left the rollout pool" in line["eval_reason"]
+    assert eval_work.catch_up(c) == [] and c.evals.stale == {}
+    # and the trainer gets its batches
+    train_step(c, 2)
+    assert c.step == 2
