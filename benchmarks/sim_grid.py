@@ -39,7 +39,15 @@ from runtime.config.recipe import RecipeError, load_recipe
 from runtime.config.schema import BASELINES, MODES, Config
 from runtime.sim.cluster import SimStalled
 from runtime.sim.parameters import ProfileError
-from runtime.sim.run import Engines, figures, plan, protocol_steps, simulate, steps_needed
+from runtime.sim.run import (
+    Engines,
+    figures,
+    given_fields,
+    plan,
+    protocol_steps,
+    simulate,
+    steps_needed,
+)
 from runtime.sim.search import DEFAULT_BUDGET, search
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +101,11 @@ def cell_config(
     sync_every = load_recipe(recipe, sets).train.sync_every
     warmup, measure = protocol_steps(workload, warmup, measure, sync_every)
     steps = train_steps(syncs, sync_every, warmup, measure)
-    sets = [f"train.steps={steps}", *sets]
+    # The grid compares training throughput: the recipes' held-out sets are left out
+    # (colocated_sync's evals are not modelled, the others' would be; `reflow simulate`
+    # shows their cost), unless a --set names them.
+    no_evals = [] if "data.eval" in given_fields(sets) else ["data.eval={}", "train.eval_every=0"]
+    sets = [f"train.steps={steps}", *no_evals, *sets]
     return load_recipe(recipe, sets), sets, (warmup, measure), steps
 
 

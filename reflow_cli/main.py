@@ -30,7 +30,7 @@ from reflow_cli.preflight import Where, preflight
 from reflow_cli.reward import reward_app
 from reflow_cli.sim_options import ModelOption, ProfilesOption, SetOption, WorkloadOption
 from reflow_cli.tune import tune
-from reflow_cli.view import eval_lines, status_view
+from reflow_cli.view import eval_lines, sim_eval_line, status_view
 from runtime.config.layout import LayoutError, parse_ratio
 from runtime.config.recipe import RecipeError, load_recipe
 from runtime.sim.cluster import SimStalled
@@ -513,6 +513,10 @@ def simulate(
             f"{r['real_s']:.1f}",
         )
     out.print(table)
+    for r in rows:
+        line = sim_eval_line(r.get("evals"))
+        if line:
+            out.print(f"{r['mode']}: {line}")
 
 
 @app.command()

@@ -244,7 +244,41 @@ def plan_lines(cfg: Config, plan: MemoryPlan, gpu_source: str | None) -> list[st
         lines += _rollout_lines(plan.rollout, plan, cfg)
     else:
         lines.append(f"rollout role: engine.rollout {cfg.engine.rollout} holds no model")
+    lines += eval_lines(cfg)
     refusal = plan.refusal()
     if plan.gpu_bytes is not None:
         lines.append(f"verdict: {'refused at launch: ' + refusal if refusal else 'fits'}")
+    return lines
+
+
+def eval_lines(cfg: Config) -> list[str]:
+    """The held-out evals' share of the episodes generated, before launch: a round's
+    episodes (every set's first ``eval.max_prompts`` prompts, once greedily and ``eval.k``
+    times sampled) against the fresh samples generated between two rounds (at least
+    ``1 - sigma`` of each batch). A share of episodes, so of tokens when eval responses are
+    as long as training ones; the GPU time is the simulator's (``reflow simulate``)."""
+    sets = cfg.data.eval or {}
+    if not sets:
+        return []
+    per_round = len(sets) * cfg.eval.max_prompts * (1 + cfg.eval.k)
+    where = (
+        "on a rollout replica pinned to one policy version; training goes on"
+        if cfg.evals_on_rollout
+        else "by the trainer leader; training waits"
+    )
+    lines = [
+        f"held-out evals ({where}):",
+        f"  per round {per_round:>29,}   episodes: {len(sets)} set(s) x up to "
+        f"{cfg.eval.max_prompts} prompts x (1 greedy + {cfg.eval.k} sampled)",
+    ]
+    every = cfg.train.eval_every
+    if every:
+        fresh = every * cfg.train.batch_size * (1.0 - cfg.reflow.replay_share)
+        lines.append(
+            f"  share {per_round / (per_round + fresh):>33.2%}   of the episodes generated: a "
+            f"round every {every} steps against {fresh:,.0f} fresh samples; GPU time: "
+            "`reflow simulate`"
+        )
+    else:
+        lines.append("  rounds at the start and the end only (train.eval_every: 0)")
     return lines

@@ -181,3 +181,19 @@ def lend_line(lends: dict) -> str:
         f"{lends.get('margin')}; switch {lends.get('lend_s')} s out, "
         f"{lends.get('reclaim_s')} s back"
     )
+
+
+def sim_eval_line(evals: dict[str, Any] | None) -> str | None:
+    """A simulated run's held-out eval rounds and their cost, in one line (None: none)."""
+    if not evals:
+        return None
+    parts = [f"{evals['rounds']} eval rounds of {evals['episodes_per_round']} episodes"]
+    if evals["round_s_mean"] is not None:
+        parts.append(f"{evals['round_s_mean']:.0f} s each during training")
+    if evals["share_of_rollout"] is not None:
+        parts.append(f"{evals['share_of_rollout']:.1%} of rollout GPU time")
+    if evals["end_round_s"] is not None:
+        parts.append(f"the end's round {evals['end_round_s']:.0f} s after the last step")
+    if evals["incomplete"]:
+        parts.append(f"{evals['incomplete']} incomplete (eval.timeout_s)")
+    return ", ".join(parts) + " (simulated)"

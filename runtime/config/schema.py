@@ -231,8 +231,9 @@ class TrainConfig:
     keep_checkpoints: int = opt(3, "complete checkpoints kept (the newest)", ge=1)
     eval_every: int = opt(
         0,
-        "steps between held-out evals by the trainer leader (data.eval sets, and the arith "
-        "kind's own eval_reward), in that step's metrics line; 0 = at the start and the end",
+        "steps between held-out evals (data.eval sets, on a pinned rollout replica or, where "
+        "the rollout engines cannot play them, by the trainer leader; and the arith kind's "
+        "own eval_reward); 0 = at the start and the end",
         ge=0,
     )
     seed: int = opt(0, "global seed", ge=0)

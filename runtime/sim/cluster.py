@@ -64,6 +64,21 @@ def sim_config(cfg: Config, model: ModelProfile | None = None) -> Config:
     return cfg
 
 
+def sim_eval_prompts(cfg: Config, prompt_ids: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """The ``data.eval`` sets as the simulated rank 0 hands them out: ``eval.max_prompts``
+    prompts each (the set's file is not read: a set with fewer prompts costs less than
+    simulated), of the workload's prompt length. None where the rollout engines play no
+    evals (``Config.evals_on_rollout``: colocated_sync evaluates on its trainer, which the
+    simulator does not model)."""
+    if not cfg.evals_on_rollout:
+        return {}
+    n = cfg.eval.max_prompts
+    return {
+        name: [{"prompt_ids": prompt_ids, "index": i} for i in range(n)]
+        for name in sorted(cfg.data.eval or {})
+    }
+
+
 class SimStalled(RuntimeError):
     """The simulated run stopped making progress (a lost request, a deadlock): a bug in a
     model or in the control plane, which a real run would show as a hang."""
@@ -84,6 +99,8 @@ class SimResult:
     weight_syncs: int = 0  # the weight syncs the trainer leader paid
     weight_sync_s: float = 0.0  # the seconds of one (the model's, a LoRA run's adapter sync)
     weight_sync_bytes: float | None = None  # one sync's bytes, where the model's size is known
+    rollout_gpus_per_replica: int = 1  # the GPUs an eval round's pinned replica holds
+    eval_episodes_per_round: int = 0  # every set's prompts x (1 greedy + eval.k sampled)
 
 
 class SimCluster:
@@ -124,6 +141,7 @@ class SimCluster:
             prompts=self._prompts(),
             clock=self.events.clock,
             wall=self.events.clock,
+            eval_prompts=sim_eval_prompts(self.cfg, self._prompt_ids),
         )
         self.world = self.cfg.world_size
         self.ident = [f"rank-{r}".encode() for r in range(self.world)]
@@ -142,6 +160,7 @@ class SimCluster:
             model,
             workload,
             rng=random.Random(seed),
+            eval_rng=random.Random(f"evals-{seed}"),
             block=block,
             max_seqs=max_seqs or cfg.engine.max_num_seqs,  # per rollout replica
             world=self.world,
@@ -163,6 +182,7 @@ class SimCluster:
         self.placements: list[tuple[float, int, str]] = []
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             p.Work: self.pool.on_work,
+            p.EvalWork: self.pool.on_eval_work,
             p.Batch: self._on_batch,
             p.BatchWait: self._on_batch_wait,
             p.WeightSync: self._on_weight_sync,
@@ -412,4 +432,10 @@ class SimCluster:
             placements=self.placements,
             weight_syncs=self.weight_syncs,
             weight_sync_s=self.model.weight_sync_s,
+            rollout_gpus_per_replica=self.cfg.resources.rollout_gpus_per_replica,
+            eval_episodes_per_round=(
+                sum(self.coord.evals.sets.values()) * (1 + self.cfg.eval.k)
+                if self.coord.evals is not None
+                else 0
+            ),
         )

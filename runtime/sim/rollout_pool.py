@@ -11,6 +11,7 @@ lifts those limits happens, not polled.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from array import array
@@ -44,6 +45,8 @@ class _Generation:
     # the version spans of what it had generated, and the blocks of the current turn.
     prefix: list[tuple[int, int, int]] | None = None
     done: int = 0
+    # an eval round's episode: (round id, task id); the reward goes back as ``EvalDone``
+    eval_task: tuple[int, int] | None = None
 
 
 class RolloutPool:
@@ -58,6 +61,7 @@ class RolloutPool:
         workload: WorkloadProfile,
         *,
         rng: random.Random,
+        eval_rng: random.Random | None = None,
         block: int,
         max_seqs: int,
         world: int,
@@ -100,6 +104,16 @@ class RolloutPool:
         # started and their seconds; episodes delivered and the tool calls they made.
         self.tool_calls, self.tool_s_total = 0, 0.0
         self.episodes_done, self.episode_tool_calls = 0, 0
+        # leader -> its eval episodes in flight, by replica id (negative: a sample id is not)
+        self._evals: dict[int, dict[int, _Generation]] = {}
+        self._eval_ids = itertools.count(1)
+        # eval episodes draw from their own stream: the training draws are those of the
+        # same run without evals (a paired comparison), and the rest of the run depends
+        # on them only through time
+        self._eval_rng = eval_rng or random.Random("evals")
+        # leader -> its eval episodes in a tool call: they keep their slot, as on a real rank
+        self._eval_in_tools: dict[int, int] = {}
+        self.eval_episodes = 0  # eval episodes played to their end
 
     # --- layout ------------------------------------------------------------------------
 
@@ -126,6 +140,9 @@ class RolloutPool:
             self._replica_event.pop(gone, None)
             self._accounted.pop(gone, None)
             self._blocked.pop(gone, None)
+            # its eval episodes end with it: rank 0 ends the round incomplete
+            self._evals.pop(gone, None)
+            self._eval_in_tools.pop(gone, None)
         for new in leaders - set(self.replicas):
             self.add(new, frozen_for=frozen_for)
 
@@ -144,28 +161,55 @@ class RolloutPool:
             self._blocked[leader] = None
             return
         self._blocked.pop(leader, None)
-        prompt_blocks = len(self._prompt_ids)
-        progress = self._progress()
         for req in requests:
             handed = self._handed.pop(req.sample_id, None)
             if handed is not None and req.resume is not None:
                 self._resume(leader, replica, req, handed, msg.policy_version)
                 continue
-            total = self.lengths.draw(self.rng, progress)
-            n_turns = self.workload.episode_turns(self.rng)  # tool calls + 1
-            per = max(1, total // n_turns // self.block)
-            # a tool output is part of the response drawn, but prefilled, not decoded
-            later = max(1, per - self._tool_out)
-            per = [per] + [later] * (n_turns - 1)
-            loop.running[req.sample_id] = _Generation(
-                prompt_blocks=prompt_blocks,
-                turns=per,
-                version=msg.policy_version,
-                group_id=req.group_id,
-                prompt_id=req.prompt_id,
-                dispatched_at=now,
-            )
-            replica.submit(req.sample_id, prompt_blocks, per[0])
+            g = self._episode(msg.policy_version, req.group_id, req.prompt_id, self.rng)
+            loop.running[req.sample_id] = g
+            replica.submit(req.sample_id, g.prompt_blocks, g.turns[0])
+        self._catch_up(leader, replica)
+
+    def _episode(
+        self, version: int, group_id: int, prompt_id: int, rng: random.Random
+    ) -> _Generation:
+        """A new episode drawn (from ``rng``) from the workload model at the run's
+        progress: its response length, split into turns by its tool calls."""
+        total = self.lengths.draw(rng, self._progress())
+        n_turns = self.workload.episode_turns(rng)  # tool calls + 1
+        per = max(1, total // n_turns // self.block)
+        # a tool output is part of the response drawn, but prefilled, not decoded
+        later = max(1, per - self._tool_out)
+        return _Generation(
+            prompt_blocks=len(self._prompt_ids),
+            turns=[per] + [later] * (n_turns - 1),
+            version=version,
+            group_id=group_id,
+            prompt_id=prompt_id,
+            dispatched_at=self.events.now,
+        )
+
+    def on_eval_work(self, leader: int, msg: p.EvalWork) -> None:
+        """Rank 0 pinned this replica to an eval round: each episode is generated like a
+        training episode of the workload (lengths, turns and tool calls drawn from the
+        same model at the run's progress; the eval set's own lengths are not modelled),
+        and its reward (drawn as a training sample's) goes back as ``EvalDone``."""
+        replica, loop = self.replicas.get(leader), self.loops.get(leader)
+        if replica is None or loop is None:
+            return
+        loop.take_eval(msg, self.events.now)
+        if not msg.tasks:  # all handed out: asks again when one of its episodes ends
+            self._blocked[leader] = None
+            return
+        self._blocked.pop(leader, None)
+        mine = self._evals.setdefault(leader, {})
+        for t in msg.tasks:
+            rid = -next(self._eval_ids)
+            g = self._episode(msg.policy_version, -1, -1, self._eval_rng)
+            g.eval_task = (msg.round_id, t["task_id"])
+            mine[rid] = g
+            replica.submit(rid, g.prompt_blocks, g.turns[0])
         self._catch_up(leader, replica)
 
     def _resume(
@@ -269,9 +313,10 @@ class RolloutPool:
         that a delivery among them (which may ask for work at once) reports every
         request now between turns as such."""
         running = self.loops[leader].running
+        evals = self._evals.get(leader, {})
 
         def last(sid: int) -> bool:
-            s = running.get(sid)
+            s = running.get(sid) or evals.get(sid)
             return s is None or s.turn + 1 >= len(s.turns)
 
         for sid in sorted(sids, key=last):  # stable: the replica's order otherwise
@@ -283,16 +328,23 @@ class RolloutPool:
         # 0 put its requests back in the queue)
         s = loop.running.get(sid) if loop is not None else None
         if s is None:
+            s = self._evals.get(leader, {}).get(sid)
+        if s is None or loop is None:
             return
         now = self.events.now
         s.context += s.turns[s.turn]
         s.turn, s.done = s.turn + 1, 0
         if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
             s.context += self._tool_out  # its output, in the next turn's prompt
-            tool_s = self.workload.tool_s(self.rng)
+            tool_s = self.workload.tool_s(self.rng if s.eval_task is None else self._eval_rng)
+            if s.eval_task is not None:
+                self._eval_in_tools[leader] = self._eval_in_tools.get(leader, 0) + 1
             self.tool_calls += 1
             self.tool_s_total += tool_s
             self.events.at(now + tool_s, self._next_turn, leader, sid)
+            return
+        if s.eval_task is not None:
+            self._eval_done(leader, sid, s)
             return
         del loop.running[sid]
         self.episodes_done += 1
@@ -325,11 +377,36 @@ class RolloutPool:
             self.ask_work(oldest)
         self._on_delivered()
 
+    def _eval_done(self, leader: int, rid: int, s: _Generation) -> None:
+        """An eval episode ended: its reward to rank 0, and the leader asks for more."""
+        del self._evals[leader][rid]
+        self.eval_episodes += 1
+        assert s.eval_task is not None
+        round_id, task_id = s.eval_task
+        loop = self.loops[leader]
+        loop.queue(
+            p.EvalDone(
+                rank=leader,
+                round_id=round_id,
+                task_id=task_id,
+                policy_version=s.version,
+                reward=float(self._eval_rng.random() < self.workload.reward_p(self._progress())),
+                reason="",
+            )
+        )
+        loop.flush()
+        self._blocked.pop(leader, None)
+        self.ask_work(leader)
+
     def _next_turn(self, leader: int, sid: int) -> None:
         replica, loop = self.replicas.get(leader), self.loops.get(leader)
         s = loop.running.get(sid) if loop is not None else None
+        if s is None:
+            s = self._evals.get(leader, {}).get(sid)
         if replica is None or s is None:
             return
+        if s.eval_task is not None:
+            self._eval_in_tools[leader] -= 1
         replica.advance(self.events.now)
         replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
         self._catch_up(leader, replica)
@@ -344,9 +421,13 @@ class RolloutPool:
         refused = data.n_blocked("staleness")
         loop = self.loops[leader]
         # A generation in flight is either in the replica (generating or queued there) or
-        # between two turns, in a tool call: those hold no slot, and rank 0 is told so.
-        in_tools = len(loop.running) - replica.outstanding
-        asked = loop.pull(self.max_seqs - replica.outstanding, self.events.now, in_tools)
+        # between two turns, in a tool call: those hold no slot, and rank 0 is told so. An
+        # eval episode in a tool call keeps its slot (as the vLLM rank's free_slots counts).
+        eval_tools = self._eval_in_tools.get(leader, 0)
+        evals_here = len(self._evals.get(leader, ())) - eval_tools
+        in_tools = len(loop.running) - (replica.outstanding - evals_here)
+        free = self.max_seqs - replica.outstanding - eval_tools
+        asked = loop.pull(free, self.events.now, in_tools)
         if asked and data.n_blocked("staleness") != refused:
             self._stale_at = self._settled_groups()
 

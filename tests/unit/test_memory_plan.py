@@ -326,3 +326,20 @@ def test_the_default_utilization_is_the_installed_vllms():
     assert found is not None, "vllm/config/cache.py: no gpu_memory_utilization default found"
     assert float(found.group(1)) == VLLM_GPU_MEMORY_UTILIZATION
     assert ROLLOUT_RESERVE_BYTES == 4 * GIB
+
+
+def test_the_plan_shows_the_evals_share_of_the_episodes_generated():
+    """dapo_math: 1 set x 30 prompts x (1 + 4) = 150 episodes per round, every 80 steps
+    of 512 samples at least half fresh (sigma 0.5): 150 / (150 + 20,480) = 0.73%."""
+    from reflow_cli.plan import eval_lines
+
+    cfg = load_recipe(REPO / "recipes" / "dapo_math.yaml")
+    lines = eval_lines(cfg)
+    assert "pinned to one policy version" in lines[0]
+    assert re.search(r"per round\s+150\s+episodes: 1 set\(s\) x up to 30 prompts", lines[1])
+    assert re.search(r"share\s+0\.73%.*every 80 steps against 20,480 fresh samples", lines[2])
+    # played by the trainer where the rollout engines cannot: training waits
+    coloc = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["reflow.mode=colocated_sync"])
+    assert "training waits" in eval_lines(coloc)[0]
+    none = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["data.eval={}", "train.eval_every=0"])
+    assert eval_lines(none) == []
