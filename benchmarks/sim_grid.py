@@ -101,9 +101,9 @@ def cell_config(
     sync_every = load_recipe(recipe, sets).train.sync_every
     warmup, measure = protocol_steps(workload, warmup, measure, sync_every)
     steps = train_steps(syncs, sync_every, warmup, measure)
-    # The grid compares training throughput: the recipes' held-out sets are left out
-    # (colocated_sync's evals are not modelled, the others' would be; `reflow simulate`
-    # shows their cost), unless a --set names them.
+    # The grid compares training throughput, as the grids before the recipes had eval
+    # sets did: the sets are left out (`reflow simulate` and benchmarks/sim_evals.py show
+    # their cost), unless a --set names them.
     no_evals = [] if "data.eval" in given_fields(sets) else ["data.eval={}", "train.eval_every=0"]
     sets = [f"train.steps={steps}", *no_evals, *sets]
     return load_recipe(recipe, sets), sets, (warmup, measure), steps

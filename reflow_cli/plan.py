@@ -261,11 +261,12 @@ def eval_lines(cfg: Config) -> list[str]:
     if not sets:
         return []
     per_round = len(sets) * cfg.eval.max_prompts * (1 + cfg.eval.k)
-    where = (
-        "on a rollout replica pinned to one policy version; training goes on"
-        if cfg.evals_on_rollout
-        else "by the trainer leader; training waits"
-    )
+    if not cfg.evals_on_rollout:
+        where = "by the trainer leader; training waits"
+    elif cfg.reflow.policy.colocated:
+        where = "on every rollout engine, in a rollout phase that waits for them"
+    else:
+        where = "on a rollout replica pinned to one policy version; training goes on"
     lines = [
         f"held-out evals ({where}):",
         f"  per round {per_round:>29,}   episodes: {len(sets)} set(s) x up to "

@@ -190,6 +190,8 @@ def sim_eval_line(evals: dict[str, Any] | None) -> str | None:
     parts = [f"{evals['rounds']} eval rounds of {evals['episodes_per_round']} episodes"]
     if evals["round_s_mean"] is not None:
         parts.append(f"{evals['round_s_mean']:.0f} s each during training")
+    if evals.get("shared"):
+        parts.append("every engine plays them inside a rollout phase, which waits for them")
     if evals["share_of_rollout"] is not None:
         parts.append(f"{evals['share_of_rollout']:.1%} of rollout GPU time")
     if evals["end_round_s"] is not None:

@@ -551,14 +551,9 @@ class Config:
     @property
     def evals_on_rollout(self) -> bool:
         """Whether the rollout engines play the ``data.eval`` sets (rank 0's eval rounds,
-        runtime/control/evals.py), not the trainer leader. Not in a colocated mode: every
-        rank loads each version in place there, which no eval round can hold back (and
-        training stops for every rollout phase anyway)."""
-        return (
-            bool(self.data.eval)
-            and self.engine.rollout in EVAL_ROLLOUT_ENGINES
-            and not self.reflow.policy.colocated
-        )
+        runtime/control/evals.py), not the trainer leader: wherever they can (in
+        colocated_sync, inside a rollout phase, on every engine)."""
+        return bool(self.data.eval) and self.engine.rollout in EVAL_ROLLOUT_ENGINES
 
 
 # Engine pairs whose trainer broadcasts weights to the rollout engines over

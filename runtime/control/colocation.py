@@ -13,6 +13,11 @@ layouts of the whole world (:meth:`runtime.config.layout.Layout.all_playing`):
    own engine in place (no broadcast: ``runtime/rank/worker.py``), then offloads the
    trainer and wakes the engine.
 
+Held-out evals run inside a rollout phase, on every driver, at the version the phase
+serves (runtime/control/eval_work.py ``shared_rounds``): a phase does not end while its
+round runs, and after the last step a rollout phase of no training work plays the end's
+round, as verl validates between generating and training.
+
 Each phase change is a role switch of every rank, through the same books as a rebalance
 (``RoleSwitch`` / ``RoleSwitchDone`` with each phase timed, ``source="phase"``), so its
 cost shows in the step's ``transitions`` and in status. Pure logic, like the rest of
@@ -22,8 +27,10 @@ cost shows in the step's ``transitions`` and in status. Pure logic, like the res
 from __future__ import annotations
 
 from runtime.config.layout import Role
+from runtime.control import eval_work
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
+from runtime.transport import protocol as p
 from runtime.transport.states import RunState
 
 
@@ -64,17 +71,29 @@ def advance(c: Run) -> list[Outgoing]:
     if c.rebalance.switching() or c.rebalance.pending is not None:
         return []
     train = c.cfg.train
+    evaluating = c.evals is not None and c.evals.active is not None
     if phase(c) is Role.ROLLOUT:
-        if c.data.has_outstanding or c.data.n_unused < rollout_quota(c):
+        if c.data.has_outstanding or c.data.n_unused < rollout_quota(c) or evaluating:
             return []
         target = Role.TRAINER
     else:
         trained = c.step > c.phase_started_at_step
         at_sync = c.step % train.sync_every == 0 and c.step < train.steps
-        if not (trained and at_sync) or c.batch_in_flight is not None or c.ckpt.busy:
+        # the last step is trained and its version's round is due: a phase to play it
+        end_round = c.step >= train.steps and evaluating and c.evals.closing  # type: ignore[union-attr]
+        if not trained or not (at_sync or end_round):
+            return []
+        if c.batch_in_flight is not None or c.ckpt.busy:
             return []
         target = Role.ROLLOUT
         c.idle.trainer_is("colocated_rollout", c.clock())
+        if at_sync:  # a round of the version this phase serves, if one is due
+            eval_work.after_sync(c, c.step - train.sync_every)
     c.start_phase()
     c.rebalance.request(c.layout.all_playing(target), source="phase", ratio=target.value)
     return c.apply_pending_layout()
+
+
+def on_eval_done(c: Run, identity: bytes, msg: p.EvalDone) -> list[Outgoing]:
+    """An eval episode came back: its round may be over, and so the phase it held."""
+    return eval_work.on_eval_done(c, identity, msg) + advance(c)

@@ -187,9 +187,9 @@ class Coordinator(Run):
                 )
             else:
                 out += self._wait_for_parked(now)
+        out += eval_work.tick(self)  # a round past its timeout: a colocated phase may end
         out += colocation.advance(self)
         out += lends.poll(self)
-        out += eval_work.tick(self)
         self.check_ended()
         return out
 
@@ -363,7 +363,7 @@ HANDLERS: dict[type[p.Message], Handler] = {
     p.StepDone: training.on_step_done,
     p.CheckpointSaved: lifecycle.on_checkpoint_saved,
     p.Parked: hand_over.on_parked,
-    p.EvalDone: eval_work.on_eval_done,
+    p.EvalDone: colocation.on_eval_done,
     # clients (reflow status / rebalance / allocator / stop)
     p.StatusRequest: Coordinator._on_status_request,
     p.RebalanceRequest: Coordinator._on_rebalance,

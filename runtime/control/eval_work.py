@@ -38,14 +38,25 @@ def pick_driver(c: Run) -> int | None:
 
 
 def start_round(c: Run, when: str) -> bool:
-    """A round of the current policy version, if one is due and a driver can take it."""
+    """A round of the current policy version, if one is due and a driver can take it (in
+    colocated_sync, every driver of the rollout phase it runs in)."""
     ev = c.evals
     if ev is None or not ev.enabled or ev.evaluated(c.policy_version):
         return False
+    if shared_rounds(c):
+        return ev.start(c.policy_version, c.step, when, None) is not None
     rank = pick_driver(c)
     if rank is None:
         return False
     return ev.start(c.policy_version, c.step, when, rank) is not None
+
+
+def shared_rounds(c: Run) -> bool:
+    """colocated_sync: a round runs in a rollout phase, on every driver. Every rank loads
+    each version in place at the phase change, so no replica can be held back at one; the
+    phase does not end while its round runs (runtime/control/colocation.py), as verl
+    validates between its generation and its training."""
+    return c.cfg.reflow.policy.colocated
 
 
 def at_first_work(c: Run) -> None:
@@ -79,7 +90,8 @@ def begin_end(c: Run) -> list[Outgoing]:
     a driver that has it drops it) and its round; the run completes if none can run."""
     ev = c.evals
     assert ev is not None
-    out = c.weight_sync()
+    # (colocated: the end's rollout phase loads the last version in place)
+    out = [] if shared_rounds(c) else c.weight_sync()
     if start_round(c, "end"):
         return out
     ev.closing = False
@@ -93,6 +105,18 @@ def work_for(c: Run, rank: int, slots: int) -> p.Message | None:
     ev = c.evals
     if ev is None:
         return None
+    r = ev.active
+    if r is not None and r.rank is None:  # a colocated phase's round: an even share each
+        drivers = max(1, len(c.sync_receivers()))
+        share = -(-r.n_tasks // drivers) - sum(1 for h in r.holders.values() if h == rank)
+        tasks = ev.take(rank, min(slots, share)) if share > 0 else []
+        if tasks:
+            c.idle.rank_is(rank, None, c.clock(), 0.0)
+            return p.EvalWork(
+                round_id=r.round_id,
+                policy_version=r.version,
+                tasks=[task_record(ev.prompt_of(t), t) for t in tasks],
+            )
     if ev.pinned == rank:
         r = ev.active
         assert r is not None

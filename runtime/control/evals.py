@@ -8,6 +8,10 @@ pinned replica generates no training samples while the round runs (it takes eval
 only, and no training work until a sync has brought it the current policy again), and the
 other replicas go on as before, so training never waits for an eval.
 
+In colocated_sync every rank loads each version in place at a phase change, so no replica
+can be held back: a round there is shared (``rank`` None), every driver of the rollout
+phase takes an even share of it, and the phase waits for it (runtime/control/colocation.py).
+
 A round is every ``data.eval`` set's prompts (the first ``eval.max_prompts`` that leave
 room for a response, as rank 0 renders them), each played once greedily (``sample`` 0)
 and ``eval.k`` times at ``eval.temperature`` (``sample`` 1..k): :class:`EvalTask` each,
@@ -59,13 +63,18 @@ class EvalRound:
     version: int
     step: int  # the step that published ``version`` (0: the initial policy)
     when: str  # start | step | end
-    rank: int  # the rollout driver pinned to ``version`` for it
+    # the rollout driver pinned to ``version`` for it; None: a colocated rollout phase's
+    # round, which every driver plays (they all serve ``version`` until the phase ends)
+    rank: int | None
     started_at: float
     pending: deque[EvalTask]
     out: dict[int, EvalTask] = field(default_factory=dict)  # handed out, not back yet
+    holders: dict[int, int] = field(default_factory=dict)  # task id -> the rank it went to
     # set -> prompt -> reward per sample (None: not back yet)
     rewards: dict[str, list[list[float | None]]] = field(default_factory=dict)
     unscored: Counter[str] = field(default_factory=Counter)
+
+    n_tasks: int = 0  # episodes in the round
 
     @property
     def total(self) -> int:
@@ -84,7 +93,7 @@ class EvalRecord:
     version: int
     step: int
     when: str
-    rank: int
+    rank: int | None  # None: played by every driver of a colocated rollout phase
     started_at: float
     seconds: float
     figures: dict[str, float]
@@ -155,9 +164,10 @@ class EvalRounds:
         """Whether a rank whose round is done still serves a version before ``version``."""
         return any(v < version for v in self.stale.values())
 
-    def start(self, version: int, step: int, when: str, rank: int) -> EvalRound | None:
-        """A round of ``version`` on ``rank``; None when no set is configured, the version
-        was evaluated already, or a round runs (then it counts as skipped)."""
+    def start(self, version: int, step: int, when: str, rank: int | None) -> EvalRound | None:
+        """A round of ``version`` on ``rank`` (None: on every driver, a colocated rollout
+        phase's); None when no set is configured, the version was evaluated already, or a
+        round runs (then it counts as skipped)."""
         if not self.enabled or self.evaluated(version):
             return None
         if self.active is not None:
@@ -173,7 +183,15 @@ class EvalRounds:
                     tasks.append(EvalTask(n, name, i, j))
                     n += 1
         self.active = EvalRound(
-            self._next_round, version, step, when, rank, self.clock(), tasks, rewards=rewards
+            self._next_round,
+            version,
+            step,
+            when,
+            rank,
+            self.clock(),
+            tasks,
+            rewards=rewards,
+            n_tasks=len(tasks),
         )
         self._next_round += 1
         self.stale.pop(rank, None)
@@ -183,14 +201,16 @@ class EvalRounds:
         return self.prompts[task.set_name][task.prompt]
 
     def take(self, rank: int, slots: int) -> list[EvalTask]:
-        """Up to ``slots`` episodes for ``rank`` (none unless it is the pinned one)."""
+        """Up to ``slots`` episodes for ``rank`` (none unless it is the pinned one, or the
+        round is shared)."""
         r = self.active
-        if r is None or rank != r.rank:
+        if r is None or (r.rank is not None and rank != r.rank):
             return []
         out = []
         while r.pending and len(out) < slots:
             task = r.pending.popleft()
             r.out[task.task_id] = task
+            r.holders[task.task_id] = rank
             out.append(task)
         return out
 
@@ -213,8 +233,11 @@ class EvalRounds:
         if r is None or round_id != r.round_id:
             self.refused["not_this_round"] += 1
             return False
-        if rank != r.rank:
+        if r.rank is not None and rank != r.rank:
             self.refused["not_pinned"] += 1
+            return False
+        if task_id in r.out and r.holders.get(task_id) != rank:
+            self.refused["not_this_ranks"] += 1  # handed to another rank
             return False
         task = r.out.pop(task_id, None)
         if task is None:
@@ -237,7 +260,10 @@ class EvalRounds:
     def rank_lost(self, rank: int) -> EvalRecord | None:
         """``rank`` left the run: its round ends incomplete."""
         record = None
-        if self.active is not None and self.active.rank == rank:
+        r = self.active
+        if r is not None and (
+            r.rank == rank or (r.rank is None and any(r.holders[t] == rank for t in r.out))
+        ):
             record = self._end(f"rank {rank} lost")
         self.stale.pop(rank, None)  # a rank that comes back is synced like any other
         return record
@@ -270,7 +296,8 @@ class EvalRounds:
         r = self.active
         assert r is not None
         self.active = None
-        self.stale[r.rank] = r.version
+        if r.rank is not None:
+            self.stale[r.rank] = r.version
         figures: dict[str, float] = {}
         missing = 0
         for name, per_prompt in r.rewards.items():

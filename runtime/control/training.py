@@ -72,7 +72,7 @@ def on_step_done(c: Run, identity: bytes, msg: p.StepDone) -> list[Outgoing]:
     if c.step >= train.steps:
         out = eval_work.final_round(c)  # the last version's eval: the run completes after
         if c.evals is not None and c.evals.closing:
-            return out
+            return out + colocation.advance(c)  # colocated: a rollout phase plays it
         return c.finish(RunState.COMPLETED, f"reached step {c.step}")
     out: list[Outgoing] = []
     if c.step % train.sync_every == 0 and not colocation.is_colocated(c):

@@ -68,8 +68,8 @@ def sim_eval_prompts(cfg: Config, prompt_ids: list[int]) -> dict[str, list[dict[
     """The ``data.eval`` sets as the simulated rank 0 hands them out: ``eval.max_prompts``
     prompts each (the set's file is not read: a set with fewer prompts costs less than
     simulated), of the workload's prompt length. None where the rollout engines play no
-    evals (``Config.evals_on_rollout``: colocated_sync evaluates on its trainer, which the
-    simulator does not model)."""
+    evals (``Config.evals_on_rollout``: the synthetic engines' trainer-side eval is not
+    modelled)."""
     if not cfg.evals_on_rollout:
         return {}
     n = cfg.eval.max_prompts

@@ -404,23 +404,28 @@ def eval_figures(result: SimResult) -> dict[str, Any] | None:
 
     ``share_of_rollout``: the rollout GPU-seconds of the rounds during training (the
     pinned replica's GPUs for each round's length: it takes no training work meanwhile,
-    beyond finishing what it ran) over all rollout GPU-seconds up to the last step. The
-    end's round runs after the last step, when nothing else is left to generate: it adds
-    ``end_round_s`` of wall time to the run instead."""
+    beyond finishing what it ran) over all rollout GPU-seconds up to the last step; None
+    for colocated_sync's rounds (``shared``), which every engine plays inside a rollout
+    phase that waits for them. The end's round runs after the last step, when nothing else
+    is left to generate: it adds ``end_round_s`` of wall time to the run instead."""
     rounds = result.summary.get("eval_rounds") or []
     if not rounds:
         return None
     during = [r for r in rounds if r["when"] != "end"]
     end = [r for r in rounds if r["when"] == "end"]
+    shared = all(r["rank"] is None for r in rounds)
     rollout_gpu_s = sum(m.get("rank_seconds", {}).get("rollout", 0.0) for m in result.metrics)
     eval_gpu_s = sum(r["seconds"] for r in during) * result.rollout_gpus_per_replica
     return {
         "rounds": len(rounds),
         "incomplete": sum(not r["complete"] for r in rounds),
         "episodes_per_round": result.eval_episodes_per_round,
+        "shared": shared,
         "round_s_mean": round(sum(r["seconds"] for r in during) / len(during), 1)
         if during
         else None,
-        "share_of_rollout": round(eval_gpu_s / rollout_gpu_s, 4) if rollout_gpu_s else None,
+        "share_of_rollout": round(eval_gpu_s / rollout_gpu_s, 4)
+        if rollout_gpu_s and not shared
+        else None,
         "end_round_s": round(end[0]["seconds"], 1) if end else None,
     }

@@ -5,10 +5,13 @@ lost pinned rank, and a resume that does not evaluate a version again."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from runtime.config.recipe import build_config
 from runtime.control.coordinator import Coordinator
+from runtime.transport import frames as wire
 from runtime.transport import protocol as p
 from tests.unit.test_coordinator import Clock, ident, register_all, take_batch, train_step
 
@@ -218,8 +221,8 @@ def test_which_runs_evaluate_on_the_rollout_engines():
         "engine": {"rollout": "vllm", "trainer": "torch"},
     }
     assert build_config(base).evals_on_rollout
-    # colocated_sync loads every version in place on every rank: no round could hold one
-    assert not build_config({**base, "reflow": {"mode": "colocated_sync"}}).evals_on_rollout
+    # colocated_sync too: inside a rollout phase, on every engine
+    assert build_config({**base, "reflow": {"mode": "colocated_sync"}}).evals_on_rollout
     synthetic = {"rollout": "synthetic", "trainer": "synthetic"}
     assert not build_config({**base, "engine": synthetic}).evals_on_rollout
     assert not build_config({**base, "data": {"train": "a.jsonl"}}).evals_on_rollout
@@ -283,3 +286,56 @@ def test_a_pinned_rank_moved_to_the_trainer_is_not_caught_up_for_ever():
     # and the trainer gets its batches
     train_step(c, 2)
     assert c.step == 2
+
+
+def test_colocated_sync_plays_a_round_on_every_engine_and_its_phase_waits_for_it():
+    """colocated_sync loads each version in place on every rank: its round runs inside a
+    rollout phase, an even share on each driver, and the phase does not end while it
+    runs (before, the trainer leader played the sets with Hugging Face generate)."""
+    from runtime.control import colocation
+    from tests.unit.test_data_plane import traj
+
+    clock = Clock()
+    c = make(
+        clock,
+        resources={"gpus_per_node": 4},
+        reflow={"mode": "colocated_sync"},
+        train={"steps": 4, "sync_every": 2, "eval_every": 2},
+    )
+    register_all(c)
+    d = c.data.dispatcher  # training prompts (make() gives only the eval sets)
+    d._prompts = ({"text": f"p{i}"} for i in itertools.count())
+    d.exhausted = False
+    assert c.sync_receivers() == [0, 1, 2, 3]
+    shares = {r: ask(c, r) for r in (0, 1, 2)}  # 6 episodes over 4 drivers: 2 each at most
+    assert all(isinstance(w, p.EvalWork) and len(w.tasks) == 2 for w in shares.values())
+    assert c.evals.active.rank is None and c.evals.pinned is None
+    training = ask(c, 3)
+    assert isinstance(training, p.Work) and training.requests  # none left to share
+
+    # the phase's training samples all in: it still waits for the round
+    for req in wire.requests(training):
+        c.data.deliver(traj(req, 0, worker=3))
+    for _ in range(50):
+        for req in c.data.request_work(3, 8):
+            c.data.deliver(traj(req, 0, worker=3))
+    assert not c.data.has_outstanding and c.data.n_unused >= colocation.rollout_quota(c)
+    assert colocation.advance(c) == [] and colocation.phase(c).value == "rollout"
+
+    # an episode handed to rank 0 is not rank 1's to report
+    other = shares[0].tasks[0]
+    forged = p.EvalDone(
+        rank=1, round_id=shares[0].round_id, task_id=other["task_id"], policy_version=0, reward=1.0
+    )
+    assert c.handle(ident(1), forged) == []
+    assert c.evals.refused["not_this_ranks"] == 1
+
+    out = []
+    for r, work in shares.items():
+        out += play(c, r, work)
+    (line,) = eval_lines(c)
+    assert line["eval_complete"] and line["eval_version"] == 0
+    assert line["eval_start/alpha/greedy"] == 1.0 and line["eval_start/beta/prompts"] == 1.0
+    # the round's last result ended the phase: every rank switches to the trainer
+    switches = [m for _, m in out if isinstance(m, p.RoleSwitch)]
+    assert switches and switches[0].roles == ["trainer"] * 4

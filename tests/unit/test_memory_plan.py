@@ -338,8 +338,13 @@ def test_the_plan_shows_the_evals_share_of_the_episodes_generated():
     assert "pinned to one policy version" in lines[0]
     assert re.search(r"per round\s+150\s+episodes: 1 set\(s\) x up to 30 prompts", lines[1])
     assert re.search(r"share\s+0\.73%.*every 80 steps against 20,480 fresh samples", lines[2])
-    # played by the trainer where the rollout engines cannot: training waits
+    # colocated_sync: inside a rollout phase; by the trainer where no engine can
     coloc = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["reflow.mode=colocated_sync"])
-    assert "training waits" in eval_lines(coloc)[0]
+    assert "in a rollout phase that waits for them" in eval_lines(coloc)[0]
+    synthetic = load_recipe(
+        REPO / "recipes" / "dapo_math.yaml",
+        ["engine.rollout=synthetic", "engine.trainer=synthetic"],
+    )
+    assert "by the trainer leader; training waits" in eval_lines(synthetic)[0]
     none = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["data.eval={}", "train.eval_every=0"])
     assert eval_lines(none) == []

@@ -150,7 +150,9 @@ def test_colocated_sync_uses_every_gpu_for_both_phases():
             assert line["ranks_by_role"]["rollout"] == [] and line["rank_seconds"]["rollout"] == 0
         assert line["rank_seconds"]["trainer"] > 0
     switches = res.summary["switches"]
-    assert [s["ratio"] for s in switches] == ["trainer", "rollout"] * 2 + ["trainer"]
+    # (the last: a rollout phase of no training work, for the end's held-out eval)
+    assert [s["ratio"] for s in switches] == ["trainer", "rollout"] * 3
+    assert [r["when"] for r in res.summary["eval_rounds"]] == ["start", "end"]
     to_train = [s["max_rank_switch_s"] for s in switches if s["ratio"] == "trainer"]
     to_rollout = [s["max_rank_switch_s"] for s in switches if s["ratio"] == "rollout"]
     assert set(to_train) == {m.wake_s} and set(to_rollout) == {m.colocated_sync_s + m.wake_s}

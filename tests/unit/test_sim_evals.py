@@ -63,9 +63,28 @@ def test_a_run_without_eval_sets_has_no_rounds_and_the_same_training():
     assert with_evals.sim_s > without.sim_s
 
 
-def test_colocated_sync_evaluates_on_its_trainer_which_is_not_simulated():
-    res = simulate(plan(recipe("dapo_math.yaml", 4), 32, mode="colocated_sync"))
-    assert res.summary.get("eval_rounds") is None and res.eval_episodes_per_round == 0
+def test_colocated_sync_plays_its_rounds_inside_rollout_phases_that_wait_for_them():
+    """Every engine takes a share of the round; the end's round gets a rollout phase of
+    its own after the last step."""
+    sim = sim_cluster.SimCluster(
+        plan(recipe("dapo_math.yaml", 8, "eval.max_prompts=8"), 32, mode="colocated_sync").cfg,
+        PROFILES.model("qwen3-8b"),
+        PROFILES.workload("math"),
+    )
+    res = sim.run()
+    rounds = res.summary["eval_rounds"]
+    assert [(r["when"], r["step"], r["rank"]) for r in rounds] == [
+        ("start", 0, None),
+        ("step", 4, None),
+        ("end", 8, None),
+    ]
+    assert all(r["complete"] for r in rounds)
+    assert sim.pool.eval_episodes == 3 * 8 * 5
+    # 4 train phases, each followed by a rollout phase: the last one plays the end's round
+    assert [s["ratio"] for s in res.summary["switches"]] == ["trainer", "rollout"] * 4
+    e = eval_figures(res)
+    assert e["shared"] and e["share_of_rollout"] is None and e["end_round_s"] > 0
+    assert res.summary["samples"]["lost"] == 0 and res.summary["steps"] == 8
 
 
 def test_a_round_longer_than_its_timeout_ends_incomplete_and_says_so():
