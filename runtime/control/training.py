@@ -101,9 +101,12 @@ def mark(c: Run, now: float) -> None:
         consumed=c.counters.consumed_total,
         consumed_tokens=c.counters.consumed_tokens,
         # a rank refused work by the run's rules is not generating at capacity: its busy
-        # seconds then would read as a slow rank to the allocator
+        # seconds then would read as a slow rank to the allocator; nor is a replica pinned
+        # to an eval round, whose episodes feed no batch (counting them moved rollout
+        # GPUs away from a trainer that was the bottleneck: a simulated dapo_math run)
         rollout_busy_s=c.members.rollout_busy_s(now, 2 * c.cfg.control.heartbeat_interval_s)
-        - c.idle.throttled_busy_s,
+        - c.idle.throttled_busy_s
+        - c.idle.rollout_busy["eval"],
         trainer_idle_s=c.data.trainer_idle_s,
         trainer_starved_s=c.idle.trainer_starved_s(now),
         rollout_active_s=c.idle.rollout_active_s,

@@ -256,6 +256,10 @@ def test_the_pinned_ranks_generating_seconds_are_booked_as_eval():
     assert c.idle.rollout_busy["eval"] == pytest.approx(8.0)  # rank 2's alone
     report = c.idle.report(clock.t, None)["rollout_busy_by_cause"]
     assert report == {"eval": 0.4}  # of both ranks' 20 active seconds
+    # the allocator's rollout rate counts the seconds that made training samples only:
+    # the eval's episodes feed no batch (counted, they read as a slow rollout side)
+    train_step(c, 1)
+    assert c.rebalance._marks[-1].rollout_busy_s == pytest.approx(8.0)
 
 
 def test_a_pinned_rank_moved_to_the_trainer_is_not_caught_up_for_ever():
