@@ -368,20 +368,21 @@ class Run:
     def weight_sync(self) -> list[Outgoing]:
         """Tell the ranks of :meth:`weight_sync_ranks` to run the weight broadcast; a
         rollout driver pinned to an eval round takes part and keeps its weights."""
-        msg = p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch)
         ranks = self.weight_sync_ranks()
         pinned = self.evals.pinned if self.evals is not None else None
-        if pinned is None:
-            if self.evals is not None:
-                self.evals.synced(ranks)
-            return self.members.send(msg, ranks)
-        held = p.WeightSync(
-            policy_version=self.policy_version, layout_epoch=self.layout_epoch, hold=True
-        )
         others = [r for r in ranks if r != pinned]
-        assert self.evals is not None
-        self.evals.synced(others)
-        return self.members.send(msg, others) + self.members.send(held, [pinned])
+        if self.evals is not None:
+            self.evals.synced(others)
+        out = self.members.send(
+            p.WeightSync(policy_version=self.policy_version, layout_epoch=self.layout_epoch),
+            others,
+        )
+        if pinned in ranks:  # it takes part in the broadcast and keeps its weights
+            held = p.WeightSync(
+                policy_version=self.policy_version, layout_epoch=self.layout_epoch, hold=True
+            )
+            out += self.members.send(held, [pinned])
+        return out
 
     def regroup_without_lost(self) -> list[Outgoing]:
         """A new epoch of the same layout once a rank is lost, so the live ranks rebuild
