@@ -87,9 +87,13 @@ def final_round(c: Run) -> list[Outgoing]:
 
 def begin_end(c: Run) -> list[Outgoing]:
     """The last version to the rollout drivers (the last step syncs none for training;
-    a driver that has it drops it) and its round; the run completes if none can run."""
+    a driver that has it drops it) and its round; the run completes if none can run.
+    Not while the ranks switch or must regroup without a lost one: the sync would run over
+    the groups of before (:func:`tick` begins it once they are done)."""
     ev = c.evals
     assert ev is not None
+    if c.rebalance.switching() or c.rebalance.regroup_due:
+        return []
     # (colocated: the end's rollout phase loads the last version in place)
     out = [] if shared_rounds(c) else c.weight_sync()
     if start_round(c, "end"):
@@ -176,17 +180,22 @@ def tick(c: Run) -> list[Outgoing]:
     record = ev.tick()
     if record is None and ev.pinned is not None and ev.pinned not in c.sync_receivers():
         record = ev.abandon(f"rank {ev.pinned} left the rollout pool")
-    return ended(c, record) if record is not None else []
+    if record is not None:
+        return ended(c, record)
+    if ev.closing and ev.active is None and c.state == RunState.RUNNING:
+        return begin_end(c)  # deferred by a switch or a regroup
+    return []
 
 
 def rank_lost(c: Run, rank: int) -> list[Outgoing]:
     if c.evals is None:
         return []
     record = c.evals.rank_lost(rank)
-    return ended(c, record) if record is not None else []
+    # (the end's round, if it is due, waits for the regroup the loss calls for: tick)
+    return ended(c, record, begin_end_now=False) if record is not None else []
 
 
-def ended(c: Run, record: EvalRecord) -> list[Outgoing]:
+def ended(c: Run, record: EvalRecord, begin_end_now: bool = True) -> list[Outgoing]:
     """A round ended: its figures into the metrics and the reports; the end's round
     completes the run."""
     c.reports.eval_round(record)
@@ -195,6 +204,6 @@ def ended(c: Run, record: EvalRecord) -> list[Outgoing]:
     if not ev.closing or c.state != RunState.RUNNING:
         return []
     if not ev.evaluated(c.policy_version):  # a round the last step found running ended
-        return begin_end(c)
+        return begin_end(c) if begin_end_now else []
     ev.closing = False
     return c.finish(RunState.COMPLETED, f"reached step {c.step}")

@@ -343,3 +343,36 @@ def test_colocated_sync_plays_a_round_on_every_engine_and_its_phase_waits_for_it
     # the round's last result ended the phase: every rank switches to the trainer
     switches = [m for _, m in out if isinstance(m, p.RoleSwitch)]
     assert switches and switches[0].roles == ["trainer"] * 4
+
+
+def test_the_ends_round_after_a_lost_pinned_rank_waits_for_the_regroup():
+    """The last step is trained while a round runs, and its pinned rank dies: the end's
+    round needs the last version on a live driver, but a weight sync sent before the live
+    ranks regroup would run over process groups that still hold the dead rank. It goes out
+    once the regroup is done."""
+    from runtime.config.schema import needs_collective
+    from tests.unit.test_lost_trainer import finish_switch
+
+    clock = Clock()
+    c = make(clock, steps=1)
+    assert needs_collective(c.cfg)
+    register_all(c)
+    ask(c, 2)
+    train_step(c, 1)  # the last step; the start's round still out on rank 2
+    assert c.evals.closing and c.evals.active.rank == 2
+    out = c.lose_rank(c.workers[2], "test: killed")
+    kinds = [type(m).__name__ for _, m in out]
+    assert "RoleSwitch" in kinds and "WeightSync" not in kinds, kinds
+    finish_switch(c)
+    out = c.tick()
+    syncs = [(to, m) for to, m in out if isinstance(m, p.WeightSync)]
+    assert syncs and all(
+        m.policy_version == 1 and m.layout_epoch == c.layout_epoch for _, m in syncs
+    )
+    assert c.evals.active.when == "end" and c.evals.pinned == 3
+    play(c, 3, ask(c, 3))
+    assert c.state == "COMPLETED"
+    assert [(x["eval_version"], x["eval_complete"]) for x in eval_lines(c)] == [
+        (0, False),
+        (1, True),
+    ]
