@@ -16,6 +16,7 @@ from runtime.config.memory_plan import (
     MemoryPlan,
     RolloutPlan,
     TrainerPlan,
+    placement_hint,
     plan_memory,
 )
 from runtime.config.schema import Config
@@ -74,7 +75,7 @@ def check_fits(cfg: Config, source: str, backend: str, option_gib: float | None)
         return
     refusal = plan.refusal()
     if refusal is not None:
-        raise UserError(f"{source}: {refusal}")
+        raise UserError(f"{source}: {refusal}{placement_hint(cfg, plan)}")
 
 
 def _gib(n: float) -> str:
@@ -247,7 +248,8 @@ def plan_lines(cfg: Config, plan: MemoryPlan, gpu_source: str | None) -> list[st
     lines += eval_lines(cfg)
     refusal = plan.refusal()
     if plan.gpu_bytes is not None:
-        lines.append(f"verdict: {'refused at launch: ' + refusal if refusal else 'fits'}")
+        verdict = f"refused at launch: {refusal}{placement_hint(cfg, plan)}" if refusal else "fits"
+        lines.append(f"verdict: {verdict}")
     return lines
 
 

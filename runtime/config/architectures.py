@@ -4,8 +4,11 @@ architectures (a login node rarely has ``/models`` mounted; the shapes of the pu
 checkpoints are public).
 
 A :class:`ModelShape` counts its parameters exactly from the shapes, one tensor at a time,
-as Hugging Face's dense decoders (Qwen3, Qwen2, Llama, Mistral) lay them out; the memory
-plan (:mod:`runtime.config.memory_plan`) turns those counts into bytes per GPU.
+as Hugging Face's dense decoders (Qwen3, Qwen2, Llama, Mistral) and Qwen3's
+mixture-of-experts decoder (``Qwen3MoeForCausalLM``: every block's MLP is ``experts`` gated
+MLPs of ``moe_intermediate`` and a router, ``experts_per_token`` of them run per token) lay
+them out; the memory plan (:mod:`runtime.config.memory_plan`) turns those counts into bytes
+per GPU: every parameter for memory, the active ones for compute.
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ class ModelShape:
     qk_norm: bool = True  # Qwen3: RMSNorm over head_dim on q and k, per layer
     attention_bias: bool = False  # Qwen2: biases on q, k, v
     source: str = ""  # where the shape came from (a config.json, or the table's citation)
+    # Mixture of experts (0 experts: a dense model). Every block is sparse (Qwen3-MoE's
+    # decoder_sparse_step 1, no mlp_only_layers: the released checkpoints' layout).
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
 
     @property
     def q_width(self) -> int:
@@ -48,17 +60,42 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
-    def block_params(self) -> int:
-        """One decoder block: attention (q, k, v, o; q_norm and k_norm; biases), the gated
-        MLP (gate, up, down) and its two RMSNorms (input, post-attention)."""
+    def attention_params(self) -> int:
+        """One block's attention: q, k, v, o; q_norm and k_norm; biases."""
         h, q, kv = self.hidden, self.q_width, self.kv_width
         attention = h * q + 2 * h * kv + q * h
         if self.attention_bias:
             attention += q + 2 * kv
         if self.qk_norm:
             attention += 2 * self.head_dim
-        mlp = 3 * h * self.intermediate
-        return attention + mlp + 2 * h
+        return attention
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gated MLP (gate, up, down)."""
+        return 3 * self.hidden * self.moe_intermediate
+
+    @property
+    def block_params(self) -> int:
+        """One decoder block: attention, the gated MLP (gate, up, down; a mixture of
+        experts: every expert's and the router's ``hidden x experts``) and its two RMSNorms
+        (input, post-attention)."""
+        h = self.hidden
+        if self.is_moe:
+            mlp = self.experts * self.expert_params + h * self.experts
+        else:
+            mlp = 3 * h * self.intermediate
+        return self.attention_params + mlp + 2 * h
+
+    @property
+    def active_block_params(self) -> int:
+        """The parameters of a block one token runs through: a mixture of experts' router
+        and ``experts_per_token`` experts; all of a dense block."""
+        if not self.is_moe:
+            return self.block_params
+        h = self.hidden
+        mlp = self.experts_per_token * self.expert_params + h * self.experts
+        return self.attention_params + mlp + 2 * h
 
     @property
     def root_params(self) -> int:
@@ -70,6 +107,11 @@ class ModelShape:
     @property
     def total_params(self) -> int:
         return self.root_params + self.layers * self.block_params
+
+    @property
+    def active_params(self) -> int:
+        """Per token (the compute a step costs): the root and each block's active part."""
+        return self.root_params + self.layers * self.active_block_params
 
 
 # The public config.json of each checkpoint (_QWEN3); the same shapes as
@@ -85,6 +127,27 @@ def _qwen3(name: str, hidden: int, layers: int, heads: int, mlp: int, tied: bool
     )
 
 
+def _qwen3_moe(name: str, hidden: int, layers: int, heads: int, moe: int) -> ModelShape:
+    """Qwen3's mixture-of-experts checkpoints: 128 experts, 8 per token, 4 KV heads of
+    128, q/k norms, untied embeddings, every block sparse (the public config.json; the
+    same shapes as THUDM/slime scripts/models/qwen3-30B-A3B.sh and qwen3-235B-A22B.sh)."""
+    return ModelShape(
+        name,
+        hidden,
+        layers,
+        heads,
+        4,
+        128,
+        0,
+        151936,
+        False,
+        source=_QWEN3.format(name),
+        experts=128,
+        experts_per_token=8,
+        moe_intermediate=moe,
+    )
+
+
 KNOWN: dict[str, ModelShape] = {
     shape.name.lower(): shape
     for shape in (
@@ -94,6 +157,8 @@ KNOWN: dict[str, ModelShape] = {
         _qwen3("Qwen3-8B", 4096, 36, 32, 12288, tied=False),
         _qwen3("Qwen3-14B", 5120, 40, 40, 17408, tied=False),
         _qwen3("Qwen3-32B", 5120, 64, 64, 25600, tied=False),
+        _qwen3_moe("Qwen3-30B-A3B", 2048, 48, 32, 768),
+        _qwen3_moe("Qwen3-235B-A22B", 4096, 94, 64, 1536),
     )
 }
 
@@ -140,16 +205,18 @@ DENSE_TYPES = {
 
 
 def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` (a dense decoder)."""
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (a dense decoder, or
+    Qwen3's mixture of experts)."""
     text = config.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in config:
         config = text
     kind = config.get("model_type")
+    if kind == MOE_TYPE:
+        return _moe_shape(config, name, source)
     if kind not in DENSE_TYPES:
-        known = ", ".join(sorted(DENSE_TYPES))
+        known = ", ".join([*sorted(DENSE_TYPES), MOE_TYPE])
         raise ArchitectureError(
-            f"model.path: {source} has model_type {kind!r}; the memory plan knows the dense "
-            f"decoders {known}"
+            f"model.path: {source} has model_type {kind!r}; the memory plan knows {known}"
         )
     try:
         hidden = int(config["hidden_size"])
@@ -173,6 +240,44 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
     except (TypeError, ValueError) as exc:
         raise ArchitectureError(f"model.path: {source}: {exc}") from None
     return shape
+
+
+MOE_TYPE = "qwen3_moe"
+
+
+def _moe_shape(config: dict[str, Any], name: str, source: str) -> ModelShape:
+    """Qwen3-MoE: the dense fields plus the experts'. A checkpoint with dense blocks among
+    the sparse ones (``mlp_only_layers``, ``decoder_sparse_step`` > 1) is not counted: no
+    released one has them."""
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1) or 1) != 1:
+        raise ArchitectureError(
+            f"model.path: {source} mixes dense and sparse blocks (mlp_only_layers or "
+            "decoder_sparse_step); the memory plan counts all-sparse Qwen3-MoE models only"
+        )
+    try:
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        return ModelShape(
+            name=name,
+            hidden=hidden,
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate=0,
+            vocab=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=True,
+            attention_bias=bool(config.get("attention_bias", False)),
+            source=source,
+            experts=int(config["num_experts"]),
+            experts_per_token=int(config["num_experts_per_tok"]),
+            moe_intermediate=int(config["moe_intermediate_size"]),
+        )
+    except KeyError as exc:
+        raise ArchitectureError(f"model.path: {source} has no {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ArchitectureError(f"model.path: {source}: {exc}") from None
 
 
 def model_shape(path: str) -> ModelShape:

@@ -94,6 +94,11 @@ def lora_plan(
     lora = cfg.model.lora
     if not lora.enabled:
         return None
+    if shape.is_moe:
+        raise ArchitectureError(
+            f"model.lora: {shape.name} is a mixture of experts; LoRA on its experts is not "
+            "built (dense models only)"
+        )
     adapters = lora_adapter_params(shape, lora)
     full = shape.total_params * sync_dtype_bytes
     return LoraPlan(

@@ -299,7 +299,15 @@ def layer_activation_bytes_per_token(shape: ModelShape, p: int, r: int) -> int:
     # rotated q; k and v repeated to every head (v is saved only so); the kernel's output
     # and its reshaped copy, o_proj's input
     attention = p * a * d * (1 + 2 + 2)
-    mlp = 4 * p * i  # gate, silu(gate), up, their product
+    if shape.is_moe:
+        # per expert a token is routed to (transformers' Qwen3MoeExperts): its gathered
+        # input, gate, silu(gate), up, their product, the expert's output before the
+        # routing weight; the router's logits and their fp32 softmax. Derived from the
+        # code, not measured as the dense terms were (docs/memory-plan.md)
+        k, e, m = shape.experts_per_token, shape.experts, shape.moe_intermediate
+        mlp = k * p * (2 * h + 4 * m) + e * (p + 4)
+    else:
+        mlp = 4 * p * i  # gate, silu(gate), up, their product
     return norms + qk + attention + mlp
 
 
@@ -512,3 +520,74 @@ def plan_memory(cfg: Config, gpu_bytes: int | None, shape: ModelShape | None = N
     trainer = plan_trainer(cfg, shape, gpu_bytes) if cfg.engine.trainer == "torch" else None
     rollout = plan_rollout(cfg, shape, gpu_bytes) if cfg.engine.rollout == "vllm" else None
     return MemoryPlan(shape, gpu_bytes, trainer, rollout)
+
+
+# The replica sizes :func:`fitting_sizes` tries: powers of two, as FSDP2 groups and vLLM's
+# tensor parallelism are laid out on 8-GPU nodes.
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> dict[str, int | None]:
+    """The smallest trainer replica group (``resources.trainer_gpus_per_replica``, FSDP2's
+    shard group) and rollout replica (``rollout_gpus_per_replica``, vLLM's tensor
+    parallelism) at which each role fits on GPUs of ``gpu_bytes``, the rest of the recipe
+    as it is; None where no size does (a role whose memory does not shrink with more
+    ranks: two gathered blocks and one sequence's activations, or a KV head per rank)."""
+    import dataclasses
+
+    def with_sizes(**sizes: int) -> Config:
+        return dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, **sizes))
+
+    out: dict[str, int | None] = {"trainer": None, "rollout": None}
+    if cfg.engine.trainer == "torch" and cfg.train.strategy == "fsdp2":
+        for n in _SIZES:
+            t = plan_trainer(with_sizes(trainer_gpus_per_replica=n), shape, gpu_bytes)
+            if t.total_bytes <= gpu_bytes:
+                out["trainer"] = n
+                break
+    if cfg.engine.rollout == "vllm":
+        for tp in _SIZES[:5]:  # up to 16: one engine on at most two nodes
+            plan = MemoryPlan(
+                shape,
+                gpu_bytes,
+                None,
+                plan_rollout(with_sizes(rollout_gpus_per_replica=tp), shape, gpu_bytes),
+            )
+            if plan.refusal() is None:
+                out["rollout"] = tp
+                break
+    return out
+
+
+def placement_hint(cfg: Config, plan: MemoryPlan) -> str:
+    """What a refused plan would fit with, for its refusal line ("" when it fits or no GPU
+    size is known)."""
+    if plan.gpu_bytes is None or plan.refusal() is None:
+        return ""
+    sizes = fitting_sizes(cfg, plan.gpu_bytes, plan.model)
+    res = cfg.resources
+    fixes, nowhere = [], []
+    t_refused = plan.trainer is not None and plan.trainer.total_bytes > plan.gpu_bytes
+    if t_refused and cfg.train.strategy == "fsdp2":
+        n = sizes["trainer"]
+        if n is not None:
+            fixes.append(
+                f"resources.trainer_gpus_per_replica={n} (now {res.trainer_gpus_per_replica})"
+            )
+        else:
+            nowhere.append(
+                "the trainer fits at no shard group size: what a rank holds besides its shard "
+                "(two gathered blocks, one pass's activations) exceeds the GPU (fewer "
+                "train.micro_batch_tokens, shorter sequences or larger GPUs)"
+            )
+    r_alone = MemoryPlan(plan.model, plan.gpu_bytes, None, plan.rollout)
+    if plan.rollout is not None and r_alone.refusal() is not None:
+        tp = sizes["rollout"]
+        if tp is not None:
+            fixes.append(
+                f"resources.rollout_gpus_per_replica={tp} (now {res.rollout_gpus_per_replica})"
+            )
+        else:
+            nowhere.append("the rollout role fits at no tensor parallelism up to 16")
+    out = "; would fit with " + " and ".join(fixes) if fixes else ""
+    return out + "".join(f"; {x}" for x in nowhere)

@@ -229,6 +229,8 @@ def test_known_shapes_count_what_transformers_builds():
     # model scripts), to the digits it gives
     published = {"Qwen3-4B": 4.02e9, "Qwen3-8B": 8.19e9, "Qwen3-14B": 14.77e9, "Qwen3-32B": 32.76e9}
     for shape in KNOWN.values():
+        if shape.is_moe:
+            continue  # the next test's
         config = Qwen3Config(
             vocab_size=shape.vocab,
             hidden_size=shape.hidden,
@@ -246,6 +248,61 @@ def test_known_shapes_count_what_transformers_builds():
         assert sum(p.numel() for p in model.model.layers[0].parameters()) == shape.block_params
         if shape.name in published:
             assert round(shape.total_params / 1e7) == round(published[shape.name] / 1e7)
+
+
+def test_moe_shapes_count_what_transformers_builds_and_the_published_sizes():
+    """Qwen3-MoE, total and active: on the meta device for the table's two, and a shape read
+    from a small config.json the same way."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from runtime.config.architectures import shape_from_config
+
+    # Qwen's model cards: 30.5B total / 3.3B activated, 235B / 22B
+    published = {"Qwen3-30B-A3B": (30.5e9, 3.3e9), "Qwen3-235B-A22B": (235e9, 22e9)}
+    small = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 32,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "vocab_size": 300,
+        "tie_word_embeddings": False,
+    }
+    shapes = [s for s in KNOWN.values() if s.is_moe] + [shape_from_config(small, "s", "t")]
+    assert [s.name for s in shapes] == ["Qwen3-30B-A3B", "Qwen3-235B-A22B", "s"]
+    for shape in shapes:
+        config = Qwen3MoeConfig(
+            vocab_size=shape.vocab,
+            hidden_size=shape.hidden,
+            intermediate_size=1,  # no dense block: every one is sparse
+            moe_intermediate_size=shape.moe_intermediate,
+            num_experts=shape.experts,
+            num_experts_per_tok=shape.experts_per_token,
+            num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads,
+            num_key_value_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            tie_word_embeddings=shape.tied,
+        )
+        with torch.device("meta"):
+            model = Qwen3MoeForCausalLM(config)
+        assert sum(p.numel() for p in model.parameters()) == shape.total_params, shape.name
+        assert sum(p.numel() for p in model.model.layers[0].parameters()) == shape.block_params
+        if shape.name in published:
+            total, active = published[shape.name]
+            assert abs(shape.total_params / total - 1) < 0.01
+            assert abs(shape.active_params / active - 1) < 0.02
+    # a dense model is all active
+    dense = KNOWN["qwen3-8b"]
+    assert dense.active_params == dense.total_params and not dense.is_moe
+    with pytest.raises(ArchitectureError, match="mixes dense and sparse blocks"):
+        shape_from_config({**small, "mlp_only_layers": [1]}, "s", "t")
 
 
 def test_embedded_shapes_are_the_models_runtime_embedded_builds():
@@ -307,8 +364,8 @@ def test_a_local_config_json_wins_over_the_table(tmp_path):
 def test_a_shape_that_cannot_be_known_is_one_line_naming_model_path(tmp_path):
     with pytest.raises(ArchitectureError, match=r"^model.path: /nowhere/Mystery-7B has no"):
         model_shape("/nowhere/Mystery-7B")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
-    with pytest.raises(ArchitectureError, match="model_type 'qwen3_moe'"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3"}))
+    with pytest.raises(ArchitectureError, match=r"model_type 'deepseek_v3'.*qwen3_moe"):
         model_shape(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     with pytest.raises(ArchitectureError, match="has no hidden_size"):
@@ -348,3 +405,47 @@ def test_the_plan_shows_the_evals_share_of_the_episodes_generated():
     assert "by the trainer leader; training waits" in eval_lines(synthetic)[0]
     none = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["data.eval={}", "train.eval_every=0"])
     assert eval_lines(none) == []
+
+
+def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
+    """docs/memory-plan.md, "Mixture of experts": on 16 GPUs of 80 GiB neither role fits,
+    and no FSDP2 shard group makes the trainer fit (two gathered MoE blocks and one 22.5k
+    sequence's activations exceed 80 GiB alone); on 141 GiB GPUs the plan names the
+    sizes, and the recipe at those sizes fits."""
+    from runtime.config.memory_plan import placement_hint
+
+    model = "model.path=/models/Qwen3-235B-A22B"
+    cfg = load_recipe(REPO / "recipes" / "dapo_math.yaml", [model, "resources.nodes=2"])
+    plan = plan_memory(cfg, 80 * GIB)
+    assert plan.model.is_moe and plan.model.total_params == 235_093_634_560
+    assert plan.refusal().startswith("trainer role needs")
+    hint = placement_hint(cfg, plan)  # the recipe's micro-batches of 45,056 tokens
+    assert "the trainer fits at no shard group size" in hint
+    assert "resources.rollout_gpus_per_replica=8 (now 1)" in hint
+
+    base = [model, "train.micro_batch_tokens=22528"]  # one sequence of the recipe's 22.5k
+    cfg = load_recipe(REPO / "recipes" / "dapo_math.yaml", [*base, "resources.nodes=2"])
+    assert "resources.trainer_gpus_per_replica=1024" in placement_hint(
+        cfg, plan_memory(cfg, 80 * GIB)
+    )
+    hint = placement_hint(cfg, plan_memory(cfg, 141 * GIB))
+    assert "resources.trainer_gpus_per_replica=64 (now 8)" in hint
+    placed = load_recipe(
+        REPO / "recipes" / "dapo_math.yaml",
+        [
+            *base,
+            "resources.nodes=16",
+            "resources.trainer_gpus_per_replica=64",
+            "resources.rollout_gpus_per_replica=8",
+        ],
+    )
+    fits = plan_memory(placed, 141 * GIB)
+    assert fits.refusal() is None and placement_hint(placed, fits) == ""
+    # weights for memory, every expert; the KV cache has one of the 4 KV heads per rank
+    assert fits.rollout.weights_bytes == math.ceil(235_093_634_560 * 2 / 8)
+
+    from tests.helpers import reflow
+
+    done = reflow("plan", str(REPO / "recipes" / "dapo_math.yaml"), "--nodes", "2", "--set", model)
+    assert done.returncode == 1
+    assert "would fit with resources.rollout_gpus_per_replica=8" in done.stdout
