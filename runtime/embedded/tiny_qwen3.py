@@ -66,6 +66,74 @@ def build_model(
     return Qwen3ForCausalLM(config)
 
 
+def build_moe_model(
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    *,
+    experts: int = 4,
+    experts_per_token: int = 2,
+    moe_intermediate: int = 64,
+    vocab_size: int = len(VOCAB),
+    specials: tuple[int, int, int] = (BOS, EOS, PAD),
+    max_positions: int = 512,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 32,
+):
+    """A tiny Qwen3 mixture of experts (transformers' ``Qwen3MoeForCausalLM``): the dense
+    model's attention and vocabulary, every block's MLP ``experts`` gated MLPs of
+    ``moe_intermediate`` with a top-``experts_per_token`` router. Random weights."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    bos, eos, pad = specials
+    config = Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,  # unused: every block is sparse
+        moe_intermediate_size=moe_intermediate,
+        num_experts=experts,
+        num_experts_per_tok=experts_per_token,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
+
+
+def hub_state_dict(state: dict) -> dict:
+    """A state dict as checkpoints on the hub lay it out: transformers 5 holds a block's
+    experts as two fused tensors (``mlp.experts.gate_up_proj`` [E, 2m, h],
+    ``mlp.experts.down_proj`` [E, h, m]), the published checkpoints and vLLM's loader one
+    ``mlp.experts.<i>.{gate,up,down}_proj.weight`` per expert. Dense models pass as they
+    are."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            m = tensor.shape[1] // 2
+            for i in range(tensor.shape[0]):
+                out[f"{prefix}{i}.gate_proj.weight"] = tensor[i, :m]
+                out[f"{prefix}{i}.up_proj.weight"] = tensor[i, m:]
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for i in range(tensor.shape[0]):
+                out[f"{prefix}{i}.down_proj.weight"] = tensor[i]
+        else:
+            out[name] = tensor
+    return out
+
+
 # The mid-size embedded model (``embedded:small-qwen3``, 25M parameters): big enough that
 # sharding, micro-batching and sharded checkpoints move real amounts of data, small enough
 # that one training step on 2 CPU cores takes seconds. Randomly initialised, not trained.
@@ -89,7 +157,7 @@ def save_pretrained(model, tokenizer, path: Path) -> Path:
     tied = getattr(model.config, "tie_word_embeddings", False)
     weights = {
         k: v.detach().contiguous().clone()
-        for k, v in model.state_dict().items()
+        for k, v in hub_state_dict(model.state_dict()).items()
         if not (tied and k == "lm_head.weight")  # as HF saves tied embeddings
     }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
