@@ -202,6 +202,7 @@ DENSE_TYPES = {
     "llama": {"qk_norm": False, "attention_bias": False},
     "mistral": {"qk_norm": False, "attention_bias": False},
 }
+MOE_TYPE = "qwen3_moe"  # Qwen3's mixture of experts (``Qwen3MoeForCausalLM``)
 
 
 def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelShape:
@@ -212,8 +213,14 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
         config = text
     kind = config.get("model_type")
     if kind == MOE_TYPE:
-        return _moe_shape(config, name, source)
-    if kind not in DENSE_TYPES:
+        # a checkpoint with dense blocks among the sparse ones is not counted: no released
+        # one has them
+        if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1) or 1) != 1:
+            raise ArchitectureError(
+                f"model.path: {source} mixes dense and sparse blocks (mlp_only_layers or "
+                "decoder_sparse_step); the memory plan counts all-sparse Qwen3-MoE models only"
+            )
+    elif kind not in DENSE_TYPES:
         known = ", ".join([*sorted(DENSE_TYPES), MOE_TYPE])
         raise ArchitectureError(
             f"model.path: {source} has model_type {kind!r}; the memory plan knows {known}"
@@ -221,58 +228,32 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
     try:
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
-        shape = ModelShape(
-            name=name,
-            hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+        shared: dict[str, Any] = {
+            "name": name,
+            "hidden": hidden,
+            "layers": int(config["num_hidden_layers"]),
+            "heads": heads,
+            "kv_heads": int(config.get("num_key_value_heads") or heads),
+            "head_dim": int(config.get("head_dim") or hidden // heads),
+            "vocab": int(config["vocab_size"]),
+            "tied": bool(config.get("tie_word_embeddings", False)),
+            "source": source,
+        }
+        if kind == MOE_TYPE:  # Qwen3's attention; every block's MLP the experts
+            return ModelShape(
+                **shared,
+                intermediate=0,
+                qk_norm=True,
+                attention_bias=bool(config.get("attention_bias", False)),
+                experts=int(config["num_experts"]),
+                experts_per_token=int(config["num_experts_per_tok"]),
+                moe_intermediate=int(config["moe_intermediate_size"]),
+            )
+        return ModelShape(
+            **shared,
             intermediate=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            tied=bool(config.get("tie_word_embeddings", False)),
             qk_norm=DENSE_TYPES[kind]["qk_norm"],
             attention_bias=bool(config.get("attention_bias", DENSE_TYPES[kind]["attention_bias"])),
-            source=source,
-        )
-    except KeyError as exc:
-        raise ArchitectureError(f"model.path: {source} has no {exc.args[0]}") from None
-    except (TypeError, ValueError) as exc:
-        raise ArchitectureError(f"model.path: {source}: {exc}") from None
-    return shape
-
-
-MOE_TYPE = "qwen3_moe"
-
-
-def _moe_shape(config: dict[str, Any], name: str, source: str) -> ModelShape:
-    """Qwen3-MoE: the dense fields plus the experts'. A checkpoint with dense blocks among
-    the sparse ones (``mlp_only_layers``, ``decoder_sparse_step`` > 1) is not counted: no
-    released one has them."""
-    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1) or 1) != 1:
-        raise ArchitectureError(
-            f"model.path: {source} mixes dense and sparse blocks (mlp_only_layers or "
-            "decoder_sparse_step); the memory plan counts all-sparse Qwen3-MoE models only"
-        )
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        return ModelShape(
-            name=name,
-            hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate=0,
-            vocab=int(config["vocab_size"]),
-            tied=bool(config.get("tie_word_embeddings", False)),
-            qk_norm=True,
-            attention_bias=bool(config.get("attention_bias", False)),
-            source=source,
-            experts=int(config["num_experts"]),
-            experts_per_token=int(config["num_experts_per_tok"]),
-            moe_intermediate=int(config["moe_intermediate_size"]),
         )
     except KeyError as exc:
         raise ArchitectureError(f"model.path: {source} has no {exc.args[0]}") from None

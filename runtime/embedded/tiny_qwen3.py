@@ -45,23 +45,10 @@ def build_model(
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    bos, eos, pad = specials
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=hidden * 3,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        torch_dtype="float32",
+    fields = _config_fields(
+        hidden, layers, vocab_size, specials, max_positions, heads, kv_heads, head_dim
     )
+    config = Qwen3Config(**fields)
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)
 
@@ -83,32 +70,52 @@ def build_moe_model(
 ):
     """A tiny Qwen3 mixture of experts (transformers' ``Qwen3MoeForCausalLM``): the dense
     model's attention and vocabulary, every block's MLP ``experts`` gated MLPs of
-    ``moe_intermediate`` with a top-``experts_per_token`` router. Random weights."""
+    ``moe_intermediate`` with a top-``experts_per_token`` router (``intermediate_size`` is
+    unused: every block is sparse). Random weights."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    bos, eos, pad = specials
+    fields = _config_fields(
+        hidden, layers, vocab_size, specials, max_positions, heads, kv_heads, head_dim
+    )
     config = Qwen3MoeConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=hidden * 3,  # unused: every block is sparse
+        **fields,
         moe_intermediate_size=moe_intermediate,
         num_experts=experts,
         num_experts_per_tok=experts_per_token,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        torch_dtype="float32",
     )
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(config)
+
+
+def _config_fields(
+    hidden: int,
+    layers: int,
+    vocab_size: int,
+    specials: tuple[int, int, int],
+    max_positions: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+) -> dict:
+    """The config fields the dense and the mixture-of-experts models share."""
+    bos, eos, pad = specials
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 3,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "torch_dtype": "float32",
+    }
 
 
 def hub_state_dict(state: dict) -> dict:
