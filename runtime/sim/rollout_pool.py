@@ -11,7 +11,6 @@ lifts those limits happens, not polled.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from array import array
@@ -21,6 +20,7 @@ from dataclasses import dataclass, replace
 from runtime.control.coordinator import Coordinator
 from runtime.data.sample import ParkedRollout, Request, Sample, Turn
 from runtime.rank.rollout_loop import RolloutLoop
+from runtime.sim.eval_episodes import EvalEpisodes
 from runtime.sim.events import EventQueue
 from runtime.sim.parameters import ModelProfile, WorkloadProfile
 from runtime.sim.replica import RolloutReplica
@@ -104,16 +104,7 @@ class RolloutPool:
         # started and their seconds; episodes delivered and the tool calls they made.
         self.tool_calls, self.tool_s_total = 0, 0.0
         self.episodes_done, self.episode_tool_calls = 0, 0
-        # leader -> its eval episodes in flight, by replica id (negative: a sample id is not)
-        self._evals: dict[int, dict[int, _Generation]] = {}
-        self._eval_ids = itertools.count(1)
-        # eval episodes draw from their own stream: the training draws are those of the
-        # same run without evals (a paired comparison), and the rest of the run depends
-        # on them only through time
-        self._eval_rng = eval_rng or random.Random("evals")
-        # leader -> its eval episodes in a tool call: they keep their slot, as on a real rank
-        self._eval_in_tools: dict[int, int] = {}
-        self.eval_episodes = 0  # eval episodes played to their end
+        self.evals = EvalEpisodes(eval_rng or random.Random("evals"))
 
     # --- layout ------------------------------------------------------------------------
 
@@ -140,9 +131,7 @@ class RolloutPool:
             self._replica_event.pop(gone, None)
             self._accounted.pop(gone, None)
             self._blocked.pop(gone, None)
-            # its eval episodes end with it: rank 0 ends the round incomplete
-            self._evals.pop(gone, None)
-            self._eval_in_tools.pop(gone, None)
+            self.evals.drop(gone)
         for new in leaders - set(self.replicas):
             self.add(new, frozen_for=frozen_for)
 
@@ -191,10 +180,8 @@ class RolloutPool:
         )
 
     def on_eval_work(self, leader: int, msg: p.EvalWork) -> None:
-        """Rank 0 pinned this replica to an eval round: each episode is generated like a
-        training episode of the workload (lengths, turns and tool calls drawn from the
-        same model at the run's progress; the eval set's own lengths are not modelled),
-        and its reward (drawn as a training sample's) goes back as ``EvalDone``."""
+        """Rank 0 pinned this replica to an eval round: its episodes run here, each drawn
+        like a training one (runtime/sim/eval_episodes.py)."""
         replica, loop = self.replicas.get(leader), self.loops.get(leader)
         if replica is None or loop is None:
             return
@@ -203,13 +190,10 @@ class RolloutPool:
             self._blocked[leader] = None
             return
         self._blocked.pop(leader, None)
-        mine = self._evals.setdefault(leader, {})
         for t in msg.tasks:
-            rid = -next(self._eval_ids)
-            g = self._episode(msg.policy_version, -1, -1, self._eval_rng)
+            g = self._episode(msg.policy_version, -1, -1, self.evals.rng)
             g.eval_task = (msg.round_id, t["task_id"])
-            mine[rid] = g
-            replica.submit(rid, g.prompt_blocks, g.turns[0])
+            replica.submit(self.evals.add(leader, g), g.prompt_blocks, g.turns[0])
         self._catch_up(leader, replica)
 
     def _resume(
@@ -313,10 +297,9 @@ class RolloutPool:
         that a delivery among them (which may ask for work at once) reports every
         request now between turns as such."""
         running = self.loops[leader].running
-        evals = self._evals.get(leader, {})
 
         def last(sid: int) -> bool:
-            s = running.get(sid) or evals.get(sid)
+            s = running.get(sid) or self.evals.get(leader, sid)
             return s is None or s.turn + 1 >= len(s.turns)
 
         for sid in sorted(sids, key=last):  # stable: the replica's order otherwise
@@ -327,8 +310,7 @@ class RolloutPool:
         # (a delivery of the same instant may have ended a lend: the replica left, and rank
         # 0 put its requests back in the queue)
         s = loop.running.get(sid) if loop is not None else None
-        if s is None:
-            s = self._evals.get(leader, {}).get(sid)
+        s = s or self.evals.get(leader, sid)
         if s is None or loop is None:
             return
         now = self.events.now
@@ -336,15 +318,20 @@ class RolloutPool:
         s.turn, s.done = s.turn + 1, 0
         if s.turn < len(s.turns):  # a tool call, then the next turn on the same replica
             s.context += self._tool_out  # its output, in the next turn's prompt
-            tool_s = self.workload.tool_s(self.rng if s.eval_task is None else self._eval_rng)
+            tool_s = self.workload.tool_s(self.rng if s.eval_task is None else self.evals.rng)
             if s.eval_task is not None:
-                self._eval_in_tools[leader] = self._eval_in_tools.get(leader, 0) + 1
+                self.evals.tool_call(leader, started=True)
             self.tool_calls += 1
             self.tool_s_total += tool_s
             self.events.at(now + tool_s, self._next_turn, leader, sid)
             return
-        if s.eval_task is not None:
-            self._eval_done(leader, sid, s)
+        if s.eval_task is not None:  # its result to rank 0; the leader asks for more
+            loop.queue(
+                self.evals.finished(leader, sid, lambda: self.workload.reward_p(self._progress()))
+            )
+            loop.flush()
+            self._blocked.pop(leader, None)
+            self.ask_work(leader)
             return
         del loop.running[sid]
         self.episodes_done += 1
@@ -377,36 +364,14 @@ class RolloutPool:
             self.ask_work(oldest)
         self._on_delivered()
 
-    def _eval_done(self, leader: int, rid: int, s: _Generation) -> None:
-        """An eval episode ended: its reward to rank 0, and the leader asks for more."""
-        del self._evals[leader][rid]
-        self.eval_episodes += 1
-        assert s.eval_task is not None
-        round_id, task_id = s.eval_task
-        loop = self.loops[leader]
-        loop.queue(
-            p.EvalDone(
-                rank=leader,
-                round_id=round_id,
-                task_id=task_id,
-                policy_version=s.version,
-                reward=float(self._eval_rng.random() < self.workload.reward_p(self._progress())),
-                reason="",
-            )
-        )
-        loop.flush()
-        self._blocked.pop(leader, None)
-        self.ask_work(leader)
-
     def _next_turn(self, leader: int, sid: int) -> None:
         replica, loop = self.replicas.get(leader), self.loops.get(leader)
         s = loop.running.get(sid) if loop is not None else None
-        if s is None:
-            s = self._evals.get(leader, {}).get(sid)
+        s = s or self.evals.get(leader, sid)
         if replica is None or s is None:
             return
         if s.eval_task is not None:
-            self._eval_in_tools[leader] -= 1
+            self.evals.tool_call(leader, started=False)
         replica.advance(self.events.now)
         replica.submit(sid, s.prompt_blocks + s.context, s.turns[s.turn])
         self._catch_up(leader, replica)
@@ -423,8 +388,7 @@ class RolloutPool:
         # A generation in flight is either in the replica (generating or queued there) or
         # between two turns, in a tool call: those hold no slot, and rank 0 is told so. An
         # eval episode in a tool call keeps its slot (as the vLLM rank's free_slots counts).
-        eval_tools = self._eval_in_tools.get(leader, 0)
-        evals_here = len(self._evals.get(leader, ())) - eval_tools
+        evals_here, eval_tools = self.evals.slots(leader)
         in_tools = len(loop.running) - (replica.outstanding - evals_here)
         free = self.max_seqs - replica.outstanding - eval_tools
         asked = loop.pull(free, self.events.now, in_tools)

@@ -39,7 +39,7 @@ def test_eval_rounds_run_at_the_start_every_n_steps_and_at_the_end(name, workloa
     assert all(r["complete"] and r["missing"] == 0 for r in rounds)
     # every set's prompts, once greedily and k times sampled, played to their end
     assert res.eval_episodes_per_round == 6 * (1 + 2)
-    assert sim.pool.eval_episodes == len(rounds) * 6 * 3
+    assert sim.pool.evals.done == len(rounds) * 6 * 3
     for r in rounds:
         assert r["figures"]["eval/" + next(iter(cfg.data.eval)) + "/prompts"] == 6
     # the pinned replica's busy time is booked as the eval's
@@ -79,7 +79,7 @@ def test_colocated_sync_plays_its_rounds_inside_rollout_phases_that_wait_for_the
         ("end", 8, None),
     ]
     assert all(r["complete"] for r in rounds)
-    assert sim.pool.eval_episodes == 3 * 8 * 5
+    assert sim.pool.evals.done == 3 * 8 * 5
     # 4 train phases, each followed by a rollout phase: the last one plays the end's round
     assert [s["ratio"] for s in res.summary["switches"]] == ["trainer", "rollout"] * 4
     e = eval_figures(res)
