@@ -532,16 +532,32 @@ def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> dict[str, i
     shard group) and rollout replica (``rollout_gpus_per_replica``, vLLM's tensor
     parallelism) at which each role fits on GPUs of ``gpu_bytes``, the rest of the recipe
     as it is; None where no size does (a role whose memory does not shrink with more
-    ranks: two gathered blocks and one sequence's activations, or a KV head per rank)."""
-    import dataclasses
+    ranks: two gathered blocks and one sequence's activations, or a KV head per rank).
+    ``trainer_tried``: the largest group tried. Without ``train.micro_batch_tokens`` a
+    pass is the batch over the trainer ranks, which the recipe's layout gives: a group it
+    cannot hold is not tried."""
+    import copy
+
+    from runtime.config.layout import LayoutError
 
     def with_sizes(**sizes: int) -> Config:
-        return dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, **sizes))
+        # copies, set past the recipe's checks: a size larger than the recipe's pool of
+        # ranks is what the hint may need to name (the plan reads the sizes only)
+        resources = copy.copy(cfg.resources)
+        for name, value in sizes.items():
+            setattr(resources, name, value)
+        out = copy.copy(cfg)
+        out.resources = resources
+        return out
 
-    out: dict[str, int | None] = {"trainer": None, "rollout": None}
+    out: dict[str, int | None] = {"trainer": None, "rollout": None, "trainer_tried": None}
     if cfg.engine.trainer == "torch" and cfg.train.strategy == "fsdp2":
         for n in _SIZES:
-            t = plan_trainer(with_sizes(trainer_gpus_per_replica=n), shape, gpu_bytes)
+            try:
+                t = plan_trainer(with_sizes(trainer_gpus_per_replica=n), shape, gpu_bytes)
+            except LayoutError:
+                break
+            out["trainer_tried"] = n
             if t.total_bytes <= gpu_bytes:
                 out["trainer"] = n
                 break
@@ -576,9 +592,10 @@ def placement_hint(cfg: Config, plan: MemoryPlan) -> str:
             )
         else:
             nowhere.append(
-                "the trainer fits at no shard group size: what a rank holds besides its shard "
-                "(two gathered blocks, one pass's activations) exceeds the GPU (fewer "
-                "train.micro_batch_tokens, shorter sequences or larger GPUs)"
+                f"the trainer fits at no shard group size up to {sizes['trainer_tried']}: "
+                "what a rank holds besides its shard (two gathered blocks, one pass's "
+                "activations) exceeds the GPU (fewer train.micro_batch_tokens, shorter "
+                "sequences or larger GPUs)"
             )
     r_alone = MemoryPlan(plan.model, plan.gpu_bytes, None, plan.rollout)
     if plan.rollout is not None and r_alone.refusal() is not None:

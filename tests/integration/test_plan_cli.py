@@ -116,7 +116,7 @@ def test_an_unknown_model_is_one_line_for_plan_and_a_note_for_a_dry_run(tmp_path
     assert done.stderr.strip() == (
         "reflow: model.path: /nowhere/Mystery-7B has no config.json on this machine and "
         "'Mystery-7B' is not a known architecture (Qwen3-0.6B, Qwen3-1.7B, Qwen3-4B, "
-        "Qwen3-8B, Qwen3-14B, Qwen3-32B)"
+        "Qwen3-8B, Qwen3-14B, Qwen3-32B, Qwen3-30B-A3B, Qwen3-235B-A22B)"
     )
     done = reflow("launch", str(recipe), "--dry-run", check=True)
     assert "memory plan: none (model.path: /nowhere/Mystery-7B has no config.json" in done.stdout

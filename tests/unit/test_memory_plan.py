@@ -420,7 +420,7 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
     assert plan.model.is_moe and plan.model.total_params == 235_093_634_560
     assert plan.refusal().startswith("trainer role needs")
     hint = placement_hint(cfg, plan)  # the recipe's micro-batches of 45,056 tokens
-    assert "the trainer fits at no shard group size" in hint
+    assert "the trainer fits at no shard group size up to 1024" in hint
     assert "resources.rollout_gpus_per_replica=8 (now 1)" in hint
 
     base = [model, "train.micro_batch_tokens=22528"]  # one sequence of the recipe's 22.5k
