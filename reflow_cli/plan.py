@@ -16,9 +16,9 @@ from runtime.config.memory_plan import (
     MemoryPlan,
     RolloutPlan,
     TrainerPlan,
-    placement_hint,
     plan_memory,
 )
+from runtime.config.placement_fit import placement_hint
 from runtime.config.schema import Config
 
 

@@ -412,7 +412,7 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
     and no FSDP2 shard group makes the trainer fit (two gathered MoE blocks and one 22.5k
     sequence's activations exceed 80 GiB alone); on 141 GiB GPUs the plan names the
     sizes, and the recipe at those sizes fits."""
-    from runtime.config.memory_plan import placement_hint
+    from runtime.config.placement_fit import placement_hint
 
     model = "model.path=/models/Qwen3-235B-A22B"
     cfg = load_recipe(REPO / "recipes" / "dapo_math.yaml", [model, "resources.nodes=2"])
