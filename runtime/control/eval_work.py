@@ -187,6 +187,20 @@ def tick(c: Run) -> list[Outgoing]:
     return []
 
 
+def stopping(c: Run) -> None:
+    """The run stops after a checkpoint: the round in flight ends incomplete now ("the run
+    stopped"), so that the checkpoint keeps its record. Left running, it could end after
+    the checkpoint took the book: in the metrics, but lost to the resumed run (seen in the
+    resume test), whose policy is past its version and never evaluates it again."""
+    ev = c.evals
+    if ev is None or ev.active is None:
+        return
+    record = ev.abandon("the run stopped")
+    if record is not None:
+        c.reports.eval_round(record)
+    ev.closing = False  # (an end's round: the run stops instead of completing)
+
+
 def rank_lost(c: Run, rank: int) -> list[Outgoing]:
     if c.evals is None:
         return []

@@ -24,8 +24,10 @@ A round ends complete, or incomplete with its reason and what is missing, never 
 short: the pinned rank lost, or ``eval.timeout_s`` passed. Its figures are then over the
 prompts whose every episode came back. One round runs at a time; an eval due while one
 runs is skipped and counted. A version is evaluated at most once: a resumed run keeps the
-finished rounds (:meth:`EvalRounds.state_dict`) and does not evaluate their versions again;
-a round in flight at the checkpoint is not kept (its version may be evaluated again).
+finished rounds (:meth:`EvalRounds.state_dict`) and does not evaluate their versions again.
+A stop ends the round in flight before its checkpoint (incomplete, "the run stopped"), so
+the checkpoint keeps it; a periodic checkpoint does not keep a round in flight, and a run
+resumed from it is past that version and does not evaluate it.
 
 Pure logic: the clock is injected, and the caller sends the messages.
 """

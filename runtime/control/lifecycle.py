@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config.layout import Role
-from runtime.control import colocation
+from runtime.control import colocation, eval_work
 from runtime.control.membership import Outgoing
 from runtime.control.run import Run
 from runtime.control.sample_check import sample_problem
@@ -46,6 +46,7 @@ def request_stop(c: Run, reason: str) -> list[Outgoing]:
 
 
 def checkpoint_then_stop(c: Run, reason: str) -> list[Outgoing]:
+    eval_work.stopping(c)  # a round in flight is recorded, incomplete, before the checkpoint
     if c.ckpt.saved(c.step) and not c.data.has_outstanding:
         return c.stop_now(reason)  # this step is saved already, and nothing is in flight
     if c.ckpt.pending is not None:  # one is being written: stop after it

@@ -376,3 +376,25 @@ def test_the_ends_round_after_a_lost_pinned_rank_waits_for_the_regroup():
         (0, False),
         (1, True),
     ]
+
+
+def test_a_stop_ends_the_round_in_flight_before_the_checkpoint_keeps_the_book():
+    """Left running through the stop's checkpoint, a round could end after the checkpoint
+    took the book: in the metrics, lost to the resumed run (which never evaluates a version
+    it is past). It ends at the stop instead, incomplete and said so, and is kept."""
+    from runtime.control import lifecycle
+
+    clock = Clock()
+    c = make(clock, steps=6)
+    register_all(c)
+    play(c, 2, ask(c, 2))  # version 0, complete
+    train_step(c, 1)
+    train_step(c, 2)  # version 2's round starts
+    assert c.evals.active is not None and c.evals.active.version == 2
+    lifecycle.request_stop(c, "test: stop")
+    assert c.evals.active is None
+    (line,) = [x for x in eval_lines(c) if x["eval_version"] == 2]
+    assert not line["eval_complete"] and line["eval_reason"] == "the run stopped"
+    state = lifecycle.coordinator_state(c)
+    assert [r["version"] for r in state["eval_rounds"]["records"]] == [0, 2]
+    assert state["eval_rounds"]["interrupted"] is None
