@@ -245,7 +245,7 @@ def plan_lines(cfg: Config, plan: MemoryPlan, gpu_source: str | None) -> list[st
         lines += _rollout_lines(plan.rollout, plan, cfg)
     else:
         lines.append(f"rollout role: engine.rollout {cfg.engine.rollout} holds no model")
-    lines += eval_lines(cfg)
+    lines += plan_eval_lines(cfg)
     refusal = plan.refusal()
     if plan.gpu_bytes is not None:
         verdict = f"refused at launch: {refusal}{placement_hint(cfg, plan)}" if refusal else "fits"
@@ -253,7 +253,7 @@ def plan_lines(cfg: Config, plan: MemoryPlan, gpu_source: str | None) -> list[st
     return lines
 
 
-def eval_lines(cfg: Config) -> list[str]:
+def plan_eval_lines(cfg: Config) -> list[str]:
     """The held-out evals' share of the episodes generated, before launch: a round's
     episodes (every set's first ``eval.max_prompts`` prompts, once greedily and ``eval.k``
     times sampled) against the fresh samples generated between two rounds (at least

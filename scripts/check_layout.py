@@ -29,6 +29,7 @@ MAX_CLASS_LINES = 400
 # layer and the ones below, never one above, lazily or not. A module's layer is that of
 # its longest matching prefix; every module of the packages must have one.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("runtime.checkpoint_layout",),  # how a MoE's experts are named in and out of the trainer
     ("runtime.embedded",),  # tiny models, warm starts, the arithmetic task
     ("runtime.config",),  # workload_kinds names each kind's agent loop as a string
     ("runtime.data",),

@@ -52,6 +52,6 @@ def kill_leftover_ranks(runs: Path) -> list[int]:
             try:
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed.append(int(proc.name))
-            except OSError:
+            except OSError:  # it exited between reading its cmdline and the kill
                 pass
     return killed

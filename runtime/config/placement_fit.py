@@ -5,6 +5,8 @@ fits, the rest of the recipe as it is, for the refusal line of ``reflow plan`` a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runtime.config.architectures import ModelShape
 from runtime.config.memory_plan import MemoryPlan, plan_rollout, plan_trainer
 from runtime.config.schema import Config
@@ -14,7 +16,16 @@ from runtime.config.schema import Config
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> dict[str, int | None]:
+@dataclass
+class FittingSizes:
+    """The smallest size at which each role fits (None: none tried does)."""
+
+    trainer: int | None = None  # FSDP2 shard group, ``resources.trainer_gpus_per_replica``
+    rollout: int | None = None  # vLLM tensor parallelism, ``rollout_gpus_per_replica``
+    trainer_tried: int | None = None  # the largest shard group tried
+
+
+def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> FittingSizes:
     """The smallest trainer replica group (``resources.trainer_gpus_per_replica``, FSDP2's
     shard group) and rollout replica (``rollout_gpus_per_replica``, vLLM's tensor
     parallelism) at which each role fits on GPUs of ``gpu_bytes``, the rest of the recipe
@@ -37,16 +48,16 @@ def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> dict[str, i
         out.resources = resources
         return out
 
-    out: dict[str, int | None] = {"trainer": None, "rollout": None, "trainer_tried": None}
+    out = FittingSizes()
     if cfg.engine.trainer == "torch" and cfg.train.strategy == "fsdp2":
         for n in _SIZES:
             try:
                 t = plan_trainer(with_sizes(trainer_gpus_per_replica=n), shape, gpu_bytes)
             except LayoutError:
                 break
-            out["trainer_tried"] = n
+            out.trainer_tried = n
             if t.total_bytes <= gpu_bytes:
-                out["trainer"] = n
+                out.trainer = n
                 break
     if cfg.engine.rollout == "vllm":
         for tp in _SIZES[:5]:  # up to 16: one engine on at most two nodes
@@ -57,7 +68,7 @@ def fitting_sizes(cfg: Config, gpu_bytes: int, shape: ModelShape) -> dict[str, i
                 plan_rollout(with_sizes(rollout_gpus_per_replica=tp), shape, gpu_bytes),
             )
             if plan.refusal() is None:
-                out["rollout"] = tp
+                out.rollout = tp
                 break
     return out
 
@@ -72,21 +83,21 @@ def placement_hint(cfg: Config, plan: MemoryPlan) -> str:
     fixes, nowhere = [], []
     t_refused = plan.trainer is not None and plan.trainer.total_bytes > plan.gpu_bytes
     if t_refused and cfg.train.strategy == "fsdp2":
-        n = sizes["trainer"]
+        n = sizes.trainer
         if n is not None:
             fixes.append(
                 f"resources.trainer_gpus_per_replica={n} (now {res.trainer_gpus_per_replica})"
             )
         else:
             nowhere.append(
-                f"the trainer fits at no shard group size up to {sizes['trainer_tried']}: "
+                f"the trainer fits at no shard group size up to {sizes.trainer_tried}: "
                 "what a rank holds besides its shard (two gathered blocks, one pass's "
                 "activations) exceeds the GPU (fewer train.micro_batch_tokens, shorter "
                 "sequences or larger GPUs)"
             )
     r_alone = MemoryPlan(plan.model, plan.gpu_bytes, None, plan.rollout)
     if plan.rollout is not None and r_alone.refusal() is not None:
-        tp = sizes["rollout"]
+        tp = sizes.rollout
         if tp is not None:
             fixes.append(
                 f"resources.rollout_gpus_per_replica={tp} (now {res.rollout_gpus_per_replica})"

@@ -39,7 +39,8 @@ BASELINE_FIXED = {
 class ModelConfig:
     path: str = opt(
         "embedded:tiny-qwen3",
-        "Hugging Face folder, embedded:tiny-qwen3 (arithmetic) or embedded:tiny-qwen3-chat (text)",
+        "Hugging Face folder, embedded:tiny-qwen3 (arithmetic; embedded:tiny-qwen3-moe its "
+        "mixture of experts) or embedded:tiny-qwen3-chat (text)",
     )
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
     max_seq_len: int = opt(512, "prompt + response token limit", ge=16)

@@ -80,7 +80,12 @@ def advance(c: Run) -> list[Outgoing]:
         trained = c.step > c.phase_started_at_step
         at_sync = c.step % train.sync_every == 0 and c.step < train.steps
         # the last step is trained and its version's round is due: a phase to play it
-        end_round = c.step >= train.steps and evaluating and c.evals.closing  # type: ignore[union-attr]
+        end_round = (
+            c.step >= train.steps
+            and c.evals is not None
+            and c.evals.active is not None
+            and c.evals.closing
+        )
         if not trained or not (at_sync or end_round):
             return []
         if c.batch_in_flight is not None or c.ckpt.busy:

@@ -1,10 +1,12 @@
 """Where a recipe's ``model.path`` points: an HF folder, or an embedded warm-started model
-(``embedded:tiny-qwen3`` for arithmetic, ``embedded:tiny-qwen3-chat`` for text workloads)."""
+(``embedded:tiny-qwen3`` for arithmetic, ``embedded:tiny-qwen3-moe`` its mixture of
+experts, ``embedded:tiny-qwen3-chat`` for text workloads)."""
 
 from __future__ import annotations
 
 EMBEDDED = "embedded:tiny-qwen3"
 EMBEDDED_CHAT = "embedded:tiny-qwen3-chat"
+EMBEDDED_MOE = "embedded:tiny-qwen3-moe"  # 4 experts, top 2, warm-started on arithmetic
 EMBEDDED_SMALL = "embedded:small-qwen3"  # 25M parameters, random: trainer tests, benchmarks
 
 # name -> "module:function" returning the built (cached) folder
@@ -12,12 +14,15 @@ BUILDERS = {
     EMBEDDED: "runtime.embedded.warm_start:embedded_model_path",
     EMBEDDED_CHAT: "runtime.embedded.tiny_chat:embedded_chat_model_path",
     EMBEDDED_SMALL: "runtime.embedded.warm_start:small_model_path",
+    EMBEDDED_MOE: "runtime.embedded.warm_start:embedded_moe_model_path",
 }
+# the models on the arithmetic task's character vocabulary (runtime/embedded/tiny_qwen3.py)
+CHARACTER_MODELS = (EMBEDDED, EMBEDDED_SMALL, EMBEDDED_MOE)
 
 
 def is_tiny_embedded(path: str) -> bool:
     """The sub-million-parameter embedded models: one rank holds them whole."""
-    return path in (EMBEDDED, EMBEDDED_CHAT)
+    return path in (EMBEDDED, EMBEDDED_CHAT, EMBEDDED_MOE)
 
 
 def resolve_model_path(path: str) -> str:

@@ -118,29 +118,6 @@ def _config_fields(
     }
 
 
-def hub_state_dict(state: dict) -> dict:
-    """A state dict as checkpoints on the hub lay it out: transformers 5 holds a block's
-    experts as two fused tensors (``mlp.experts.gate_up_proj`` [E, 2m, h],
-    ``mlp.experts.down_proj`` [E, h, m]), the published checkpoints and vLLM's loader one
-    ``mlp.experts.<i>.{gate,up,down}_proj.weight`` per expert. Dense models pass as they
-    are."""
-    out = {}
-    for name, tensor in state.items():
-        if name.endswith("mlp.experts.gate_up_proj"):
-            prefix = name.removesuffix("gate_up_proj")
-            m = tensor.shape[1] // 2
-            for i in range(tensor.shape[0]):
-                out[f"{prefix}{i}.gate_proj.weight"] = tensor[i, :m]
-                out[f"{prefix}{i}.up_proj.weight"] = tensor[i, m:]
-        elif name.endswith("mlp.experts.down_proj"):
-            prefix = name.removesuffix("down_proj")
-            for i in range(tensor.shape[0]):
-                out[f"{prefix}{i}.down_proj.weight"] = tensor[i]
-        else:
-            out[name] = tensor
-    return out
-
-
 # The mid-size embedded model (``embedded:small-qwen3``, 25M parameters): big enough that
 # sharding, micro-batching and sharded checkpoints move real amounts of data, small enough
 # that one training step on 2 CPU cores takes seconds. Randomly initialised, not trained.
@@ -155,6 +132,8 @@ def save_pretrained(model, tokenizer, path: Path) -> Path:
     rank gets there first, after the ranks joined their process group."""
     from safetensors.torch import save_file
 
+    from runtime.checkpoint_layout import to_hub
+
     path.mkdir(parents=True, exist_ok=True)
     # what lets loaders (vLLM among them) pick the architecture: save_pretrained sets it
     model.config.architectures = [type(model).__name__]
@@ -164,7 +143,7 @@ def save_pretrained(model, tokenizer, path: Path) -> Path:
     tied = getattr(model.config, "tie_word_embeddings", False)
     weights = {
         k: v.detach().contiguous().clone()
-        for k, v in hub_state_dict(model.state_dict()).items()
+        for k, v in to_hub(model.state_dict()).items()
         if not (tied and k == "lm_head.weight")  # as HF saves tied embeddings
     }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -97,9 +97,9 @@ def vocab_size(cfg: Config) -> int | None:
         return VOCAB
     if cfg.engine.rollout == "placeholder":
         return None
-    from runtime.embedded.resolve import EMBEDDED, EMBEDDED_CHAT, EMBEDDED_SMALL
+    from runtime.embedded.resolve import CHARACTER_MODELS, EMBEDDED_CHAT
 
-    if cfg.model.path in (EMBEDDED, EMBEDDED_SMALL):
+    if cfg.model.path in CHARACTER_MODELS:
         from runtime.embedded.tiny_qwen3 import VOCAB as CHARS
 
         return len(CHARS)

@@ -16,6 +16,8 @@ Names: the state dict of the trainer's model is the checkpoint's. FSDP2 adds no 
 and the trainer's :class:`runtime.engines.torch.logprobs.TargetLogprobHead` keeps
 ``lm_head.weight``; a tied ``lm_head`` is left out, as Hugging Face saves it and as
 ``TorchTrainer.checkpoint_format`` does, since vLLM ties it to ``embed_tokens`` itself.
+A mixture of experts' fused expert tensors go out one matrix per expert under the hub's
+names (runtime/checkpoint_layout.py), each fused tensor gathered once.
 
 Senders (the same header and buckets either way, runtime/weights/wire.py; the header
 always over the sync group, runtime/weights/p2p.py): on CPU the buckets too (the rollout
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from runtime import checkpoint_layout
 from runtime.config.lora_config import LoraConfig
 from runtime.rank.groups import LEADER
 from runtime.rank.sync_pairs import SyncPairs
@@ -120,7 +123,59 @@ class MergedWeight:
         return alive.track(lora_format.merged_weight(*parts, self.scale, dtype=torch.float32))
 
 
-Entry = torch.Tensor | MergedWeight
+class _GatheredOnce:
+    """A fused expert tensor whose per-expert parts go out one by one: gathered at the first
+    part a bucket takes, kept until its last part is taken (every streaming rank takes
+    them in the same order, so the gather stays collective)."""
+
+    def __init__(self, source: torch.Tensor, parts: int) -> None:
+        self.source, self.left = source, parts
+        self.full: torch.Tensor | None = None
+
+    def take(self, alive: _Alive) -> torch.Tensor:
+        if self.full is None:
+            self.full = _full(self.source, alive)
+        full = self.full
+        self.left -= 1
+        if self.left == 0:
+            self.full = None  # the caller's slice is the last reference
+        return full
+
+
+class ExpertPart:
+    """One expert's matrix of a fused expert tensor, under the hub's name
+    (runtime/checkpoint_layout.py): what vLLM's loader and the checkpoints take."""
+
+    def __init__(self, fused: _GatheredOnce, index: int, rows: slice) -> None:
+        self.fused, self.index, self.rows = fused, index, rows
+        matrix = fused.source.shape[1:]
+        self.shape = torch.Size((len(range(*rows.indices(matrix[0]))), *matrix[1:]))
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def element_size(self) -> int:
+        return self.fused.source.element_size()
+
+    def full(self, alive: _Alive) -> torch.Tensor:
+        return self.fused.take(alive)[self.index][self.rows]
+
+
+Entry = torch.Tensor | MergedWeight | ExpertPart
+
+
+def hub_entries(entries: list[tuple[str, Entry]]) -> list[tuple[str, Entry]]:
+    """``entries`` in the hub's layout: a fused expert tensor as one entry per expert's
+    matrix, sharing one gather."""
+    out: list[tuple[str, Entry]] = []
+    for name, value in entries:
+        if not (checkpoint_layout.is_fused_experts(name) and isinstance(value, torch.Tensor)):
+            out.append((name, value))
+            continue
+        parts = list(checkpoint_layout.hub_names(name, tuple(value.shape)))
+        fused = _GatheredOnce(value, len(parts))
+        out += [(hub, ExpertPart(fused, i, rows)) for hub, i, rows in parts]
+    return out
 
 
 def checkpoint_tensors(
@@ -130,9 +185,11 @@ def checkpoint_tensors(
     rank): sharded ``DTensor``s under FSDP2, plain tensors otherwise. A LoRA run sends its
     adapter alone under peft's names, or each adapted weight merged (``lora.sync``)."""
     state = model.state_dict(keep_vars=True)
-    entries = [(k, v) for k, v in state.items() if not (tied_lm_head and k == "lm_head.weight")]
+    entries: list[tuple[str, Entry]] = [
+        (k, v) for k, v in state.items() if not (tied_lm_head and k == "lm_head.weight")
+    ]
     if lora is None or not lora.enabled:
-        return entries
+        return hub_entries(entries)
     if lora.sync == "adapter":
         prefix = lora_format.PEFT_PREFIX
         return [(prefix + k, v) for k, v in entries if lora_format.is_adapter_name(k)]
@@ -155,13 +212,13 @@ def _full(t: Entry, alive: _Alive) -> torch.Tensor:
     merged weight computed from its gathered parts."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(t, MergedWeight):
+    if isinstance(t, (MergedWeight, ExpertPart)):
         return t.full(alive)
     return alive.track(t.full_tensor()) if isinstance(t, DTensor) else t.detach()
 
 
 def _buckets(
-    entries: Sequence[tuple[str, torch.Tensor]],
+    entries: Sequence[tuple[str, Entry]],
     header: WeightsHeader,
     device: torch.device,
     alive: _Alive,
@@ -225,7 +282,11 @@ def stream_weights(
         for _ in buckets:  # yields nothing here: this rank takes part in the gathers only
             pass
         sent = 0
-    gathered = [t.numel() * t.element_size() for _, t in entries]
+    # a MoE's expert matrices are sliced from their fused tensor, which is what is gathered
+    gathered = [
+        (t.fused.source if isinstance(t, ExpertPart) else t).numel() * t.element_size()
+        for _, t in entries
+    ]
     return SyncRecord(
         version=version,
         # a peer of the leader's group only gathers: "none" leaves its sends

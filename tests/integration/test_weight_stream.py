@@ -28,7 +28,13 @@ import torch.multiprocessing as mp
 from runtime.config.layout import LayoutChange
 from runtime.config.recipe import build_config
 from runtime.data.sample import Sample
-from runtime.embedded.tiny_qwen3 import BOS, build_model, build_tokenizer, save_pretrained
+from runtime.embedded.tiny_qwen3 import (
+    BOS,
+    build_model,
+    build_moe_model,
+    build_tokenizer,
+    save_pretrained,
+)
 from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.weights import p2p
@@ -95,24 +101,33 @@ def model_dir(tmp_path_factory):
     return str(save_pretrained(build_model(seed=5), build_tokenizer(), path))
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    """A tiny mixture of experts: the trainer holds each block's experts fused, the sync
+    sends them one per expert (runtime/checkpoint_layout.py)."""
+    path = tmp_path_factory.mktemp("tiny-moe")
+    return str(save_pretrained(build_moe_model(seed=5), build_tokenizer(), path))
+
+
 @pytest.mark.parametrize(
-    ("world", "group", "strategy", "streamers"),
+    ("world", "group", "strategy", "streamers", "model"),
     [
-        (3, 2, "fsdp2", [0, 1]),
+        (3, 2, "fsdp2", [0, 1], "model_dir"),
         # HSDP: replica groups {0, 1} and {2, 3}; five processes on two cores take a
         # minute or more, so in `make test-slow` (CI's budget is nearly spent)
-        pytest.param(5, 2, "fsdp2", [0, 1], marks=pytest.mark.slow),
+        pytest.param(5, 2, "fsdp2", [0, 1], "model_dir", marks=pytest.mark.slow),
+        (3, 2, "fsdp2", [0, 1], "moe_dir"),
     ],
     # the replicated walk (the leader alone, plain tensors, tied and untied heads) is in
     # tests/unit/test_weight_plan.py; its buckets take the same gloo path as these
-    ids=["fsdp2-2-ranks", "hsdp-2x2-only-the-leaders-group"],
+    ids=["fsdp2-2-ranks", "hsdp-2x2-only-the-leaders-group", "moe-fsdp2-2-ranks"],
 )
 def test_streamed_weights_are_the_gathered_ones_a_bucket_at_a_time(
-    world, group, strategy, streamers, model_dir, tmp_path
+    world, group, strategy, streamers, model, tmp_path, request
 ):
     mp.start_processes(
         stream_script,
-        args=(world, group, strategy, model_dir, str(tmp_path)),
+        args=(world, group, strategy, request.getfixturevalue(model), str(tmp_path)),
         nprocs=world,
         join=True,
         start_method="spawn",
@@ -124,6 +139,14 @@ def test_streamed_weights_are_the_gathered_ones_a_bucket_at_a_time(
     expected, received = trainers[0]["expected"], r[-1]["received"]
     assert received.keys() == expected.keys()
     assert "lm_head.weight" not in received  # tied: left out, as the checkpoint does
+    if model == "moe_dir":  # every expert, under the hub's names vLLM loads
+        assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in received)
+        assert {k for k in received if ".experts." in k} == {
+            f"model.layers.{layer}.mlp.experts.{i}.{m}_proj.weight"
+            for layer in range(2)
+            for i in range(4)
+            for m in ("gate", "up", "down")
+        }
     for k, v in expected.items():
         assert received[k].dtype == v.dtype and torch.equal(received[k], v), k
 
@@ -227,11 +250,23 @@ def hf_logprobs(path: str, prompt: list[int], tokens: list[int]) -> list[float]:
     return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
 
 
-# ~1 min, `make test-slow`: CI's 45 minutes took the colocated and lost-rank runs, and
-# tests/integration/test_colocated.py checks vLLM against FSDP2 shards (mean ratio ~1)
-@pytest.mark.slow
+# ~1 min each. The dense model in `make test-slow`: CI's 45 minutes took the colocated
+# and lost-rank runs, and tests/integration/test_colocated.py checks vLLM against FSDP2
+# shards (mean ratio ~1); the MoE's in `make test`: nothing else checks its experts arrive
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
-def test_a_sharded_trainers_streamed_weights_give_vllm_the_trainers_logprobs(model_dir, tmp_path):
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("model_dir", marks=pytest.mark.slow),
+        # the experts: fused in the trainer, one per expert into vLLM's loader
+        "moe_dir",
+    ],
+    ids=["dense", "moe"],
+)
+def test_a_sharded_trainers_streamed_weights_give_vllm_the_trainers_logprobs(
+    model, tmp_path, request
+):
+    model_dir = request.getfixturevalue(model)
     mp.start_processes(
         vllm_script, args=(model_dir, str(tmp_path)), nprocs=3, join=True, start_method="spawn"
     )

@@ -340,6 +340,22 @@ def test_embedded_shapes_are_the_models_runtime_embedded_builds():
         ), name
 
 
+def test_the_embedded_moe_shape_is_the_model_build_moe_model_builds():
+    from runtime.embedded import tiny_qwen3
+    from runtime.embedded.resolve import EMBEDDED_MOE
+
+    shape, model = model_shape(EMBEDDED_MOE), tiny_qwen3.build_moe_model()
+    config = model.config
+    unique = {id(p): p.numel() for p in model.parameters()}
+    assert sum(unique.values()) == shape.total_params
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
+        shape.experts,
+        shape.experts_per_token,
+        shape.moe_intermediate,
+    )
+    assert shape.is_moe and shape.active_params < shape.total_params
+
+
 def test_a_local_config_json_wins_over_the_table(tmp_path):
     folder = tmp_path / "Qwen3-8B"  # a name in the table, but a folder with another shape
     folder.mkdir()
@@ -388,23 +404,23 @@ def test_the_default_utilization_is_the_installed_vllms():
 def test_the_plan_shows_the_evals_share_of_the_episodes_generated():
     """dapo_math: 1 set x 30 prompts x (1 + 4) = 150 episodes per round, every 80 steps
     of 512 samples at least half fresh (sigma 0.5): 150 / (150 + 20,480) = 0.73%."""
-    from reflow_cli.plan import eval_lines
+    from reflow_cli.plan import plan_eval_lines
 
     cfg = load_recipe(REPO / "recipes" / "dapo_math.yaml")
-    lines = eval_lines(cfg)
+    lines = plan_eval_lines(cfg)
     assert "pinned to one policy version" in lines[0]
     assert re.search(r"per round\s+150\s+episodes: 1 set\(s\) x up to 30 prompts", lines[1])
     assert re.search(r"share\s+0\.73%.*every 80 steps against 20,480 fresh samples", lines[2])
     # colocated_sync: inside a rollout phase; by the trainer where no engine can
     coloc = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["reflow.mode=colocated_sync"])
-    assert "in a rollout phase that waits for them" in eval_lines(coloc)[0]
+    assert "in a rollout phase that waits for them" in plan_eval_lines(coloc)[0]
     synthetic = load_recipe(
         REPO / "recipes" / "dapo_math.yaml",
         ["engine.rollout=synthetic", "engine.trainer=synthetic"],
     )
-    assert "by the trainer leader; training waits" in eval_lines(synthetic)[0]
+    assert "by the trainer leader; training waits" in plan_eval_lines(synthetic)[0]
     none = load_recipe(REPO / "recipes" / "dapo_math.yaml", ["data.eval={}", "train.eval_every=0"])
-    assert eval_lines(none) == []
+    assert plan_eval_lines(none) == []
 
 
 def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():

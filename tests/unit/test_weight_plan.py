@@ -182,6 +182,25 @@ def test_the_walk_sends_checkpoint_names_in_the_rollout_dtype(tied):
     assert 0 < record.peak_gathered_bytes <= max(2048, record.largest_bucket_bytes)
 
 
+def test_a_mixture_of_experts_goes_out_one_matrix_per_expert_gathered_once():
+    from runtime.checkpoint_layout import to_hub
+    from runtime.embedded.tiny_qwen3 import build_moe_model
+    from runtime.weights.send import stream_weights
+
+    model = build_moe_model(seed=2)
+    leader = CapturingLeader()
+    record = stream_weights(model, leader, 1, dtype=F32, bucket_bytes=4096, tied_lm_head=True)  # type: ignore[arg-type]
+    expected = {k: v for k, v in to_hub(model.state_dict()).items() if k != "lm_head.weight"}
+    assert list(leader.got) == list(expected)  # the hub's names, in the state dict's order
+    assert all(torch.equal(leader.got[k], v) for k, v in expected.items())
+    fused = model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]
+    # what is gathered is the fused tensor (once), what is sent its experts' matrices
+    assert record.largest_tensor_bytes == fused.numel() * 4
+    assert record.tensors == len(expected) and record.bytes == sum(
+        v.numel() * 4 for v in expected.values()
+    )
+
+
 def test_nccl_rendezvous_and_update_infos_follow_the_header():
     from runtime.weights.nccl import update_infos, worker_init_info
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from runtime import checkpoint_layout
 from runtime.config.schema import ModelConfig
 from runtime.store.run_dir import write_json_atomic
 from runtime.weights import lora_format
@@ -71,7 +72,8 @@ def plain_model(
         return model
     if settings.lora.enabled:
         weights = lora_format.merge(weights, settings.lora.scale)
-    _, unexpected = model.load_state_dict(weights, strict=False)  # a tied head is left out
+    # a tied head is left out; a MoE's experts come one by one and the model fuses them
+    _, unexpected = model.load_state_dict(checkpoint_layout.to_fused(weights), strict=False)
     if unexpected:
         raise RuntimeError(f"weights the model does not have: {', '.join(unexpected[:3])}")
     model.tie_weights()

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from runtime import checkpoint_layout
 from runtime.data import micro_batches
 from runtime.data.micro_batches import UpdatePlan
 from runtime.data.sample import Sample
@@ -336,7 +337,8 @@ class TorchTrainer:
 
     def checkpoint_format(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """In the dtype rollout runs (``model.dtype``; LoRA adapters stay float32, as peft
-        saves them); a tied ``lm_head`` left out as HF does."""
+        saves them), in the hub's layout (a MoE's experts one by one); a tied ``lm_head``
+        left out as HF does."""
         dtype = getattr(torch, self.config.model.dtype)
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         adapter = lora_format.is_adapter_name
@@ -344,7 +346,7 @@ class TorchTrainer:
             # a copy: the state dict (and a gathered one, where a rank holds a whole
             # tensor) shares storage with the live parameters the next step updates
             k: v.detach().to("cpu", torch.float32 if adapter(k) else dtype, copy=True).contiguous()
-            for k, v in state.items()
+            for k, v in checkpoint_layout.to_hub(state).items()  # a MoE: one per expert
             if not (tied and k == "lm_head.weight")
         }
 
