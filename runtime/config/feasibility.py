@@ -228,6 +228,8 @@ def _check_trainer(cfg: Config) -> None:
                 "needs algorithm.recompute_old_logprobs: true (without the trainer's own "
                 "log-probs there is no rollout mismatch to correct)",
             )
+    if alg.router_aux_loss_coef > 0:
+        _check_router_aux_loss(cfg)
     if train.strategy is None:
         from runtime.embedded.resolve import is_tiny_embedded
 
@@ -235,6 +237,22 @@ def _check_trainer(cfg: Config) -> None:
     if train.param_dtype is None and res.device != "auto":
         # with device auto each trainer rank decides by the device it gets
         train.param_dtype = "bfloat16" if res.device == "cuda" else "float32"
+
+
+def _check_router_aux_loss(cfg: Config) -> None:
+    """A router's loss needs a router: a mixture of experts trained by the torch trainer
+    (a model whose shape is unknown here is checked when the trainer loads it)."""
+    from runtime.config.architectures import ArchitectureError, model_shape
+
+    field = "algorithm.router_aux_loss_coef"
+    if cfg.engine.trainer != "torch":
+        raise FieldError(field, f"needs engine.trainer: torch (this recipe: {cfg.engine.trainer})")
+    try:
+        shape = model_shape(cfg.model.path)
+    except ArchitectureError:
+        return
+    if not shape.is_moe:
+        raise FieldError(field, f"{cfg.model.path} is a dense model: it has no router; set 0")
 
 
 def _check_data_and_engines(cfg: Config) -> None:

@@ -166,6 +166,13 @@ class AlgorithmConfig:
         "outside [1/this, this]; needs recompute_old_logprobs; none = off",
         gt=1,
     )
+    router_aux_loss_coef: float = opt(
+        0.0,
+        "a mixture of experts' router load-balancing loss (transformers' "
+        "load_balancing_loss_func) added to the policy loss times this; 0 = off, as the "
+        "peers' RL recipes run MoE",
+        ge=0,
+    )
     loss_agg: str = opt(
         "token_mean",
         "loss aggregation: every token counts the same, or every sample "

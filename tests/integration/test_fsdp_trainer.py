@@ -19,7 +19,12 @@ import torch.multiprocessing as mp
 from runtime.config.recipe import build_config
 from runtime.data.micro_batches import sample_plans
 from runtime.data.sample import Batch
-from runtime.embedded.tiny_qwen3 import build_model, build_tokenizer, save_pretrained
+from runtime.embedded.tiny_qwen3 import (
+    build_model,
+    build_moe_model,
+    build_tokenizer,
+    save_pretrained,
+)
 from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer import TorchTrainer
 from runtime.rank.collective import Collective
@@ -32,9 +37,11 @@ pytestmark = pytest.mark.integration
 
 def cfg_for(model_dir: str, world: int, group: int, **train):
     lora = train.pop("lora", {})  # model.lora, carried with the train fields
+    algorithm = train.pop("algorithm", {})  # likewise
     return build_config(
         {
             "model": {"path": model_dir, "lora": lora},
+            "algorithm": algorithm,
             "train": {"lr": 1e-3, "steps": 10, **train},
             "reflow": {"tau": 0.5},
             "resources": {
@@ -112,6 +119,12 @@ def model_dir(tmp_path_factory):
     return str(save_pretrained(build_model(seed=5), build_tokenizer(), path))
 
 
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-moe")
+    return str(save_pretrained(build_moe_model(seed=5), build_tokenizer(), path))
+
+
 def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
     mp.start_processes(
         rank_script,
@@ -124,19 +137,24 @@ def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("world", "group", "train"),
+    ("world", "group", "train", "model"),
     [
-        (3, 3, {"micro_batch_tokens": 64, "mini_batches": 2}),
-        (4, 2, {"micro_batch_tokens": 64}),  # HSDP: 2 replica groups of 2
+        (3, 3, {"micro_batch_tokens": 64, "mini_batches": 2}, "model_dir"),
+        (4, 2, {"micro_batch_tokens": 64}, "model_dir"),  # HSDP: 2 replica groups of 2
         # LoRA: the frozen base sharded, the adapters and their AdamW state sharded alike
-        (2, 2, {"micro_batch_tokens": 64, "lora": {"rank": 4, "alpha": 8.0}}),
+        (2, 2, {"micro_batch_tokens": 64, "lora": {"rank": 4, "alpha": 8.0}}, "model_dir"),
+        # a mixture of experts, its fused experts sharded (the router's loss is a
+        # product of means over a micro-batch's tokens: it depends on how the batch is
+        # cut, so it is checked in one process, tests/unit/test_trainer_features.py)
+        (2, 2, {"micro_batch_tokens": 64}, "moe_dir"),
     ],
     # 2 ranks: the shard groups of HSDP, and the handoff's first layout
-    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro", "lora-2-ranks"],
+    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro", "lora-2-ranks", "moe-2-ranks"],
 )
 def test_a_sharded_step_equals_one_process_on_the_whole_batch(
-    world, group, train, model_dir, tmp_path
+    world, group, train, model, tmp_path, request
 ):
+    model_dir = request.getfixturevalue(model)
     got = run(world, group, model_dir, tmp_path, train)
     single = TorchTrainer(
         TorchTrainerConfig.from_config(

@@ -506,3 +506,48 @@ def test_an_offload_that_moves_the_bytes_frees_the_storage_and_restores_it_exact
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="on_device"):
         t.reload()
+
+
+# --- a mixture of experts' router loss ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    from runtime.embedded.tiny_qwen3 import build_moe_model
+
+    path = tmp_path_factory.mktemp("tiny-moe")
+    return str(save_pretrained(build_moe_model(seed=5), build_tokenizer(), path))
+
+
+def test_the_router_loss_adds_its_coefficient_times_the_models_own(moe_dir, monkeypatch):
+    """``algorithm.router_aux_loss_coef``: the gradient is the policy loss's plus the
+    coefficient times that of transformers' load-balancing loss over the same padded
+    batch (gradients unclipped here, so they add), and the metric is that loss."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: torch.tensor(0.0))
+    samples, coef = make_samples(), 0.5
+    grads = {}
+    for c in (0.0, coef):
+        cfg = make_cfg(moe_dir, {"router_aux_loss_coef": c})
+        metrics, grads[c] = step_grads(
+            TorchTrainer(TorchTrainerConfig.from_config(cfg), moe_dir), samples
+        )
+        assert ("router_aux_loss" in metrics) is (c > 0)
+    plain = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+    ids, attn = padded_batch(samples)
+    aux = plain(input_ids=ids, attention_mask=attn, output_router_logits=True).aux_loss
+    aux.backward()
+    assert metrics["router_aux_loss"] == pytest.approx(float(aux), rel=1e-5)
+    hf = dict(plain.named_parameters())
+    moved = 0
+    for name, g in grads[coef].items():
+        g_aux = hf[name].grad if hf[name].grad is not None else torch.zeros_like(g)
+        torch.testing.assert_close(g, grads[0.0][name] + coef * g_aux, rtol=1e-4, atol=1e-6)
+        moved += int(g_aux.abs().max() > 0)
+    assert moved >= 3  # the routers and the experts below them
+
+
+def test_a_router_loss_on_a_dense_model_is_refused(model_dir):
+    with pytest.raises(RecipeError, match=r"algorithm.router_aux_loss_coef.*dense model"):
+        make_cfg(model_dir, {"router_aux_loss_coef": 0.01})

@@ -181,6 +181,14 @@ class TorchTrainer:
         the current weights (0 past a row's end). No rows: one padding token, whose
         log-prob the caller multiplies by 0, so this rank still takes part in FSDP2's
         gathers and reductions."""
+        return self._policy_forward(rows, router_aux=False)[0]
+
+    def _policy_forward(
+        self, rows: Sequence[Sample], router_aux: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`_forward`'s log-probs, and with ``router_aux`` a mixture of experts'
+        router load-balancing loss over these rows (transformers computes it from every
+        block's router logits, padding left out)."""
         temperature = self.config.algorithm.temperature
         seqs = [[*s.prompt_token_ids, *s.token_ids] for s in rows] or [[PAD, PAD]]
         width = max(map(len, seqs))
@@ -203,8 +211,10 @@ class TorchTrainer:
             self.head.targets(next_ids, want, temperature),
             compute_precision(self.device, self.param_dtype, self.sharded),
         ):
-            per_position = self.model(input_ids=ids, attention_mask=attn).logits
-        return per_position.gather(1, pos) * valid.to(self.device)
+            more = {"output_router_logits": True} if router_aux else {}
+            out = self.model(input_ids=ids, attention_mask=attn, **more)
+        logp = out.logits.gather(1, pos) * valid.to(self.device)
+        return logp, (out.aux_loss if router_aux else None)
 
     @torch.no_grad()
     def _old_logprobs(
@@ -269,16 +279,20 @@ class TorchTrainer:
         # the sum is wanted: scale by the rank count. The replicated path all-reduces sums.
         scale = float(shard_count) if self.sharded else 1.0
         parts: list[LossStats] = []
+        aux_coef = self.config.algorithm.router_aux_loss_coef
+        router_losses: list[float] = []
         mine = plan.micro_batches
         norm = Normaliser(plan.n_valid, plan.replayed)
         for j, batch in enumerate(mine):
             if self.sharded:  # reduce gradients once, after the last micro-batch
                 self.model.set_requires_gradient_sync(j == len(mine) - 1)
             rows = [samples[i] for i in batch]
-            # 1. Teacher-force prompt + response: log-probs of the response tokens.
-            logp = self._forward(rows)
+            # 1. Teacher-force prompt + response: log-probs of the response tokens (and
+            # a MoE's router load-balancing loss when the recipe adds it).
+            logp, router_loss = self._policy_forward(rows, router_aux=aux_coef > 0)
             if not rows:
-                (logp.sum() * 0.0).backward()
+                zero = logp.sum() * 0.0
+                ((zero + router_loss * 0.0) if router_loss is not None else zero).backward()
                 continue
             # 2. Behaviour (rollout) log-probs, the loss mask, and the old policy's
             # log-probs where the trainer recomputed them.
@@ -304,6 +318,11 @@ class TorchTrainer:
                 at=batch,
                 keep=keep,
             )
+            if router_loss is not None:
+                # each micro-batch's share of the mini-batch's rows (over every rank)
+                share = len(rows) / len(plan.n_valid)
+                loss = loss + aux_coef * share * router_loss
+                router_losses.append(float(router_loss.detach()) * share)
             (loss * scale).backward()
             parts.append(st)
         # 4. Gradients summed over the replicas (FSDP2 did it in the backward), clipped.
@@ -315,6 +334,9 @@ class TorchTrainer:
             if dp is not None:
                 dp.all_reduce_grads(params)
         metrics = reduce_stats(LossStats.combine(parts), dp)
+        if aux_coef > 0:  # the mini-batch's mean router loss, summed over the ranks
+            total = sum(router_losses)
+            metrics["router_aux_loss"] = dp.all_reduce_sum([total])[0] if dp else total
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         self.opt.step()
         metrics["grad_norm"] = full_norm(grad_norm)
