@@ -53,6 +53,9 @@ from runtime.sim.search import DEFAULT_BUDGET, search
 REPO = Path(__file__).resolve().parents[1]
 GRID = [
     *[("math", m, g) for m in ("qwen3-8b", "qwen3-14b", "qwen3-32b") for g in (16, 32, 64, 128)],
+    # a mixture of experts (profiles.yaml qwen3-30b-a3b: total parameters in memory and
+    # syncs, active ones in FLOPs)
+    *[("math", "qwen3-30b-a3b", g) for g in (16, 32, 64, 128)],
     *[("apps_agent", m, g) for m in ("qwen3-4b", "qwen3-8b", "qwen3-14b") for g in (8, 16, 32, 64)],
     # tool-interactive math (ReTool): sandbox calls mid-generation (profiles.yaml retool)
     *[("retool", "qwen3-8b", g) for g in (16, 32)],

@@ -268,3 +268,25 @@ def test_a_profile_without_switch_s_needs_every_part():
         model(offload_gb_s=None)
     # a given switch_s (a fitted CPU run's) is used as it is
     assert model(switch_s=3.0).switch_s == 3.0
+
+
+# --- 7. a mixture of experts' profile --------------------------------------------------
+
+
+def test_the_moe_profile_takes_total_parameters_for_bytes_and_active_for_flops():
+    """qwen3-30b-a3b's derived figures from the shape runtime/config/architectures.py
+    counts (memory, syncs and switches: all experts; FLOPs: the 8 routed per token)."""
+    from runtime.config.architectures import KNOWN
+
+    m, shape = PROFILES.model("qwen3-30b-a3b"), KNOWN["qwen3-30b-a3b"]
+    total, active = shape.total_params, shape.active_params
+    assert m.params_b == pytest.approx(total / 1e9, rel=0.01)
+    assert m.kv_bytes_per_token == shape.layers * shape.kv_width * 2 * 2
+    tp, flops = m.rollout_gpus_per_replica, 989e12 * 0.35
+    assert m.prefill_tok_s == pytest.approx(tp * flops / (2 * active), rel=0.02)
+    assert m.train_tok_s == pytest.approx(flops / (8 * active), rel=0.02)
+    # a decode step reads every expert's weights (bf16), split over the TP ranks
+    assert m.step_base_s == pytest.approx(2 * total / tp / (3.35e12 * 0.6), rel=0.02)
+    assert m.kv_tokens == pytest.approx(
+        tp * (72e9 - 2 * total / tp) / m.kv_bytes_per_token, rel=0.02
+    )
