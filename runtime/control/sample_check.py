@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.data.routes import ExpertRoutes, RoutesError, route_positions
 from runtime.data.sample import Request, Sample
 
 # vLLM's log-probs are <= 0; float32 rounding can put a certain token a hair above it.
@@ -34,6 +35,9 @@ class RunBounds:
 
     max_seq_len: int  # prompt + response tokens (model.max_seq_len)
     vocab_size: int | None  # token ids are below it; None: any non-negative int32
+    # a mixture of experts' routes a sample carries, (MoE layers, top_k, experts); None:
+    # the run takes none (a dense model, or algorithm.routing_replay off)
+    routes: tuple[int, int, int] | None = None
 
 
 def sample_problem(
@@ -70,6 +74,15 @@ def sample_problem(
     for span in s.versions:
         if not 0 <= span[0] <= policy_version:
             return "version_out_of_range"
+    if s.routes is not None:
+        if bounds.routes is None:
+            return "routes_unexpected"
+        positions = route_positions(n_prompt, n)
+        try:
+            if ExpertRoutes.from_bytes(s.routes).problem(positions, *bounds.routes) is not None:
+                return "bad_routes"
+        except RoutesError:
+            return "bad_routes"
     return None
 
 

@@ -130,6 +130,9 @@ class Wire:
     # travels as a raw frame (little-endian) beside the header, in both messages.
     frame: str | None = None
     per_token: bool = False  # a header list of one value per response token (or None)
+    # A per-sample byte string (None: none) too large for the header: it travels as a raw
+    # frame of its own after the per-token frames (empty for None), in both messages.
+    blob: bool = False
     # header value -> the field's value (the envelope has checked its type)
     decode: Any = None
 
@@ -146,6 +149,11 @@ def wire(tp: Any, **how: Any) -> dict[str, Wire]:
 def per_token(typecode: str) -> dict[str, Wire]:
     """A field's metadata: one value per response token, as a frame of ``typecode``."""
     return {"wire": Wire(frame=typecode)}
+
+
+def blob() -> dict[str, Wire]:
+    """A field's metadata: a per-sample byte string (or None), as a frame of its own."""
+    return {"wire": Wire(type=bytes, blob=True)}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -177,6 +185,10 @@ class Sample:
     loss_mask: Sequence[int] | None = field(
         default=None, metadata=wire(list[int] | None, per_token=True)
     )
+    # A mixture of experts' routes (runtime/data/routes.py ``ExpertRoutes`` as bytes): the
+    # experts each layer chose for each input position, replayed by the trainer's forward
+    # (algorithm.routing_replay). None: a dense model, or none taken.
+    routes: bytes | None = field(default=None, metadata=blob())
     # response tokens trained on: sum(loss_mask), or the prefix length
     n_valid: int = field(metadata=wire(int))
     reward: float = field(metadata=wire(float))
@@ -236,7 +248,7 @@ def sample_state(t: Sample) -> dict[str, Any]:
             value = value.value
         elif f.name == "versions":
             value = [list(v) for v in value]
-        elif isinstance(value, Sequence) and not isinstance(value, str):
+        elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
             value = list(value)  # typed arrays and tuples as lists
         out[f.name] = value
     return out
@@ -281,6 +293,16 @@ def _frame_of(f: Any) -> bool:
     return w is not None and w.frame is not None
 
 
+def blob_fields() -> list[str]:
+    """The per-sample byte-string fields that travel as frames, after the per-token ones."""
+    return [f.name for f in fields(Sample) if f.metadata.get("wire", Wire()).blob]
+
+
+def frames_per_sample() -> int:
+    """The frames one sample travels with: its per-token fields' and its blobs'."""
+    return len(frame_fields()) + len(blob_fields())
+
+
 def sample_digest(t: Sample) -> str:
     """A checksum of what a sample is (ids, prompt, its per-token frames, loss mask, reward,
     version spans), to compare a buffer before a crash with the one restored from its
@@ -296,4 +318,7 @@ def sample_digest(t: Sample) -> str:
     h.update(struct.pack("<dq", t.reward, t.n_valid))
     for span in t.versions:
         h.update(struct.pack("<3q", *span))
+    for name in blob_fields():
+        value = getattr(t, name)
+        h.update(struct.pack("<q", -1 if value is None else len(value)) + (value or b""))
     return h.hexdigest()

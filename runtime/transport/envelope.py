@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from runtime.data.sample import frame_fields
+from runtime.data.sample import frames_per_sample
 
 PROTOCOL_VERSION = 12  # 3: samples carry their fields explicitly; 4: heartbeats, sync pauses;
 # 5: a trainer rank is sent its own samples of a batch and the layout of the rest;
@@ -33,7 +33,7 @@ PROTOCOL_VERSION = 12  # 3: samples carry their fields explicitly; 4: heartbeats
 # a Work request is a record with every key (``resume`` None when there is none);
 # ``Parked.partials`` is renamed ``rollouts``
 # a header and a batch's samples' frames (8,192 samples; a parked rollout has two)
-MAX_FRAMES = max(2, len(frame_fields())) * 8192 + 1
+MAX_FRAMES = max(2, frames_per_sample()) * 8192 + 1
 MAX_HEADER_BYTES = 1 << 20
 # What a rank takes from rank 0 (authenticated, the one peer it has): a batch's header
 # carries each sample's prompt ids and loss mask, over 2 MB for 256 samples of a 1,024-token

@@ -18,8 +18,10 @@ from runtime.data.sample import Batch, ParkedRollout, Request, Sample, Turn, Wir
 from runtime.transport import protocol as p
 from runtime.transport.sample_shape import (
     BATCH_FIELDS,
+    BLOBS,
     DONE_FIELDS,
     FRAMES,
+    SAMPLE_FRAMES,
     ParkedEntry,
     turns_mask,
 )
@@ -146,7 +148,13 @@ def record(s: Sample, declared: dict[str, Wire]) -> dict[str, Any]:
 
 
 def sample_frames(s: Sample) -> list[bytes]:
-    return [pack(getattr(s, name), code) for name, code in FRAMES]
+    per_token = [pack(getattr(s, name), code) for name, code in FRAMES]
+    return per_token + [getattr(s, name) or b"" for name in BLOBS]
+
+
+def _blob_fields(frames: Sequence[bytes]) -> dict[str, bytes | None]:
+    """A sample's byte-string fields from its frames after the per-token ones."""
+    return {name: blob or None for name, blob in zip(BLOBS, frames[len(FRAMES) :], strict=True)}
 
 
 def _fields(rec: dict[str, Any], declared: dict[str, Wire]) -> dict[str, Any]:
@@ -174,8 +182,9 @@ def sample(msg: p.SampleDone) -> Sample:
     like a list): rank 0 only counts, stores and forwards them, and turning every frame
     into a list and back was a fifth of its time per sample."""
     fields = _fields(msg.sample, DONE_FIELDS)
-    for (name, code), blob in zip(FRAMES, msg.blobs, strict=True):
+    for (name, code), blob in zip(FRAMES, msg.blobs[: len(FRAMES)], strict=True):
         fields[name] = _frame(blob, code)
+    fields.update(_blob_fields(msg.blobs))
     fields["info"] = dict(fields["info"])  # its own copy: rank 0 adds to it
     return Sample(**fields, worker=msg.rank)
 
@@ -207,10 +216,11 @@ def updates(msg: p.Batch) -> list[UpdatePlan] | None:
 def batch(msg: p.Batch) -> Batch:
     """The trainer's copy of a batch (or of its part): its samples with their per-token
     fields as lists."""
-    k = len(FRAMES)
+    k = SAMPLE_FRAMES
     samples = []
     for i, rec in enumerate(msg.samples):
-        frames = {name: unpack(msg.blobs[k * i + j], code) for j, (name, code) in enumerate(FRAMES)}
-        samples.append(Sample(**_fields(rec, BATCH_FIELDS), **frames))
+        own = msg.blobs[k * i : k * (i + 1)]
+        frames = {name: unpack(own[j], code) for j, (name, code) in enumerate(FRAMES)}
+        samples.append(Sample(**_fields(rec, BATCH_FIELDS), **frames, **_blob_fields(own)))
     n_replay = sum(1 for s in samples if s.replay_count > 0)
     return Batch(msg.batch_id, msg.policy_version, samples, len(samples) - n_replay, n_replay)

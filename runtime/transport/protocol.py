@@ -58,7 +58,7 @@ from runtime.transport.layout_messages import (  # noqa: F401 - the protocol's p
 from runtime.transport.sample_shape import (
     BATCH_FIELDS,
     DONE_FIELDS,
-    FRAMES,
+    SAMPLE_FRAMES,
     BatchRecord,
     DoneRecord,
     ParkedEntry,
@@ -204,7 +204,7 @@ class SampleDone(Message):
     """One finished sample (runtime.data.sample.Sample): its fields declared for this
     message as the header's ``sample`` record, and one frame per per-token field
     (runtime/transport/sample_shape.py ``FRAMES``: token ids int32, behaviour log-probs
-    float32, little-endian)."""
+    float32, little-endian), then one per byte-string field (``BLOBS``: a MoE's routes)."""
 
     TYPE: ClassVar[str] = "sample_done"
     rank: int
@@ -421,7 +421,7 @@ class Batch(Message):
     updates: list[UpdateRecord] | None = None
 
     def check(self) -> None:
-        k = len(FRAMES)
+        k = SAMPLE_FRAMES
         _require(len(self.blobs) == k * len(self.samples), "frames do not match samples")
         _require(self.batch_id >= 0 and self.policy_version >= 0, "bad batch id or version")
         for i, s in enumerate(self.samples):

@@ -10,7 +10,8 @@ from array import array
 from dataclasses import fields
 from typing import Any, TypedDict
 
-from runtime.data.sample import Sample, Wire, frame_fields
+from runtime.data.routes import ExpertRoutes, RoutesError, route_positions
+from runtime.data.sample import Sample, Wire, blob_fields, frame_fields
 from runtime.transport.envelope import _require
 
 
@@ -19,7 +20,7 @@ def _declared(message: str) -> dict[str, Wire]:
     out = {}
     for f in fields(Sample):
         w = f.metadata.get("wire")
-        if w is not None and w.frame is None and getattr(w, message):
+        if w is not None and w.frame is None and not w.blob and getattr(w, message):
             out[f.name] = w
     return out
 
@@ -30,8 +31,11 @@ DONE_FIELDS = _declared("done")
 BATCH_FIELDS = _declared("batch")
 DoneRecord = TypedDict("DoneRecord", {k: w.type for k, w in DONE_FIELDS.items()})  # type: ignore[misc]
 BatchRecord = TypedDict("BatchRecord", {k: w.type for k, w in BATCH_FIELDS.items()})  # type: ignore[misc]
-# The per-token frames of a sample, ``(name, typecode)``, in order (both messages).
+# The per-token frames of a sample, ``(name, typecode)``, in order (both messages), then
+# its byte-string fields' frames (empty: None), by name.
 FRAMES = frame_fields()
+BLOBS = blob_fields()
+SAMPLE_FRAMES = len(FRAMES) + len(BLOBS)
 
 
 def check_sample(
@@ -41,9 +45,9 @@ def check_sample(
     :class:`SampleDone`, a sample of a :class:`Batch`; ``declared``: the fields that message
     carries): a value per response token in each frame and per-token list, and the spans,
     ids and valid tokens that agree with them."""
-    _require(len(frames) == len(FRAMES), "frames do not match the sample's per-token fields")
+    _require(len(frames) == SAMPLE_FRAMES, "frames do not match the sample's frame fields")
     n = -1
-    for (_, code), frame in zip(FRAMES, frames, strict=True):
+    for (_, code), frame in zip(FRAMES, frames[: len(FRAMES)], strict=True):
         size = array(code).itemsize
         _require(len(frame) % size == 0 and n in (-1, len(frame) // size), "frame sizes differ")
         n = len(frame) // size
@@ -52,6 +56,13 @@ def check_sample(
         _require(values is None or len(values) == n, f"{name} length")
     ids = (record["sample_id"], record["group_id"], record["prompt_id"])
     check_shape(n, ids, record["versions"], record["n_valid"], record["loss_mask"])
+    routes = frames[len(FRAMES) + BLOBS.index("routes")]
+    if routes:  # their content against the model is runtime/control/sample_check.py's
+        try:
+            positions = ExpertRoutes.from_bytes(routes).positions
+        except RoutesError as exc:
+            _require(False, str(exc))
+        _require(positions == route_positions(len(record["prompt_token_ids"]), n), "routes length")
 
 
 def check_shape(

@@ -3,12 +3,14 @@ vanishes. Each test here failed on the code before this change (see the commit).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import tracemalloc
 
 import msgpack
+import numpy as np
 import pytest
 
 from runtime.data.sample import Sample
@@ -124,12 +126,47 @@ HOSTILE = {
     "future_version": ({"versions": [(9, 0, 4)]}, "version_out_of_range"),
     "other_group": ({"group_id": 99}, "mismatched_ids"),
     "huge_reward": ({"reward": 1e308}, "reward_out_of_range"),
+    # a MoE's routes on a run that takes none (a dense model here)
+    "routes_unexpected": ({"routes": "moe"}, "routes_unexpected"),
 }
+
+
+def moe_routes(positions: int, first: int = 0, second: int = 1) -> bytes:
+    from runtime.data.routes import ExpertRoutes
+
+    ids = np.array([[[first, second]] * 2] * positions)  # 2 layers, top 2
+    return ExpertRoutes.from_array(ids, experts=4).to_bytes()
+
+
+@pytest.mark.parametrize(
+    ("routes", "refused"),
+    [
+        (moe_routes(6), None),  # 3 prompt + 4 response tokens: 6 input positions
+        (moe_routes(6, 0, 4), "invalid:bad_routes"),  # no expert 4 of 4
+        (moe_routes(6, 2, 2), "invalid:bad_routes"),  # one expert twice for a position
+        # the shape alone: refused by the protocol, before the run looks
+        (moe_routes(5), "malformed"),  # a position short
+        (b"RT\x01", "malformed"),
+    ],
+    ids=["good", "expert_past_the_model", "expert_twice", "short", "malformed"],
+)
+def test_routes_are_checked_against_the_model_the_run_trains(clock, routes, refused):
+    c = running(clock)
+    c.bounds = dataclasses.replace(c.bounds, routes=(2, 2, 4))  # MoE layers, top_k, experts
+    (req,) = take_work(c, slots=1)
+    c.on_frames(ident(2), frames_of(done(req, routes=routes)))
+    assert (req["sample_id"] in c.data.delivered_ids) is (refused is None)
+    if refused == "malformed":
+        assert c.messages.rejected["malformed"] == 1
+    elif refused is not None:
+        assert c.data.rejected[refused] == 1
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_sample_the_run_could_not_have_produced_is_refused_and_its_request_requeued(clock, name):
     over, why = HOSTILE[name]
+    if over.get("routes") == "moe":
+        over = {"routes": moe_routes(6)}
     c = running(clock)
     (req,) = take_work(c, slots=1)
     c.on_frames(ident(2), frames_of(done(req, **over)))

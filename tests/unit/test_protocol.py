@@ -2,12 +2,15 @@ import contextlib
 import dataclasses
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.data.routes import ExpertRoutes
 from runtime.transport import protocol as p
 
+ROUTES = ExpertRoutes.from_array(np.array([[[0, 1], [2, 3]]] * 4), experts=4).to_bytes()
 EXAMPLES = [
     p.Hello(rank=1, world_size=4, node="n1", pid=123),
     p.Ready(rank=1, role="trainer", layout_epoch=0),
@@ -46,7 +49,8 @@ EXAMPLES = [
             "started_at": 0.0,
             "finished_at": 1.0,
         },
-        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
+        # a MoE's routes: 3 prompt + 2 response tokens, 4 input positions, 2 layers, top 2
+        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2, ROUTES),
     ),
     p.BatchRequest(rank=0),
     p.SampleFailed(rank=2, sample_id=3, reason="boom"),
@@ -72,7 +76,7 @@ EXAMPLES = [
                 "info": {"reward_error": "x"},
             }
         ],
-        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2),
+        blobs=(b"\x01\x00\x00\x00" * 2, b"\x00\x00\x80\xbf" * 2, b""),
     ),
     p.BatchWait(reason="waiting"),
     p.Welcome(
@@ -236,7 +240,7 @@ def header(**fields):
             ],
             "wrong type",
         ),
-        ([header(v=p.PROTOCOL_VERSION, type="status_request")] + [b""] * 20000, "frames"),
+        ([header(v=p.PROTOCOL_VERSION, type="status_request")] + [b""] * p.MAX_FRAMES, "frames"),
         # a lend that leaves a trainer rank, a reclaim that gives the trainer none
         *[
             (
@@ -275,32 +279,37 @@ def sample_done(**over):
 
 # What a sample must satisfy, on its way to rank 0 (SampleDone) or inside a Batch.
 SAMPLE_CASES = [
-    ({}, [b"\0" * 8, b"\0" * 4], "frame sizes differ"),
-    ({}, [b"", b""], "no tokens"),
-    ({"sample_id": -1}, [b"\0" * 8, b"\0" * 8], "negative id"),
-    ({"n_valid": 3}, [b"\0" * 8, b"\0" * 8], "n_valid exceeds"),
-    ({"versions": [[0, 0, 1]]}, [b"\0" * 8, b"\0" * 8], "do not cover"),
-    ({"versions": [[0, 0, 1], [1, 0, 2]]}, [b"\0" * 8, b"\0" * 8], "bad spans"),
-    ({"versions": [[1, 0, 1], [0, 1, 2]]}, [b"\0" * 8, b"\0" * 8], "backwards"),
-    ({"versions": []}, [b"\0" * 8, b"\0" * 8], "no version spans"),
-    ({"loss_mask": [1]}, [b"\0" * 8, b"\0" * 8], "loss_mask length"),
-    ({"loss_mask": [1, 2]}, [b"\0" * 8, b"\0" * 8], "loss_mask values"),
-    ({"loss_mask": [1, 0]}, [b"\0" * 8, b"\0" * 8], "loss_mask and n_valid disagree"),
+    ({}, [b"\0" * 8, b"\0" * 4, b""], "frame sizes differ"),
+    ({}, [b"", b"", b""], "no tokens"),
+    ({"sample_id": -1}, [b"\0" * 8, b"\0" * 8, b""], "negative id"),
+    ({"n_valid": 3}, [b"\0" * 8, b"\0" * 8, b""], "n_valid exceeds"),
+    ({"versions": [[0, 0, 1]]}, [b"\0" * 8, b"\0" * 8, b""], "do not cover"),
+    ({"versions": [[0, 0, 1], [1, 0, 2]]}, [b"\0" * 8, b"\0" * 8, b""], "bad spans"),
+    ({"versions": [[1, 0, 1], [0, 1, 2]]}, [b"\0" * 8, b"\0" * 8, b""], "backwards"),
+    ({"versions": []}, [b"\0" * 8, b"\0" * 8, b""], "no version spans"),
+    ({"loss_mask": [1]}, [b"\0" * 8, b"\0" * 8, b""], "loss_mask length"),
+    ({"loss_mask": [1, 2]}, [b"\0" * 8, b"\0" * 8, b""], "loss_mask values"),
+    ({"loss_mask": [1, 0]}, [b"\0" * 8, b"\0" * 8, b""], "loss_mask and n_valid disagree"),
     # typed fields: a bool is not a token id nor a mask value, info is JSON only
-    ({"prompt_token_ids": [3, True]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
-    ({"prompt_token_ids": "34"}, [b"\0" * 8, b"\0" * 8], "wrong type"),
-    ({"prompt_token_ids": [2**63]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
-    ({"loss_mask": [True, True]}, [b"\0" * 8, b"\0" * 8], "wrong type"),
-    ({"info": {"x": b"\0"}}, [b"\0" * 8, b"\0" * 8], "wrong type"),
-    ({"info": {"x": float("inf")}}, [b"\0" * 8, b"\0" * 8], "wrong type"),
+    ({"prompt_token_ids": [3, True]}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
+    ({"prompt_token_ids": "34"}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
+    ({"prompt_token_ids": [2**63]}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
+    ({"loss_mask": [True, True]}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
+    ({"info": {"x": b"\0"}}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
+    ({"info": {"x": float("inf")}}, [b"\0" * 8, b"\0" * 8, b""], "wrong type"),
 ]
 
 
 @pytest.mark.parametrize(
     ("over", "blobs", "reason"),
     [
-        ({}, [b"\0" * 8], "frames do not match the sample's per-token fields"),
-        ({"finished_at": -1.0}, [b"\0" * 8, b"\0" * 8], "finished before it started"),
+        ({}, [b"\0" * 8, b"\0" * 8], "frames do not match the sample's frame fields"),
+        ({"finished_at": -1.0}, [b"\0" * 8, b"\0" * 8, b""], "finished before it started"),
+        # a MoE's routes: self-describing bytes, one row per input position
+        ({}, [b"\0" * 8, b"\0" * 8, b"RT"], "routes shorter than their header"),
+        ({}, [b"\0" * 8, b"\0" * 8, b"XX" + ROUTES[2:]], "routes of an unknown format"),
+        ({}, [b"\0" * 8, b"\0" * 8, ROUTES[:-1]], "not whole positions"),
+        ({}, [b"\0" * 8, b"\0" * 8, ROUTES], "routes length"),  # 4 positions, not 3
         *SAMPLE_CASES,
     ],
 )
@@ -313,11 +322,11 @@ def test_a_sample_is_exactly_its_declared_record():
     # no free-form extra map, no field the message does not carry, none left out
     for over in ({"extra": {"prompt_ids": [3, 4]}}, {"advantage": 0.5}):
         with pytest.raises(p.ProtocolError, match="wrong type"):
-            p.decode([sample_done(**over), b"\0" * 8, b"\0" * 8])
+            p.decode([sample_done(**over), b"\0" * 8, b"\0" * 8, b""])
     frames = msgpack.unpackb(sample_done())
     del frames["sample"]["reward"]
     with pytest.raises(p.ProtocolError, match="wrong type"):
-        p.decode([msgpack.packb(frames), b"\0" * 8, b"\0" * 8])
+        p.decode([msgpack.packb(frames), b"\0" * 8, b"\0" * 8, b""])
 
 
 def batch(sample_over=None, **over):
@@ -356,7 +365,7 @@ def test_invalid_batch_samples_are_rejected_like_sent_ones(over, blobs, reason):
 )
 def test_a_batch_sample_is_exactly_its_record(sample_over, reason):
     with pytest.raises(p.ProtocolError, match=reason):
-        p.decode([batch(sample_over), b"\0" * 8, b"\0" * 8])
+        p.decode([batch(sample_over), b"\0" * 8, b"\0" * 8, b""])
     missing = {"sample_id": 5}
     with pytest.raises(p.ProtocolError, match="wrong type"):
         p.decode(
@@ -510,7 +519,7 @@ def test_a_trainer_rank_gets_its_samples_and_a_plan_it_cannot_be_fooled_by():
     )
     part = RankPlan(batch_positions=[2, 0], updates=[plan])
     msg = p.decode(p.encode(wire.batch_message(Batch(1, 0, whole, 2, 1), part)))
-    assert [s["sample_id"] for s in msg.samples] == [2, 0] and len(msg.blobs) == 4
+    assert [s["sample_id"] for s in msg.samples] == [2, 0] and len(msg.blobs) == 6
     assert [s.sample_id for s in wire.batch(msg).samples] == [2, 0]  # no stand-ins
     assert wire.updates(msg) == [plan]
     good = msg.updates[0]
@@ -645,7 +654,7 @@ def test_a_sample_is_checked_against_the_fields_its_message_carries():
 
     record = {"sample_id": 1, "group_id": 0, "prompt_id": 0, "versions": [[0, 0, 2]]}
     record |= {"n_valid": 2, "loss_mask": None}
-    frames = (b"\0" * 8, b"\0" * 8)
+    frames = (b"\0" * 8, b"\0" * 8, b"")
     check_sample(record, frames, DONE_FIELDS)
     batch_only = Wire(list[int] | None, done=False, per_token=True)
     with pytest.raises(p.ProtocolError, match="extra length"):

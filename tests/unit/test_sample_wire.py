@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
     short = dataclasses.replace(wire.sample_done(s, 2))
     frames = p.encode(short)
     try:  # a value short: refused by the envelope
-        p.decode([*frames[:-1], frames[-1][:-4]])
+        p.decode([*frames[:-2], frames[-2][:-4], frames[-1]])  # the last is the routes blob
     except p.ProtocolError as exc:
         assert "frame sizes differ" in str(exc), exc
     else:
@@ -64,4 +64,5 @@ def test_a_per_token_field_is_one_declaration(tmp_path):
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["ok", "3"]  # token ids, log-probs and the new frame
+    # token ids, log-probs, the new frame and the routes (runtime/data/routes.py)
+    assert out.stdout.split() == ["ok", "4"]
