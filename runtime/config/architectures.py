@@ -261,7 +261,8 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
                 intermediate=0,
                 qk_norm=True,
                 attention_bias=bool(config.get("attention_bias", False)),
-                experts=int(config["num_experts"]),
+                # the hub's configs say num_experts; transformers 5 saves num_local_experts
+                experts=int(config.get("num_local_experts") or config["num_experts"]),
                 experts_per_token=int(config["num_experts_per_tok"]),
                 moe_intermediate=int(config["moe_intermediate_size"]),
             )

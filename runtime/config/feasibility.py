@@ -230,6 +230,8 @@ def _check_trainer(cfg: Config) -> None:
             )
     if alg.router_aux_loss_coef > 0:
         _check_router_aux_loss(cfg)
+    if alg.routing_replay != "off":
+        _check_routing_replay(cfg)
     if train.strategy is None:
         from runtime.embedded.resolve import is_tiny_embedded
 
@@ -253,6 +255,39 @@ def _check_router_aux_loss(cfg: Config) -> None:
         return
     if not shape.is_moe:
         raise FieldError(field, f"{cfg.model.path} is a dense model: it has no router; set 0")
+
+
+def _check_routing_replay(cfg: Config) -> None:
+    """Routing replay needs a mixture of experts trained by the torch trainer, and a route
+    source: on the CPU the rollout side's probe of the policy it serves
+    (runtime/engines/vllm/route_probe.py); vLLM's own routed-experts capture, the source a
+    GPU run would use, needs its model runner V2 and is not wired (docs/moe.md)."""
+    field = "algorithm.routing_replay"
+    if cfg.engine.trainer != "torch" or cfg.engine.rollout != "vllm":
+        raise FieldError(field, "needs engine.trainer: torch and engine.rollout: vllm")
+    if replay_route_shape(cfg) is None:
+        raise FieldError(field, f"{cfg.model.path} is not a known mixture of experts; set off")
+    if cfg.resources.device != "cpu":
+        raise FieldError(
+            field,
+            "takes its routes from a CPU probe of the served policy; on GPUs vLLM's "
+            "routed-experts capture is not wired yet (docs/moe.md): set off or device: cpu",
+        )
+
+
+def replay_route_shape(cfg: Config) -> tuple[int, int, int] | None:
+    """The routes a sample of this run carries, (MoE layers, top_k, experts), for rank 0's
+    check (runtime/control/sample_check.py); None: it carries none (routing replay off, or
+    a model that is not a known mixture of experts)."""
+    from runtime.config.architectures import ArchitectureError, model_shape
+
+    if cfg.algorithm.routing_replay == "off":
+        return None
+    try:
+        shape = model_shape(cfg.model.path)
+    except ArchitectureError:
+        return None
+    return (shape.layers, shape.experts_per_token, shape.experts) if shape.is_moe else None
 
 
 def _check_data_and_engines(cfg: Config) -> None:

@@ -166,6 +166,13 @@ class AlgorithmConfig:
         "outside [1/this, this]; needs recompute_old_logprobs; none = off",
         gt=1,
     )
+    routing_replay: str = opt(
+        "off",
+        "a mixture of experts' routing replay (R3): the trainer's routers take the experts "
+        "the rollout policy chose for each token (runtime/data/routes.py), for the old "
+        "log-probs and the update; off: its own",
+        choices=("off", "rollout"),
+    )
     router_aux_loss_coef: float = opt(
         0.0,
         "a mixture of experts' router load-balancing loss (transformers' "

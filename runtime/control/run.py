@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.config.feasibility import replay_route_shape
 from runtime.config.layout import Layout, Role, initial_layout, ranks_with, rollout_drivers
 from runtime.config.schema import Config
 from runtime.control.checkpoints import Checkpoints, SaveCheckpoint
@@ -148,7 +149,7 @@ class Run:
         self.run = run
         self.clock = clock
         self.wall = wall
-        self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size)
+        self.bounds = RunBounds(cfg.model.max_seq_len, vocab_size, replay_route_shape(cfg))
         sch = cfg.scheduler
         layout = initial_layout(cfg)
         # state, reason, start and end, attempt: changed by the methods below alone

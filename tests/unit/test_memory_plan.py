@@ -340,6 +340,19 @@ def test_embedded_shapes_are_the_models_runtime_embedded_builds():
         ), name
 
 
+def test_a_moe_folder_transformers_5_saved_is_read(tmp_path):
+    from runtime.embedded import tiny_qwen3
+    from runtime.embedded.resolve import EMBEDDED_MOE
+
+    folder = tiny_qwen3.save_pretrained(
+        tiny_qwen3.build_moe_model(), tiny_qwen3.build_tokenizer(), tmp_path / "moe"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    assert "num_local_experts" in config and "num_experts" not in config  # its own key
+    shape = model_shape(str(folder))
+    assert (shape.experts, shape.total_params) == (4, model_shape(EMBEDDED_MOE).total_params)
+
+
 def test_the_embedded_moe_shape_is_the_model_build_moe_model_builds():
     from runtime.embedded import tiny_qwen3
     from runtime.embedded.resolve import EMBEDDED_MOE

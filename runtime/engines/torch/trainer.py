@@ -53,6 +53,7 @@ from runtime.engines.torch.parallelize import (
     full_norm,
     trainer_device,
 )
+from runtime.engines.torch.route_replay import RouteReplay
 from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.rank.gradients import DataParallel
 from runtime.rank.trainer_mesh import TrainerMesh
@@ -92,6 +93,7 @@ class TorchTrainer:
             # not a trainer rank now: a sharded model is built when it becomes one
             self.model: Any = None
             self.opt: Any = None
+            self.routes = None
             return
         self.device = trainer_device(config.resources, rank)
         default = "bfloat16" if self.device.type == "cuda" else "float32"  # device: auto
@@ -101,6 +103,9 @@ class TorchTrainer:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if config.model.lora.enabled:  # the base frozen in the compute dtype, adapters float32
             apply_lora(model, config.model.lora, self.param_dtype)
+        # routing replay (R3): a MoE's routers take the rollout policy's routes
+        replay = config.algorithm.routing_replay == "rollout"
+        self.routes = RouteReplay(model) if replay else None
         self.head = logprobs.install(model, config.train.logprob_chunk_tokens)
         if config.train.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -152,11 +157,15 @@ class TorchTrainer:
         todo = range(self.updates_done, k)
         olds: list[dict[int, torch.Tensor] | None] = [None] * k
         keeps: list[torch.Tensor | None] = [None] * k
+        own_k3 = [0.0, 0.0]  # routing replay: the mismatch the trainer's own routes give
         if self.config.algorithm.recompute_old_logprobs:
             for j in todo:
                 old = olds[j] = self._old_logprobs(minis[j], updates[j].micro_batches)
                 if self.config.algorithm.mismatch_mask is not None:
                     keeps[j] = self._kept(minis[j], len(updates[j].n_valid), old, data_parallel)
+                if self.routes is not None:
+                    k3, tokens = self._own_routes_k3(minis[j], updates[j].micro_batches)
+                    own_k3 = [own_k3[0] + k3, own_k3[1] + tokens]
         results = []
         for j in todo:  # from 0 unless an attempt was aborted
             update = self._update(
@@ -171,6 +180,8 @@ class TorchTrainer:
         for key, pick in LossStats.EXTREMES.items():  # extremes of the step, not means
             if key in out:
                 out[key] = pick(u[key] for u in results)
+        if self.routes is not None:
+            out.update(self._replay_metrics(own_k3, data_parallel))
         out["optimizer_updates"] = float(len(results))  # of this attempt
         out["micro_steps"] = float(sum(len(updates[j].micro_batches) for j in todo))
         out["step_time_s"] = time.perf_counter() - start
@@ -181,14 +192,18 @@ class TorchTrainer:
         the current weights (0 past a row's end). No rows: one padding token, whose
         log-prob the caller multiplies by 0, so this rank still takes part in FSDP2's
         gathers and reductions."""
-        return self._policy_forward(rows, router_aux=False)[0]
+        try:
+            return self._policy_forward(rows, router_aux=False)[0]
+        finally:
+            self._clear_routes()
 
     def _policy_forward(
-        self, rows: Sequence[Sample], router_aux: bool
+        self, rows: Sequence[Sample], router_aux: bool, replay: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`_forward`'s log-probs, and with ``router_aux`` a mixture of experts'
         router load-balancing loss over these rows (transformers computes it from every
-        block's router logits, padding left out)."""
+        block's router logits, padding left out). With routing replay (and ``replay``) the
+        rows' routes are set for this forward and its backward: the caller clears them."""
         temperature = self.config.algorithm.temperature
         seqs = [[*s.prompt_token_ids, *s.token_ids] for s in rows] or [[PAD, PAD]]
         width = max(map(len, seqs))
@@ -206,6 +221,8 @@ class TorchTrainer:
         want = torch.zeros(len(seqs), width, dtype=torch.bool)
         want.scatter_(1, pos, valid)
         ids, attn, want, pos = (t.to(self.device) for t in (ids, attn, want, pos))
+        if self.routes is not None and replay:
+            self.routes.set(rows, width, self.device)
         next_ids = torch.roll(ids, -1, dims=1)
         with (
             self.head.targets(next_ids, want, temperature),
@@ -228,6 +245,49 @@ class TorchTrainer:
             for row, i in enumerate(batch):
                 out[i] = logp[row, : len(samples[i].token_ids)].float().cpu()
         return out
+
+    @torch.no_grad()
+    def _own_routes_k3(
+        self, samples: dict[int, Sample], mine: list[list[int]]
+    ) -> tuple[float, float]:
+        """Routing replay's counterfactual: the k3 of KL(rollout || old) over this rank's
+        valid tokens (as ``mismatch_k3`` counts it), the old log-probs taken with the
+        trainer's own routers instead of the replayed routes; (sum, tokens)."""
+        total = tokens = 0.0
+        for batch in mine:  # every rank as many forwards (FSDP2), empty ones too
+            rows = [samples[i] for i in batch]
+            with adapter_dropout_off(self.model):
+                logp = self._policy_forward(rows, router_aux=False, replay=False)[0]
+            if not rows:
+                continue
+            rollout, mask = self._behaviour(rows, logp.shape[1])
+            log_rho = (logp.float().cpu() - rollout).clamp(-20, 20)
+            valid = mask > 0
+            total += float(((log_rho.exp() - 1 - log_rho) * valid).sum())
+            tokens += float(valid.sum())
+        return total, tokens
+
+    def _replay_metrics(self, own_k3: list[float], dp: DataParallel | None) -> dict[str, float]:
+        """Routing replay's step metrics, over every trainer rank: how often the trainer's
+        own router chose otherwise than the replayed routes, and the mismatch k3 its own
+        routes would have given (with recompute_old_logprobs; mismatch_k3 is the replayed)."""
+        assert self.routes is not None
+        differ, compared = self.routes.take_counts()
+        with_routes, rows = self.routes.take_rows()
+        sums = [float(differ), float(compared), float(with_routes), float(rows), *own_k3]
+        if dp is not None:
+            sums = dp.all_reduce_sum(sums)
+        out = {
+            "router_disagreement": sums[0] / sums[1] if sums[1] else 0.0,
+            "routed_rows_share": sums[2] / sums[3] if sums[3] else 0.0,
+        }
+        if self.config.algorithm.recompute_old_logprobs:
+            out["mismatch_k3_own_routes"] = sums[4] / sums[5] if sums[5] else 0.0
+        return out
+
+    def _clear_routes(self) -> None:
+        if self.routes is not None:
+            self.routes.clear()
 
     def _kept(
         self,
@@ -293,6 +353,7 @@ class TorchTrainer:
             if not rows:
                 zero = logp.sum() * 0.0
                 ((zero + router_loss * 0.0) if router_loss is not None else zero).backward()
+                self._clear_routes()
                 continue
             # 2. Behaviour (rollout) log-probs, the loss mask, and the old policy's
             # log-probs where the trainer recomputed them.
@@ -324,6 +385,7 @@ class TorchTrainer:
                 loss = loss + aux_coef * share * router_loss
                 router_losses.append(float(router_loss.detach()) * share)
             (loss * scale).backward()
+            self._clear_routes()  # kept through the backward: a recomputed block routes alike
             parts.append(st)
         # 4. Gradients summed over the replicas (FSDP2 did it in the backward), clipped.
         params = trainable(self.model)  # a LoRA run's frozen base has no gradients

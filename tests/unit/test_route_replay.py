@@ -1,0 +1,108 @@
+"""Routing replay in the trainer (runtime/engines/torch/route_replay.py): the experts each
+block runs are the sample's routes, weighted by the trainer's own router; without routes,
+or with the routes its own router picks, the forward is the model's own."""
+
+import pytest
+import torch
+
+from runtime.data.routes import ExpertRoutes, route_positions
+from runtime.embedded.tiny_qwen3 import build_moe_model, build_tokenizer, save_pretrained
+from runtime.engines.torch.route_replay import routes_of
+from runtime.engines.torch.settings import TorchTrainerConfig
+from runtime.engines.torch.trainer import TorchTrainer
+from tests.unit.test_trainer_features import make_cfg, make_samples
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-moe")
+    return str(save_pretrained(build_moe_model(seed=5), build_tokenizer(), path))
+
+
+def trainer(moe_dir: str, replay: str, **algorithm) -> TorchTrainer:
+    cfg = make_cfg(moe_dir, {"routing_replay": replay, **algorithm})
+    return TorchTrainer(TorchTrainerConfig.from_config(cfg), moe_dir)
+
+
+def with_routes(samples, policy) -> list:
+    """``samples`` carrying the routes ``policy`` (a model) chooses for them."""
+    for s in samples:
+        ids = routes_of(policy, s.prompt_token_ids, s.token_ids)
+        s.routes = ExpertRoutes.from_array(ids, experts=4).to_bytes()
+    return samples
+
+
+def experts_run(t: TorchTrainer) -> list[list[torch.Tensor]]:
+    """Capture the expert indices every MoE block's experts are called with."""
+    seen: list[list[torch.Tensor]] = []
+    for layer in t.model.model.layers:
+        calls: list[torch.Tensor] = []
+        layer.mlp.experts.register_forward_pre_hook(lambda m, args, c=calls: c.append(args[1]))
+        seen.append(calls)
+    return seen
+
+
+def test_the_blocks_run_the_replayed_experts_weighted_by_their_own_router(moe_dir):
+    rollout_policy = build_moe_model(seed=9)  # another policy: other routes
+    samples = with_routes(make_samples()[:3], rollout_policy)
+    t = trainer(moe_dir, "rollout")
+    seen = experts_run(t)
+    with torch.no_grad():
+        replayed = t._forward(samples)
+    width = max(len(s.prompt_token_ids) + len(s.token_ids) for s in samples)
+    for layer, (calls,) in enumerate(seen):
+        ran = calls.reshape(len(samples), width, -1)
+        for i, s in enumerate(samples):
+            n = route_positions(len(s.prompt_token_ids), len(s.token_ids))
+            given = ExpertRoutes.from_bytes(s.routes).array()[:, layer]
+            assert torch.equal(ran[i, :n].sort(-1).values, torch.from_numpy(given).sort(-1).values)
+    differ, compared = t.routes.take_counts()
+    assert compared == 2 * sum(
+        route_positions(len(s.prompt_token_ids), len(s.token_ids)) for s in samples
+    )
+    assert 0 < differ < compared  # the other policy agrees on some, not all
+    assert t.routes.given is None  # cleared after the forward
+    with torch.no_grad():
+        own = trainer(moe_dir, "off")._forward(samples)
+    assert (replayed - own).abs().max() > 1e-3
+
+
+def test_routes_the_router_would_choose_change_nothing(moe_dir):
+    t = trainer(moe_dir, "rollout")
+    from transformers import AutoModelForCausalLM
+
+    same = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+    samples = with_routes(make_samples()[:3], same)
+    with torch.no_grad():
+        replayed = t._forward(samples)
+        own = trainer(moe_dir, "off")._forward(samples)
+    torch.testing.assert_close(replayed, own, rtol=0, atol=1e-6)
+    assert t.routes.take_counts()[0] == 0
+
+
+def test_a_replayed_step_reports_what_the_routers_would_have_done(moe_dir):
+    samples = with_routes(make_samples(), build_moe_model(seed=9))
+    samples[2].routes = None  # a sample without routes routes on its own
+    t = trainer(moe_dir, "rollout", recompute_old_logprobs=True)
+    metrics = t.train_step(samples)
+    assert 0 < metrics["router_disagreement"] < 1
+    assert metrics["routed_rows_share"] == pytest.approx(8 / 9)
+    assert metrics["mismatch_k3_own_routes"] >= 0 and "mismatch_k3" in metrics
+    router = t.model.model.layers[0].mlp.gate.weight
+    assert router.grad is not None and router.grad.abs().max() > 0  # the router still learns
+    off = trainer(moe_dir, "off", recompute_old_logprobs=True).train_step(samples)
+    assert "router_disagreement" not in off and "mismatch_k3_own_routes" not in off
+
+
+def test_routing_replay_is_refused_where_it_cannot_run(tmp_path):
+    from runtime.config.recipe import RecipeError, build_config
+
+    with pytest.raises(RecipeError, match="routing_replay.*not a known mixture of experts"):
+        build_config({"algorithm": {"routing_replay": "rollout"}})  # the dense embedded model
+    moe = {"model": {"path": "embedded:tiny-qwen3-moe"}, "algorithm": {"routing_replay": "rollout"}}
+    with pytest.raises(RecipeError, match="routing_replay.*not wired"):
+        build_config({**moe, "resources": {"device": "cuda"}})
+    with pytest.raises(RecipeError, match="routing_replay.*engine.rollout: vllm"):
+        build_config({**moe, "engine": {"rollout": "synthetic", "trainer": "torch"}})
