@@ -99,10 +99,10 @@ def test_a_replayed_step_reports_what_the_routers_would_have_done(moe_dir):
 def test_routing_replay_is_refused_where_it_cannot_run(tmp_path):
     from runtime.config.recipe import RecipeError, build_config
 
-    with pytest.raises(RecipeError, match="routing_replay.*not a known mixture of experts"):
+    with pytest.raises(RecipeError, match=r"routing_replay.*not a known mixture of experts"):
         build_config({"algorithm": {"routing_replay": "rollout"}})  # the dense embedded model
     moe = {"model": {"path": "embedded:tiny-qwen3-moe"}, "algorithm": {"routing_replay": "rollout"}}
-    with pytest.raises(RecipeError, match="routing_replay.*not wired"):
+    with pytest.raises(RecipeError, match=r"routing_replay.*not wired"):
         build_config({**moe, "resources": {"device": "cuda"}})
-    with pytest.raises(RecipeError, match="routing_replay.*engine.rollout: vllm"):
+    with pytest.raises(RecipeError, match=r"routing_replay.*engine.rollout: vllm"):
         build_config({**moe, "engine": {"rollout": "synthetic", "trainer": "torch"}})
