@@ -62,6 +62,9 @@ class PolicyReceiver:
         self.timeout_s = timeout_s  # a transfer waits as long as the leader's collectives
         # one record per weight sync received (bytes, seconds, GB/s), for metrics/status
         self.records: collections.deque[dict[str, float]] = collections.deque(maxlen=64)
+        # called with (version, folder) after the engine loaded a policy folder, before the
+        # folder is removed (a routing-replay probe loads it too: route_probe.py)
+        self.on_loaded: Callable[[int, str], None] | None = None
         # the strategies by the header's transport name (runtime/weights/wire.py TRANSPORTS)
         self.strategies: dict[str, Strategy] = {
             p2p.GlooBucketSender.name: self._from_sync_group,
@@ -104,6 +107,8 @@ class PolicyReceiver:
         self, path: str, header: WeightsHeader, nbytes: int, received_s: float, write_s: float
     ) -> float:
         took = await self.engine.update_weights(path, header.version)
+        if self.on_loaded is not None:
+            self.on_loaded(header.version, path)
         self._record(header.version, nbytes, received_s, write_s + took, loaded=True)
         log.debug("weights v%d loaded in %.3f s", header.version, took)
         self._forget_all_but(header.version)
@@ -153,6 +158,8 @@ class PolicyReceiver:
         write_s = time.perf_counter() - start
         load = self.engine.update_weights(str(folder), version)
         took = run(load, f"in-place load of version {version}")
+        if self.on_loaded is not None:
+            self.on_loaded(version, str(folder))
         nbytes = sum(t.numel() * t.element_size() for t in weights.values())
         self._record(version, nbytes, 0.0, write_s + took, loaded=True)
         self._forget_all_but(version)

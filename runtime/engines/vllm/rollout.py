@@ -44,6 +44,7 @@ from runtime.config.schema import Config
 from runtime.data.sample import ParkedRollout, Request, Sample
 from runtime.engines.vllm.engine import VLLMEngine
 from runtime.engines.vllm.eval_player import EvalPlayer
+from runtime.engines.vllm.route_probe import RouteProbe
 from runtime.engines.vllm.settings import VLLMEngineConfig
 from runtime.rank.collective import Collective
 from runtime.rank.rollout_loop import RolloutSide
@@ -125,6 +126,12 @@ class VLLMRolloutSide(RolloutSide[Future]):
             self.weights_root,
             self._transfer_timeout_s,
         )
+        # routing replay: the routes of each finished sample, from a probe of the served
+        # policy (CPU; route_probe.py), which loads every version the engine loads
+        self.probe: RouteProbe | None = None
+        if cfg.algorithm.routing_replay == "rollout":
+            self.probe = RouteProbe(model_path, keep=max(4, cfg.reflow.delta + 3))
+            self.receiver.on_loaded = self.probe.load
         from runtime.data.codec import codec_for
 
         record = None
@@ -372,22 +379,24 @@ class VLLMRolloutSide(RolloutSide[Future]):
                 self.env.forget(rid)
         if ep is None:  # aborted: leaving the rollout pool (requeued), or a stop (parked)
             return False
-        self.loop.finished(
-            Sample(
-                sample_id=req.sample_id,
-                group_id=req.group_id,
-                prompt_id=req.prompt_id,
-                versions=ep.spans or [(self.engine.version, 0, len(ep.token_ids))],
-                prompt_token_ids=list(prompt["prompt_ids"]),
-                token_ids=ep.token_ids,
-                logprobs=ep.logprobs,
-                loss_mask=ep.loss_mask if 0 in ep.loss_mask else None,
-                n_valid=ep.n_model_tokens,
-                reward=ep.reward,
-                info=ep.info or {},
-                worker=self.rank,
-                started_at=started,
-                finished_at=time.monotonic(),
-            )
+        sample = Sample(
+            sample_id=req.sample_id,
+            group_id=req.group_id,
+            prompt_id=req.prompt_id,
+            versions=ep.spans or [(self.engine.version, 0, len(ep.token_ids))],
+            prompt_token_ids=list(prompt["prompt_ids"]),
+            token_ids=ep.token_ids,
+            logprobs=ep.logprobs,
+            loss_mask=ep.loss_mask if 0 in ep.loss_mask else None,
+            n_valid=ep.n_model_tokens,
+            reward=ep.reward,
+            info=ep.info or {},
+            worker=self.rank,
+            started_at=started,
+            finished_at=time.monotonic(),
         )
+        if self.probe is not None:  # a forward per version: off the engine's loop
+            loop = asyncio.get_running_loop()
+            sample.routes = await loop.run_in_executor(None, self.probe.routes, sample)
+        self.loop.finished(sample)
         return True
