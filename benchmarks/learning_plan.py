@@ -22,6 +22,7 @@ except ModuleNotFoundError:
     from learning_arms import ArmSpec
 
 DEMO = "recipes/demo.yaml"
+DEMO_MOE = "recipes/demo_moe.yaml"  # the demo on the tiny mixture of experts, routing replay on
 RETRY = "examples/arith_retry/recipe.yaml"
 DEMO_STEPS, DEMO_EVAL_EVERY = 400, 25
 RETRY_STEPS, RETRY_EVAL_EVERY = 200, 50
@@ -33,11 +34,16 @@ CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 # the held-out figure each recipe's arms are judged by: the arith kind's greedy accuracy on
 # its 512 embedded problems; arith_retry's greedy reward on its draws set (64 sums of the
 # training distribution, played by its two-try environment)
-HELD_OUT = {DEMO: "eval_reward", RETRY: "eval/draws/greedy"}
+HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/greedy"}
+REPLAY_OFF = ("algorithm.routing_replay=off",)
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
     return ArmSpec(DEMO, mode, seed, DEMO_STEPS, DEMO_EVAL_EVERY, tuple(sorted(sets)))
+
+
+def demo_moe(seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
+    return ArmSpec(DEMO_MOE, "reflow", seed, DEMO_STEPS, DEMO_EVAL_EVERY, tuple(sorted(sets)))
 
 
 def retry(seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
@@ -56,6 +62,9 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "variants": [demo("reflow", seed, v) for seed in CHOOSE_SEEDS for v in VARIANTS],
         "confirm": [demo("reflow", seed, v) for seed in CONFIRM_SEEDS for v in ((), *VARIANTS)],
         "multiturn": [retry(seed, v) for seed in CHOOSE_SEEDS for v in ((), *MULTITURN_VARIANTS)],
+        # issue "Mixture-of-experts end to end": the MoE demo learns, with and without
+        # routing replay
+        "moe": [demo_moe(seed, v) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
