@@ -35,7 +35,7 @@ CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 # its 512 embedded problems; arith_retry's greedy reward on its draws set (64 sums of the
 # training distribution, played by its two-try environment)
 HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/greedy"}
-REPLAY_OFF = ("algorithm.routing_replay=off",)
+REPLAY_OFF = ("algorithm.routing_replay=disabled",)
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:

@@ -230,7 +230,7 @@ def _check_trainer(cfg: Config) -> None:
             )
     if alg.router_aux_loss_coef > 0:
         _check_router_aux_loss(cfg)
-    if alg.routing_replay != "off":
+    if alg.routing_replay != "disabled":
         _check_routing_replay(cfg)
     if train.strategy is None:
         from runtime.embedded.resolve import is_tiny_embedded
@@ -266,12 +266,12 @@ def _check_routing_replay(cfg: Config) -> None:
     if cfg.engine.trainer != "torch" or cfg.engine.rollout != "vllm":
         raise FieldError(field, "needs engine.trainer: torch and engine.rollout: vllm")
     if replay_route_shape(cfg) is None:
-        raise FieldError(field, f"{cfg.model.path} is not a known mixture of experts; set off")
+        raise FieldError(field, f"{cfg.model.path} is not a known mixture of experts; set disabled")
     if cfg.resources.device != "cpu":
         raise FieldError(
             field,
             "takes its routes from a CPU probe of the served policy; on GPUs vLLM's "
-            "routed-experts capture is not wired yet (docs/moe.md): set off or device: cpu",
+            "routed-experts capture is not wired yet (docs/moe.md): set disabled or device: cpu",
         )
 
 
@@ -281,7 +281,7 @@ def replay_route_shape(cfg: Config) -> tuple[int, int, int] | None:
     a model that is not a known mixture of experts)."""
     from runtime.config.architectures import ArchitectureError, model_shape
 
-    if cfg.algorithm.routing_replay == "off":
+    if cfg.algorithm.routing_replay == "disabled":
         return None
     try:
         shape = model_shape(cfg.model.path)

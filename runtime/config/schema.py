@@ -167,11 +167,11 @@ class AlgorithmConfig:
         gt=1,
     )
     routing_replay: str = opt(
-        "off",
+        "disabled",
         "a mixture of experts' routing replay (R3): the trainer's routers take the experts "
         "the rollout policy chose for each token (runtime/data/routes.py), for the old "
-        "log-probs and the update; off: its own",
-        choices=("off", "rollout"),
+        "log-probs and the update; disabled: its own (not 'off', which YAML reads as false)",
+        choices=("disabled", "rollout"),
     )
     router_aux_loss_coef: float = opt(
         0.0,

@@ -36,7 +36,7 @@ class RunBounds:
     max_seq_len: int  # prompt + response tokens (model.max_seq_len)
     vocab_size: int | None  # token ids are below it; None: any non-negative int32
     # a mixture of experts' routes a sample carries, (MoE layers, top_k, experts); None:
-    # the run takes none (a dense model, or algorithm.routing_replay off)
+    # the run takes none (a dense model, or algorithm.routing_replay disabled)
     routes: tuple[int, int, int] | None = None
 
 

@@ -65,7 +65,7 @@ def test_the_blocks_run_the_replayed_experts_weighted_by_their_own_router(moe_di
     assert 0 < differ < compared  # the other policy agrees on some, not all
     assert t.routes.given is None  # cleared after the forward
     with torch.no_grad():
-        own = trainer(moe_dir, "off")._forward(samples)
+        own = trainer(moe_dir, "disabled")._forward(samples)
     assert (replayed - own).abs().max() > 1e-3
 
 
@@ -77,7 +77,7 @@ def test_routes_the_router_would_choose_change_nothing(moe_dir):
     samples = with_routes(make_samples()[:3], same)
     with torch.no_grad():
         replayed = t._forward(samples)
-        own = trainer(moe_dir, "off")._forward(samples)
+        own = trainer(moe_dir, "disabled")._forward(samples)
     torch.testing.assert_close(replayed, own, rtol=0, atol=1e-6)
     assert t.routes.take_counts()[0] == 0
 
@@ -92,7 +92,7 @@ def test_a_replayed_step_reports_what_the_routers_would_have_done(moe_dir):
     assert metrics["mismatch_k3_own_routes"] >= 0 and "mismatch_k3" in metrics
     router = t.model.model.layers[0].mlp.gate.weight
     assert router.grad is not None and router.grad.abs().max() > 0  # the router still learns
-    off = trainer(moe_dir, "off", recompute_old_logprobs=True).train_step(samples)
+    off = trainer(moe_dir, "disabled", recompute_old_logprobs=True).train_step(samples)
     assert "router_disagreement" not in off and "mismatch_k3_own_routes" not in off
 
 
