@@ -167,7 +167,7 @@ def _embedded() -> dict[str, ModelShape]:
     """The embedded models' shapes, as runtime/embedded builds them (build_model's
     defaults: hidden 128, 2 layers, 4 heads of 32, 2 KV heads, MLP 3 x hidden, tied; the
     mid-size one takes tiny_qwen3.SMALL; the mixture of experts build_moe_model's: 4
-    experts of 64, 2 per token). tests/unit/test_memory_plan.py checks these against the
+    experts of 192, 2 per token). tests/unit/test_memory_plan.py checks these against the
     models transformers builds from the same code."""
     from runtime.embedded.resolve import EMBEDDED, EMBEDDED_CHAT, EMBEDDED_MOE, EMBEDDED_SMALL
     from runtime.embedded.tiny_chat import VOCAB_SIZE
@@ -193,7 +193,7 @@ def _embedded() -> dict[str, ModelShape]:
             source="runtime/embedded/tiny_qwen3.py build_moe_model",
             experts=4,
             experts_per_token=2,
-            moe_intermediate=64,
+            moe_intermediate=192,
         ),
         EMBEDDED_SMALL: ModelShape(
             EMBEDDED_SMALL,

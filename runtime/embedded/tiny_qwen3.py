@@ -60,7 +60,7 @@ def build_moe_model(
     *,
     experts: int = 4,
     experts_per_token: int = 2,
-    moe_intermediate: int = 64,
+    moe_intermediate: int = 192,
     vocab_size: int = len(VOCAB),
     specials: tuple[int, int, int] = (BOS, EOS, PAD),
     max_positions: int = 512,
@@ -71,7 +71,9 @@ def build_moe_model(
     """A tiny Qwen3 mixture of experts (transformers' ``Qwen3MoeForCausalLM``): the dense
     model's attention and vocabulary, every block's MLP ``experts`` gated MLPs of
     ``moe_intermediate`` with a top-``experts_per_token`` router (``intermediate_size`` is
-    unused: every block is sparse). Random weights."""
+    unused: every block is sparse). By default a token's two experts are as wide together
+    as the dense model's MLP (2 x 192 = 384): the same active compute, twice the MLP
+    parameters, as Qwen3-30B-A3B stands to a 3B dense model. Random weights."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
