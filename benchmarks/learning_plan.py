@@ -65,6 +65,9 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # issue "Mixture-of-experts end to end": the MoE demo learns, with and without
         # routing replay
         "moe": [demo_moe(seed, v) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)],
+        # in-sample: the MoE demo at twice the dense demo's learning rate, tried after the
+        # first MoE arms gained less than the dense demo does
+        "moe-lr": [demo_moe(seed, ("train.lr=0.0001",)) for seed in CHOOSE_SEEDS],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
