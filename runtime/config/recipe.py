@@ -259,6 +259,14 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         if not math.isfinite(value):
             raise _FieldError(path, f"expected a finite number, got {value!r}")
     elif tp is str and not isinstance(value, str):
+        choices = meta.get("choices")
+        if isinstance(value, bool) and choices is not None:
+            # YAML 1.1 reads off/on/no/yes unquoted as a boolean
+            raise _FieldError(
+                path,
+                f"expected a string, got {str(value).lower()} (YAML reads an unquoted "
+                f"off/on/no/yes as true or false): one of {', '.join(map(str, choices))}",
+            )
         raise _FieldError(path, f"expected a string, got {value!r}")
     choices = meta.get("choices")
     renamed = meta.get("renamed", {})

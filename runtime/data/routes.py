@@ -60,17 +60,8 @@ class ExpertRoutes:
     @classmethod
     def from_bytes(cls, data: bytes) -> ExpertRoutes:
         """The routes a byte string holds (:class:`RoutesError` naming what is wrong)."""
-        if len(data) < _HEADER.size:
-            raise RoutesError("routes shorter than their header")
-        magic, fmt, width, top_k, layers = _HEADER.unpack_from(data)
-        if magic != _MAGIC or fmt != _FORMAT:
-            raise RoutesError("routes of an unknown format")
-        if width not in _DTYPES or top_k < 1 or layers < 1:
-            raise RoutesError(f"routes of id width {width}, top_k {top_k}, {layers} layers")
-        ids = data[_HEADER.size :]
-        if len(ids) % (layers * top_k * width):
-            raise RoutesError("routes that are not whole positions")
-        return cls(layers, top_k, width, ids)
+        width, top_k, layers, _ = _read_header(data)
+        return cls(layers, top_k, width, data[_HEADER.size :])
 
     def problem(self, positions: int, layers: int, top_k: int, experts: int) -> str | None:
         """Why these cannot be a sample's routes on a model of ``layers`` MoE layers of
@@ -89,6 +80,34 @@ class ExpertRoutes:
         if top_k > 1 and ids.size and bool((np.diff(np.sort(ids, axis=-1), axis=-1) == 0).any()):
             return "an expert chosen twice for one position in one layer"
         return None
+
+
+def _read_header(data: bytes) -> tuple[int, int, int, int]:
+    """(id width, top_k, layers, positions) of routes' bytes, from the header and the
+    length alone (:class:`RoutesError` naming what is wrong)."""
+    if len(data) < _HEADER.size:
+        raise RoutesError("routes shorter than their header")
+    magic, fmt, width, top_k, layers = _HEADER.unpack_from(data)
+    if magic != _MAGIC or fmt != _FORMAT:
+        raise RoutesError("routes of an unknown format")
+    if width not in _DTYPES or top_k < 1 or layers < 1:
+        raise RoutesError(f"routes of id width {width}, top_k {top_k}, {layers} layers")
+    ids, position = len(data) - _HEADER.size, layers * top_k * width
+    if ids % position:
+        raise RoutesError("routes that are not whole positions")
+    return width, top_k, layers, ids // position
+
+
+def wire_problem(data: bytes, n_prompt: int, n_response: int) -> str | None:
+    """Why ``data`` cannot travel as the routes of a sample of ``n_prompt`` prompt and
+    ``n_response`` response tokens (its format and length; read from the header, no id
+    copied), or None. Their content against the model is :meth:`ExpertRoutes.problem`,
+    checked where the model is known (rank 0)."""
+    try:
+        positions = _read_header(data)[3]
+    except RoutesError as exc:
+        return str(exc)
+    return None if positions == route_positions(n_prompt, n_response) else "routes length"
 
 
 def route_positions(n_prompt: int, n_response: int) -> int:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, NamedTuple
 
+from runtime.data.routes import wire_problem as routes_wire_problem
+
 
 class Phase(str, Enum):
     PENDING = "pending"  # queued at the dispatcher
@@ -133,6 +135,9 @@ class Wire:
     # A per-sample byte string (None: none) too large for the header: it travels as a raw
     # frame of its own after the per-token frames (empty for None), in both messages.
     blob: bool = False
+    # a blob's own shape check, ``(value, prompt tokens, response tokens) -> problem or
+    # None``, run on every non-empty blob frame that arrives
+    check: Any = None
     # header value -> the field's value (the envelope has checked its type)
     decode: Any = None
 
@@ -151,9 +156,10 @@ def per_token(typecode: str) -> dict[str, Wire]:
     return {"wire": Wire(frame=typecode)}
 
 
-def blob() -> dict[str, Wire]:
-    """A field's metadata: a per-sample byte string (or None), as a frame of its own."""
-    return {"wire": Wire(type=bytes, blob=True)}
+def blob(check: Any) -> dict[str, Wire]:
+    """A field's metadata: a per-sample byte string (or None), as a frame of its own,
+    whose shape ``check`` judges (see :class:`Wire`)."""
+    return {"wire": Wire(type=bytes, blob=True, check=check)}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -188,7 +194,7 @@ class Sample:
     # A mixture of experts' routes (runtime/data/routes.py ``ExpertRoutes`` as bytes): the
     # experts each layer chose for each input position, replayed by the trainer's forward
     # (algorithm.routing_replay). None: a dense model, or none taken.
-    routes: bytes | None = field(default=None, metadata=blob())
+    routes: bytes | None = field(default=None, metadata=blob(routes_wire_problem))
     # response tokens trained on: sum(loss_mask), or the prefix length
     n_valid: int = field(metadata=wire(int))
     reward: float = field(metadata=wire(float))
@@ -295,7 +301,14 @@ def _frame_of(f: Any) -> bool:
 
 def blob_fields() -> list[str]:
     """The per-sample byte-string fields that travel as frames, after the per-token ones."""
-    return [f.name for f in fields(Sample) if f.metadata.get("wire", Wire()).blob]
+    return list(blob_wires())
+
+
+def blob_wires() -> dict[str, Wire]:
+    """:func:`blob_fields` with their declarations, in frame order."""
+    return {
+        f.name: f.metadata["wire"] for f in fields(Sample) if f.metadata.get("wire", Wire()).blob
+    }
 
 
 def frames_per_sample() -> int:

@@ -10,8 +10,7 @@ from array import array
 from dataclasses import fields
 from typing import Any, TypedDict
 
-from runtime.data.routes import ExpertRoutes, RoutesError, route_positions
-from runtime.data.sample import Sample, Wire, blob_fields, frame_fields
+from runtime.data.sample import Sample, Wire, blob_wires, frame_fields
 from runtime.transport.envelope import _require
 
 
@@ -34,7 +33,8 @@ BatchRecord = TypedDict("BatchRecord", {k: w.type for k, w in BATCH_FIELDS.items
 # The per-token frames of a sample, ``(name, typecode)``, in order (both messages), then
 # its byte-string fields' frames (empty: None), by name.
 FRAMES = frame_fields()
-BLOBS = blob_fields()
+BLOB_WIRES = blob_wires()
+BLOBS = list(BLOB_WIRES)
 SAMPLE_FRAMES = len(FRAMES) + len(BLOBS)
 
 
@@ -56,13 +56,9 @@ def check_sample(
         _require(values is None or len(values) == n, f"{name} length")
     ids = (record["sample_id"], record["group_id"], record["prompt_id"])
     check_shape(n, ids, record["versions"], record["n_valid"], record["loss_mask"])
-    routes = frames[len(FRAMES) + BLOBS.index("routes")]
-    if routes:  # their content against the model is runtime/control/sample_check.py's
-        try:
-            positions = ExpertRoutes.from_bytes(routes).positions
-        except RoutesError as exc:
-            _require(False, str(exc))
-        _require(positions == route_positions(len(record["prompt_token_ids"]), n), "routes length")
+    for (name, w), value in zip(BLOB_WIRES.items(), frames[len(FRAMES) :], strict=True):
+        problem = w.check(value, len(record["prompt_token_ids"]), n) if value else None
+        _require(problem is None, f"{name}: {problem}")
 
 
 def check_shape(

@@ -170,6 +170,14 @@ def test_yaml_1_1_exponents_are_numbers(tmp_path):
         load_recipe(write(tmp_path, "train: {lr: fast}"))
 
 
+def test_an_unquoted_off_for_a_choice_is_named_as_yaml_reads_it(tmp_path):
+    # YAML 1.1 reads `off` as false: the field of choices says so and lists them
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write(tmp_path, "algorithm: {routing_replay: off}"))
+    assert "algorithm.routing_replay: expected a string, got false (YAML reads" in str(info.value)
+    assert str(info.value).endswith("one of disabled, rollout")
+
+
 def test_each_mode_is_what_its_definition_says():
     # the old name says what it is now
     renamed = r"reflow\.mode: 'sync' was renamed: use disaggregated_sync"

@@ -52,3 +52,30 @@ def test_the_probe_routes_each_span_with_its_own_version(tmp_path):
     probe.load(4, str(tmp_path / "v3"))  # keep 2: version 0 goes
     assert probe.routes(s) is None
     assert list(probe.models) == [3, 4]
+
+
+def test_a_loaded_version_is_its_own_weights_without_the_base_checkpoint(tmp_path):
+    # a version's copy is built from a kept one in memory: the base checkpoint is read
+    # once, at the start, not again at every sync (before, each load re-read it)
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    base = save_pretrained(build_moe_model(seed=5), build_tokenizer(), tmp_path / "base")
+    probe = RouteProbe(str(base), keep=3)
+    shutil.rmtree(base)
+    later = build_moe_model(seed=6)
+    (tmp_path / "v1").mkdir()
+    hub = {
+        k: v.contiguous() for k, v in to_hub(later.state_dict()).items() if k != "lm_head.weight"
+    }
+    save_file(hub, str(tmp_path / "v1" / "model.safetensors"))
+    probe.load(1, str(tmp_path / "v1"))
+    mine, theirs = probe.models[1].state_dict(), later.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert probe.models[1].lm_head.weight is probe.models[1].model.embed_tokens.weight
+    # version 0 kept as it was: the copy shares nothing with it
+    assert not torch.equal(
+        probe.models[0].model.embed_tokens.weight, mine["model.embed_tokens.weight"]
+    )

@@ -80,3 +80,16 @@ def test_malformed_routes_are_refused_with_a_reason():
     ):
         with pytest.raises(RoutesError, match=reason):
             ExpertRoutes.from_bytes(data)
+
+
+def test_every_blob_field_is_shape_checked_where_it_arrives():
+    # a blob's frame is checked by its own declaration (runtime/transport/sample_shape.py
+    # runs each ``Wire.check``); a blob declared without one would arrive unchecked
+    from runtime.data.routes import wire_problem
+    from runtime.data.sample import blob_wires
+
+    assert blob_wires() and all(callable(w.check) for w in blob_wires().values())
+    good = routes(route_positions(2, 3)).to_bytes()
+    assert wire_problem(good, 2, 3) is None
+    assert wire_problem(good, 2, 4) == "routes length"
+    assert "shorter than their header" in wire_problem(good[:5], 2, 3)

@@ -13,6 +13,7 @@ router's own choice differs from the replayed one (``router_disagreement``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from types import MethodType
 from typing import Any
@@ -61,11 +62,11 @@ class RouteReplay:
         for i, s in enumerate(rows):
             if s.routes is None:
                 continue
-            r = ExpertRoutes.from_bytes(s.routes)
+            ids = _decoded(s.routes)
             n = route_positions(len(s.prompt_token_ids), len(s.token_ids))
-            if (r.layers, r.top_k) != self.shape[:2] or r.positions != n:
+            if ids.shape[1:] != self.shape[:2] or ids.shape[0] != n:
                 raise ValueError(f"sample {s.sample_id}: routes do not fit the model or sample")
-            given[i, :n] = torch.from_numpy(r.array())
+            given[i, :n] = ids
             with_routes += 1
         self.given = given.reshape(-1, *self.shape[:2]).to(device) if with_routes else None
         self.with_routes += with_routes
@@ -86,6 +87,14 @@ class RouteReplay:
         out = (self.with_routes, self.rows)
         self.with_routes = self.rows = 0
         return out
+
+
+# A step sets a sample's routes for each of its forwards (the old log-probs, the
+# own-routes mismatch, the update's micro-batches): decoded once, kept for a few batches.
+@functools.lru_cache(maxsize=1024)
+def _decoded(routes: bytes) -> torch.Tensor:
+    """``routes`` (runtime/data/routes.py bytes) as a ``[positions, layers, top_k]`` tensor."""
+    return torch.from_numpy(ExpertRoutes.from_bytes(routes).array())
 
 
 def _replaying_forward(replay: RouteReplay, layer: int) -> Any:

@@ -18,6 +18,7 @@ models' cost, not a 30B model's.
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 from pathlib import Path
 
@@ -57,9 +58,13 @@ class RouteProbe:
         """The policy version ``version`` the engine just loaded from ``folder`` (a
         ``model.safetensors`` in the hub's layout)."""
         from safetensors.torch import load_file
-        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        # a copy of a kept version's module, its weights then replaced: reading the base
+        # checkpoint from disk again at every sync would only be discarded (tied
+        # embeddings stay tied through the copy)
+        with self._lock:
+            template = next(reversed(self.models.values()))
+        model = copy.deepcopy(template)
         weights = to_fused(load_file(str(Path(folder) / "model.safetensors")))
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:
