@@ -61,6 +61,7 @@ def build_moe_model(
     experts: int = 4,
     experts_per_token: int = 2,
     moe_intermediate: int = 192,
+    norm_topk_prob: bool = True,
     vocab_size: int = len(VOCAB),
     specials: tuple[int, int, int] = (BOS, EOS, PAD),
     max_positions: int = 512,
@@ -73,7 +74,10 @@ def build_moe_model(
     ``moe_intermediate`` with a top-``experts_per_token`` router (``intermediate_size`` is
     unused: every block is sparse). By default a token's two experts are as wide together
     as the dense model's MLP (2 x 192 = 384): the same active compute, twice the MLP
-    parameters, as Qwen3-30B-A3B stands to a 3B dense model. Random weights."""
+    parameters, as Qwen3-30B-A3B stands to a 3B dense model. A token's experts are weighted
+    by their router probabilities renormalised over the chosen ones (``norm_topk_prob``,
+    as every Qwen3 MoE checkpoint sets it; transformers' default leaves them unnormalised).
+    Random weights."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -85,6 +89,7 @@ def build_moe_model(
         moe_intermediate_size=moe_intermediate,
         num_experts=experts,
         num_experts_per_tok=experts_per_token,
+        norm_topk_prob=norm_topk_prob,
     )
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(config)
