@@ -133,7 +133,13 @@ def test_tool_agent_contains_hostile_tool_code_and_goes_on():
     ep, _ = run_agent(ToolAgent(), cfg, ScriptedEngine(codec, turns), "?", {"answer": "1"})
     outputs = [codec.decode(t) for m, t in segments(ep) if m == 0]
     assert "unreachable" in outputs[0] or "OSError" in outputs[0]
-    assert "BlockingIOError" in outputs[1] or "[timeout]" in outputs[1]
+    # contained: stopped by the process limit (BlockingIOError), by a limit's status, or,
+    # where the kill cut every traceback its forks wrote, by its exit code; never described
+    # by a line of its own source (a cut traceback's last line: a failure of the suite
+    # under load, 2026-12-06)
+    stopped = ("BlockingIOError", "[timeout]", "[memory_limit]", "[cpu_limit]", "[signal]")
+    assert any(s in outputs[1] for s in (*stopped, "exit code")), outputs[1]
+    assert "os.fork()" not in outputs[1], outputs[1]
     assert ep.info["tool_calls"] == 2 and ep.reward == 0.0
 
 

@@ -62,8 +62,18 @@ class RunResult:
         return self.status == "ok"
 
     def describe(self) -> str:
-        """One line for feedback and error fields."""
+        """One line for feedback and error fields: for an error, the last line of stderr
+        that is not part of a traceback's frames (an exception's line, or what the
+        program wrote), else the exit code. Several processes of one program (forks)
+        write their tracebacks into one stderr, and a program killed mid-write leaves its
+        last traceback cut after a frame: its last line is then a frame's source line
+        (seen with a fork bomb under load), which is no description."""
         if self.status == "error":
-            last = self.stderr.strip().splitlines()[-1:] or [f"exit code {self.exit_code}"]
-            return last[0][:300]
+            for line in reversed(self.stderr.rstrip().splitlines()):
+                if line.strip() and not line[:1].isspace() and line != _TRACEBACK_HEAD:
+                    return line[:300]
+            return f"exit code {self.exit_code}"
         return self.status
+
+
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
