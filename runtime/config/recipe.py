@@ -240,6 +240,7 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
             raise _FieldError(path, f"expected a mapping, got {value!r}")
         _, vt = typing.get_args(tp)
         return {str(k): _check_value(vt, v, f"{path}.{k}", {}) for k, v in value.items()}
+    choices = meta.get("choices")
     if tp is bool:
         if not isinstance(value, bool):
             raise _FieldError(path, f"expected true or false, got {value!r}")
@@ -259,7 +260,6 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
         if not math.isfinite(value):
             raise _FieldError(path, f"expected a finite number, got {value!r}")
     elif tp is str and not isinstance(value, str):
-        choices = meta.get("choices")
         if isinstance(value, bool) and choices is not None:
             # YAML 1.1 reads off/on/no/yes unquoted as a boolean
             raise _FieldError(
@@ -268,7 +268,6 @@ def _check_value(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any])
                 f"off/on/no/yes as true or false): one of {', '.join(map(str, choices))}",
             )
         raise _FieldError(path, f"expected a string, got {value!r}")
-    choices = meta.get("choices")
     renamed = meta.get("renamed", {})
     if choices is not None and value in renamed:
         raise _FieldError(path, f"{value!r} was renamed: use {renamed[value]}")

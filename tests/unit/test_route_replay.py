@@ -106,3 +106,22 @@ def test_routing_replay_is_refused_where_it_cannot_run(tmp_path):
         build_config({**moe, "resources": {"device": "cuda"}})
     with pytest.raises(RecipeError, match=r"routing_replay.*engine.rollout: vllm"):
         build_config({**moe, "engine": {"rollout": "synthetic", "trainer": "torch"}})
+
+
+def test_a_steps_routes_are_decoded_once_and_not_kept_after_it(moe_dir, monkeypatch):
+    # Before: a process-wide cache of 1,024 decoded routes outlived every step (~50 MB an
+    # entry at a 30B-A3B sample's length); now each step decodes its samples' routes once
+    # for all its forwards and lets them go at its end.
+    from runtime.engines.torch import route_replay
+
+    calls: list[bytes] = []
+    real = route_replay.decoded
+    monkeypatch.setattr(route_replay, "decoded", lambda b: calls.append(b) or real(b))
+    samples = with_routes(make_samples(), build_moe_model(seed=9))
+    t = trainer(moe_dir, "rollout", recompute_old_logprobs=True)
+    t.train_step(samples)
+    # set for two forwards a sample (the old log-probs, the update), decoded once
+    assert sorted(calls) == sorted(s.routes for s in samples)
+    assert t.routes._decoded == {} and t.routes.given is None
+    t.train_step(samples)  # the next step decodes them again: nothing was kept
+    assert len(calls) == 2 * len(samples)

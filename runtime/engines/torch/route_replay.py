@@ -13,7 +13,6 @@ router's own choice differs from the replayed one (``router_disagreement``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from types import MethodType
 from typing import Any
@@ -46,6 +45,12 @@ class RouteReplay:
         self.compared = 0
         self.with_routes = 0  # rows set with routes, of ``rows`` set
         self.rows = 0
+        # A step sets a sample's routes for each of its forwards (the old log-probs, the
+        # own-routes mismatch, the update's micro-batches): each is decoded once a step and
+        # kept to its end only (:meth:`step_done`). A process-wide cache of a count of
+        # entries would hold ~50 MB each at a 30B-A3B sample's length (16k positions x 48
+        # layers x 8 experts, int64).
+        self._decoded: dict[bytes, torch.Tensor] = {}
         for layer, router in enumerate(self.routers):
             router.forward = MethodType(_replaying_forward(self, layer), router)
 
@@ -62,7 +67,9 @@ class RouteReplay:
         for i, s in enumerate(rows):
             if s.routes is None:
                 continue
-            ids = _decoded(s.routes)
+            ids = self._decoded.get(s.routes)
+            if ids is None:
+                ids = self._decoded[s.routes] = decoded(s.routes)
             n = route_positions(len(s.prompt_token_ids), len(s.token_ids))
             if ids.shape[1:] != self.shape[:2] or ids.shape[0] != n:
                 raise ValueError(f"sample {s.sample_id}: routes do not fit the model or sample")
@@ -74,6 +81,11 @@ class RouteReplay:
         return with_routes
 
     def clear(self) -> None:
+        self.given = None
+
+    def step_done(self) -> None:
+        """The step's forwards are over: its decoded routes are let go."""
+        self._decoded.clear()
         self.given = None
 
     def take_counts(self) -> tuple[int, int]:
@@ -89,10 +101,7 @@ class RouteReplay:
         return out
 
 
-# A step sets a sample's routes for each of its forwards (the old log-probs, the
-# own-routes mismatch, the update's micro-batches): decoded once, kept for a few batches.
-@functools.lru_cache(maxsize=1024)
-def _decoded(routes: bytes) -> torch.Tensor:
+def decoded(routes: bytes) -> torch.Tensor:
     """``routes`` (runtime/data/routes.py bytes) as a ``[positions, layers, top_k]`` tensor."""
     return torch.from_numpy(ExpertRoutes.from_bytes(routes).array())
 

@@ -146,6 +146,19 @@ class TorchTrainer(TrainerWeights):
             raise RuntimeError(f"a training step with the trainer state {self.offload_state}")
         if len(updates) != self.config.train.mini_batches:
             raise ValueError(f"{len(updates)} updates, not train.mini_batches")
+        try:
+            return self._train_updates(samples, updates, data_parallel, shard_count)
+        finally:
+            if self.routes is not None:  # the step's decoded routes, kept to its end only
+                self.routes.step_done()
+
+    def _train_updates(
+        self,
+        samples: Sequence[Sample],
+        updates: Sequence[UpdatePlan],
+        data_parallel: DataParallel | None,
+        shard_count: int,
+    ) -> dict[str, float]:
         start = time.perf_counter()
         k = len(updates)
         minis = micro_batches.by_update(samples, updates)  # by index in the update
