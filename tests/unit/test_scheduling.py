@@ -1,5 +1,6 @@
 """The scheduling controllers on scripted signals (pure logic, no engine)."""
 
+import dataclasses
 import math
 import random
 
@@ -185,7 +186,8 @@ def test_throttled_rollout_moves_one_group_at_a_time_by_whether_the_trainer_wait
     d = a.decide(20, Placement(8, 8), slow)  # the rates call for rollout: not while held
     assert d.applied and d.best == "4:12"
     # held back while the trainer waits too: bound by latency, one group back to rollout
-    both = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, rollout_throttled=0.8, trainer_starved=0.5)
+    # (waiting 70%: half the trainer ranks at its busy rate train more than it does now)
+    both = WindowStats(5, 10.0, 400, 80, 40.0, 40.0, rollout_throttled=0.8, trainer_starved=0.7)
     # (a fresh allocator: this one measured 12:4 no faster than 8:8 at step 10, and holds
     # a move back there to that figure)
     d = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0).decide(
@@ -295,10 +297,11 @@ def test_two_rules_that_undo_each_other_do_not_swing_the_placement():
     # APPS, Qwen3-14B on 32 GPUs: at 24:8 the trainer waits and rollout is throttled (one
     # rollout group more); at 28:4 the trainer does not wait and rollout is throttled
     # (one trainer group more). Before, the allocator went back and forth every cooldown,
-    # 18 s per switch; 24:8 trained more per second than 28:4.
+    # 18 s per switch; 24:8 trained more per second than 28:4. (The trainer waits 60%
+    # at 24:8, so that half its ranks at its busy rate could train more than it does.)
     world = {
         "24:8": WindowStats(
-            5, 100.0, 260, 256, 500.0, 700.0, trainer_starved=0.3, rollout_throttled=0.5
+            5, 100.0, 260, 256, 500.0, 700.0, trainer_starved=0.6, rollout_throttled=0.5
         ),
         "28:4": WindowStats(5, 150.0, 260, 256, 900.0, 600.0, rollout_throttled=0.5),
     }
@@ -310,6 +313,12 @@ def test_two_rules_that_undo_each_other_do_not_swing_the_placement():
     b = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
     long = _scripted_run(b, world, "24:8", 400)
     assert len(long) - 1 <= 2 * (400 // a.memory_steps + 1) and long[-1] == "24:8", long
+    # waiting 30%, it does not go at all: 4 trainer ranks could not train what 8 do now
+    world["24:8"] = WindowStats(
+        5, 100.0, 260, 256, 500.0, 700.0, trainer_starved=0.3, rollout_throttled=0.5
+    )
+    c = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
+    assert _scripted_run(c, world, "24:8", 400) == ["24:8"]
 
 
 def test_a_move_that_cannot_pay_back_its_switch_is_not_made():
@@ -410,10 +419,45 @@ def test_a_single_start_up_window_is_no_evidence_against_a_placement():
     # first groups, 4% below 28:4; that one window held the run at 28:4 (0.72x async)
     a = ProducerConsumerAllocator(32, 2, 4, sigma=0.5, decision_every=4)
     start = WindowStats(
-        5, 100.0, 260, 246, 500.0, 700.0, trainer_starved=0.5, rollout_throttled=0.9
+        5, 100.0, 260, 246, 500.0, 700.0, trainer_starved=0.7, rollout_throttled=0.9
     )
     assert a.decide(12, Placement(24, 8), start).applied  # to 28:4
     trainer_bound = WindowStats(5, 100.0, 260, 256, 900.0, 400.0, rollout_throttled=0.9)
     assert not a.decide(16, Placement(28, 4), trainer_bound).applied  # cooldown
     d = a.decide(20, Placement(28, 4), trainer_bound)
     assert d.applied and d.best == "24:8", d.reason
+
+
+def test_a_waiting_trainer_gives_rollout_a_group_only_if_fewer_ranks_could_train_more():
+    # APPS 8B on 16 GPUs (simulated): at 12:4 the trainer is the bound (rollout throttled,
+    # no wait); at 8:8 the trainer waits 40% of a window but trains 30% more tokens per
+    # second. Before, the throttled rule sent 8:8 back to 12:4 (12:4's one window was no
+    # figure for the hysteresis) and the run went 12:4 -> 8:8 -> 12:4 -> 8:8. Now the move
+    # must pay: a trainer of 4 ranks at 8:8's busy rate trains 0.5 / 0.6 of 8:8's now.
+    world = {
+        "12:4": WindowStats(
+            5, 100.0, 130, 125, 700.0, 400.0, rollout_throttled=0.8, consumed_tokens=125_000
+        ),
+        "8:8": WindowStats(
+            5,
+            100.0,
+            170,
+            165,
+            500.0,
+            500.0,
+            trainer_starved=0.4,
+            rollout_throttled=0.6,
+            consumed_tokens=165_000,
+        ),
+    }
+    a = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, decision_every=4)
+    assert _scripted_run(a, world, "12:4", 84) == ["12:4", "8:8"]
+    d = a.decisions[-1]
+    assert d.best == "12:4" and not d.applied and d.reason.startswith("no payback"), d.reason
+    assert math.isclose(d.expected, d.throughput / 0.6 * 4 / 8)
+    # a trainer that waits most of the time does give rollout a group: 4 ranks at 8:8's
+    # busy rate would train 0.5 / 0.2 of what 8 train now
+    world["8:8"] = dataclasses.replace(world["8:8"], trainer_starved=0.8)
+    b = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, decision_every=4)
+    d = b.decide(8, Placement(8, 8), world["8:8"])
+    assert d.applied and d.best == "12:4", d.reason
