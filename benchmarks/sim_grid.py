@@ -121,13 +121,14 @@ def run_cell(
     sets: list[str],
     warmup_steps: int | None = None,
     measure_steps: int | None = None,
+    seed: int = 0,
 ) -> dict:
     cfg, sets, (warmup, measure), _ = cell_config(
         workload, syncs, sets, warmup_steps, measure_steps
     )
     # the mode's definition (placement, caps, replay) is plan()'s, as in `reflow simulate`
     sim_plan = plan(cfg, gpus, mode=mode, model=model, workload=workload, sets=sets)
-    result = simulate(sim_plan)
+    result = simulate(sim_plan, seed=seed)
     row = figures(
         result,
         gpus,
@@ -136,7 +137,7 @@ def run_cell(
         measure_steps=measure,
         sync_every=cfg.train.sync_every,
     )
-    row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
+    row.update(workload=workload, model=model, gpus=gpus, overrides=sets, seed=seed)
     return row
 
 
@@ -150,6 +151,7 @@ def best_cell(
     warmup_steps: int | None = None,
     measure_steps: int | None = None,
     budget: int = DEFAULT_BUDGET,
+    seed: int = 0,
 ) -> dict:
     """A baseline at its best placement in a cell (runtime/sim/search.py), measured as
     :func:`run_cell` measures it: the full run's figures, and the search in
@@ -166,9 +168,10 @@ def best_cell(
         budget=budget,
         protocol=protocol,
         steps=steps,
+        seed=seed,
     )
     row = dict(found.figures)
-    row.update(workload=workload, model=model, gpus=gpus, overrides=sets)
+    row.update(workload=workload, model=model, gpus=gpus, overrides=sets, seed=seed)
     row["placement_search"] = {
         "best": found.best.placement,
         "default": found.default.placement,
@@ -233,6 +236,13 @@ def main() -> None:
     ap.add_argument("--merge", nargs="*", type=Path, help="grid.json files to report on")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel")
     ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the workload's draws (response lengths, rewards) in every run; a setting "
+        "chosen by looking at one seed's grid is checked at another",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -281,9 +291,11 @@ def main() -> None:
     protocol = (args.warmup_steps, args.measure_steps)
     with ProcessPoolExecutor(args.jobs) as pool:  # each run is single-threaded Python
         futures = [
-            pool.submit(best_cell, w, m, g, args.syncs, mode, sets, *protocol, args.search_budget)
+            pool.submit(
+                best_cell, w, m, g, args.syncs, mode, sets, *protocol, args.search_budget, args.seed
+            )
             if label.endswith(BEST)
-            else pool.submit(run_cell, w, m, g, args.syncs, mode, sets, *protocol)
+            else pool.submit(run_cell, w, m, g, args.syncs, mode, sets, *protocol, args.seed)
             for label, w, m, g, mode, sets in runs
         ]
         for (label, w, m, g, *_), future in zip(runs, futures, strict=True):
@@ -339,9 +351,11 @@ def header(rows: list[dict], syncs: int, modes: list[str]) -> list[str]:
     defs = "; ".join(
         f"**{m}**: {MODE_DEFINITIONS.get(m, 'see runtime/config/schema.py')}" for m in modes
     )
+    seeds = ", ".join(str(s) for s in sorted({r.get("seed", 0) for r in rows}))
     return [
         f"Simulated, not measured: the runtime's control plane against modelled engines "
-        f"(docs/simulator.md). {len(rows)} runs of at least {syncs} weight syncs each; "
+        f"(docs/simulator.md). {len(rows)} runs of at least {syncs} weight syncs each, "
+        f"workload seed {seeds}; "
         "profiles: runtime/sim/profiles.yaml; overrides in every run: "
         f"{', '.join(common) or 'none'}.",
         "",

@@ -209,3 +209,14 @@ def test_a_baseline_asked_for_with_the_allocator_is_refused_not_changed():
     on = ["scheduler.auto_rebalance=true"]
     with pytest.raises(RecipeError, match=r"^--mode async: scheduler.auto_rebalance: true is"):
         plan(recipe(*on), 32, mode="async", sets=on)
+
+
+def test_a_grid_runs_every_cell_on_the_seed_it_is_given():
+    # a setting chosen by looking at one seed's grid is checked on another (issue "Waiting
+    # trainers generate"); before, every grid run drew seed 0
+    from benchmarks.sim_grid import run_cell
+
+    runs = {s: run_cell("apps_agent", "qwen3-8b", 8, 2, "reflow", [], 4, 4, seed=s) for s in (0, 1)}
+    assert [runs[s]["seed"] for s in (0, 1)] == [0, 1]
+    assert runs[0]["trainer_tokens_per_s"] != runs[1]["trainer_tokens_per_s"]
+    assert "workload seed 0, 1;" in render([runs[0], runs[1]], 2)
