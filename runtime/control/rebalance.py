@@ -188,6 +188,10 @@ class Rebalancer:
         self._version_of = version_of(rf.age_from)  # as the buffer counts ages
         self._train = train
         self._marks: list[Mark] = []
+        # the marks of the current placement from its first window on, the allocator's
+        # memory at most: its stay, over which the allocator also judges the trainer's waits
+        self._stay: list[Mark] = []
+        self._stay_steps = self.allocator.memory_steps
         self.fresh_total = 0  # samples trained on for the first time
         self.replay_life_total = 0  # later batches those could still join (delta - age)
 
@@ -394,6 +398,13 @@ class Rebalancer:
             )
         )
         del self._marks[: -(self._window_steps + 1)]
+        last = self._marks[-1]
+        if self._stay and self._stay[0].epoch != last.epoch:
+            self._stay = []
+        if last.step >= self._warmup_steps:
+            self._stay.append(last)
+            while last.step - self._stay[0].step > self._stay_steps:
+                del self._stay[0]
 
     def window(self) -> WindowStats | None:
         """Rates over the last ``window_steps`` steps of the current layout."""
@@ -421,7 +432,16 @@ class Rebalancer:
             rollout_throttled=(last.rollout_throttled_s - first.rollout_throttled_s)
             / max(last.rollout_active_s - first.rollout_active_s, 1e-9),
             consumed_tokens=last.consumed_tokens - first.consumed_tokens,
+            stay_starved=self._stay_starved(first, last),
         )
+
+    def _stay_starved(self, window_first: Mark, last: Mark) -> float | None:
+        """The share of the current placement's stay the trainer waited for data, or None
+        while the stay is no longer than the window."""
+        stay = self._stay[0] if self._stay else None
+        if stay is None or stay.step >= window_first.step or stay.epoch != last.epoch:
+            return None
+        return (last.trainer_starved_s - stay.trainer_starved_s) / max(last.time - stay.time, 1e-9)
 
     def allocate(self, step: int) -> dict[str, Any] | None:
         """One allocator decision at a sync point; a chosen placement becomes the pending

@@ -5,6 +5,9 @@ import math
 import random
 
 from benchmarks.push_router import PushRouter
+from runtime.config.layout import Layout
+from runtime.config.recipe import build_config
+from runtime.control.rebalance import Rebalancer
 from runtime.control.scheduling import (
     ConcurrencyController,
     Placement,
@@ -461,3 +464,61 @@ def test_a_waiting_trainer_gives_rollout_a_group_only_if_fewer_ranks_could_train
     b = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, decision_every=4)
     d = b.decide(8, Placement(8, 8), world["8:8"])
     assert d.applied and d.best == "12:4", d.reason
+
+
+def test_one_window_without_the_stays_waits_gives_the_trainer_no_group():
+    # APPS 8B on 16 GPUs (simulated, seed 1): 8:8's trainer waited 14-48% of every 4-step
+    # window but one (8%); that one gave the trainer a group more, and at 4:12 it waited
+    # 71% of the time. Now a trainer that waited over the placement's stay gets none.
+    lucky = WindowStats(
+        5,
+        20.0,
+        100,
+        100,
+        100.0,
+        100.0,
+        rollout_throttled=0.6,
+        trainer_starved=0.08,
+        stay_starved=0.3,
+    )
+    d = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0).decide(
+        56, Placement(8, 8), lucky
+    )
+    assert not d.applied and d.best == "8:8", d.reason
+    # a stay in which the trainer did not wait, or one that is this window only, as before
+    for stay in (0.05, None):
+        w = dataclasses.replace(lucky, stay_starved=stay)
+        d = ProducerConsumerAllocator(16, 4, 4, sigma=0.5, cooldown_steps=0).decide(
+            56, Placement(8, 8), w
+        )
+        assert d.applied and d.best == "4:12", (stay, d.reason)
+
+
+def test_the_window_carries_the_trainers_waits_over_the_placements_stay():
+    cfg = build_config({"model": {"path": "x"}})
+    layout = Layout.from_ratio(
+        2, 2, world_size=4, gpus_per_node=4, trainer_group_size=1, rollout_group_size=1
+    )
+    now = [0.0]
+    rb = Rebalancer(layout, cfg.scheduler, cfg.train, cfg.reflow, clock=lambda: now[0])
+
+    def steps(first: int, last: int, waits_until: int) -> None:
+        for k in range(first, last + 1):
+            now[0] = 10.0 * k
+            # 4 s of waiting for data in each step up to ``waits_until``, none after
+            waited = 4.0 * min(k, waits_until)
+            rb.mark(k, now[0], 10 * k, 10 * k, 20.0 * k, 0.0, trainer_starved_s=waited)
+
+    steps(1, 12, waits_until=7)
+    w = rb.window()
+    assert w is not None and w.trainer_starved == 0.0  # steps 7-12 waited for nothing
+    # the stay: from the first step after the warm-up (2), 20 s of waits in 100 s
+    assert w.stay_starved is not None and math.isclose(w.stay_starved, 0.2)
+    # a new placement starts a new stay; while it is no longer than the window, None
+    rb.request(layout.with_ratio(1, 3), source="auto")
+    assert rb.apply_pending(alive=range(4))
+    for rank in range(4):
+        rb.switched(rank, rb.epoch, 1.0)
+    steps(13, 16, waits_until=7)
+    w = rb.window()
+    assert w is not None and w.stay_starved is None
