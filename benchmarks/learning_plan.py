@@ -36,6 +36,7 @@ CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 # training distribution, played by its two-try environment)
 HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/greedy"}
 REPLAY_OFF = ("algorithm.routing_replay=disabled",)
+FROZEN_ROUTER = ("algorithm.freeze_router=true",)
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
@@ -68,6 +69,11 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # in-sample: the MoE demo at twice the dense demo's learning rate, tried after the
         # first MoE arms gained less than the dense demo does
         "moe-lr": [demo_moe(seed, ("train.lr=0.0001",)) for seed in CHOOSE_SEEDS],
+        # the MoE demo with its routers as warm-started (prime-rl's freeze_moe_router),
+        # with and without replay: tried after the MoE arms gained less than the dense demo
+        "moe-frozen-router": [
+            demo_moe(seed, (*FROZEN_ROUTER, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)
+        ],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],

@@ -180,6 +180,13 @@ def _resume(run: str, overrides: list[str], backend: str, wait: bool) -> None:
             f"--resume: the run has {before.world_size} ranks; a checkpoint continues only "
             f"with the same number ({cfg.world_size} asked)"
         )
+    if cfg.algorithm.freeze_router != before.algorithm.freeze_router:
+        # a trainer replica that joins later builds its frozen routers from model.path, not
+        # from a checkpoint whose routers have trained
+        raise UserError(
+            "--resume: algorithm.freeze_router is the run's from its start "
+            f"({before.algorithm.freeze_router}); it cannot change on a resume"
+        )
     sub, info = launching.resume(paths, cfg, backend)
     out.print(
         f"run [bold]{paths.name}[/] resumed from {info.name} (step {info.step}, policy "

@@ -232,6 +232,8 @@ def _check_trainer(cfg: Config) -> None:
         _check_router_aux_loss(cfg)
     if alg.routing_replay != "disabled":
         _check_routing_replay(cfg)
+    if alg.freeze_router:
+        _check_frozen_router(cfg)
     if train.strategy is None:
         from runtime.embedded.resolve import is_tiny_embedded
 
@@ -255,6 +257,31 @@ def _check_router_aux_loss(cfg: Config) -> None:
         return
     if not shape.is_moe:
         raise FieldError(field, f"{cfg.model.path} is a dense model: it has no router; set 0")
+
+
+def _check_frozen_router(cfg: Config) -> None:
+    """Routers to freeze, trained otherwise: a mixture of experts under the torch trainer,
+    fully fine-tuned (LoRA keeps them as loaded already), with no loss that trains only
+    them."""
+    from runtime.config.architectures import ArchitectureError, model_shape
+
+    field = "algorithm.freeze_router"
+    if cfg.engine.trainer != "torch":
+        raise FieldError(field, f"needs engine.trainer: torch (this recipe: {cfg.engine.trainer})")
+    if cfg.model.lora.enabled:
+        raise FieldError(field, "LoRA keeps the routers as loaded already; set false")
+    if cfg.algorithm.router_aux_loss_coef > 0:
+        raise FieldError(
+            field,
+            "algorithm.router_aux_loss_coef trains the routers only, and would train nothing; "
+            "set one of them off",
+        )
+    try:
+        shape = model_shape(cfg.model.path)
+    except ArchitectureError:
+        return  # checked when the trainer loads the model
+    if not shape.is_moe:
+        raise FieldError(field, f"{cfg.model.path} is a dense model: it has no router; set false")
 
 
 def _check_routing_replay(cfg: Config) -> None:

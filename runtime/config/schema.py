@@ -180,6 +180,11 @@ class AlgorithmConfig:
         "peers' RL recipes run MoE",
         ge=0,
     )
+    freeze_router: bool = opt(
+        False,
+        "a mixture of experts' routers kept as loaded: the update trains the experts and "
+        "the rest, not which experts a token goes to (prime-rl's freeze_moe_router)",
+    )
     loss_agg: str = opt(
         "token_mean",
         "loss aggregation: every token counts the same, or every sample "

@@ -147,9 +147,17 @@ def run(world: int, group: int, model_dir: str, out: Path, train: dict) -> dict:
         # product of means over a micro-batch's tokens: it depends on how the batch is
         # cut, so it is checked in one process, tests/unit/test_trainer_features.py)
         (2, 2, {"micro_batch_tokens": 64}, "moe_dir"),
+        # its routers frozen: no gradient, no AdamW state, in a block FSDP2 shards whole
+        (2, 2, {"micro_batch_tokens": 64, "algorithm": {"freeze_router": True}}, "moe_dir"),
     ],
     # 2 ranks: the shard groups of HSDP, and the handoff's first layout
-    ids=["3-ranks-micro-2-updates", "hsdp-2x2-micro", "lora-2-ranks", "moe-2-ranks"],
+    ids=[
+        "3-ranks-micro-2-updates",
+        "hsdp-2x2-micro",
+        "lora-2-ranks",
+        "moe-2-ranks",
+        "moe-frozen-router-2-ranks",
+    ],
 )
 def test_a_sharded_step_equals_one_process_on_the_whole_batch(
     world, group, train, model, tmp_path, request

@@ -125,3 +125,52 @@ def test_a_steps_routes_are_decoded_once_and_not_kept_after_it(moe_dir, monkeypa
     assert t.routes._decoded == {} and t.routes.given is None
     t.train_step(samples)  # the next step decodes them again: nothing was kept
     assert len(calls) == 2 * len(samples)
+
+
+def test_a_frozen_router_keeps_its_weights_while_the_experts_train(moe_dir):
+    t = trainer(moe_dir, "disabled", freeze_router=True)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    t.train_step(make_samples())
+    params = dict(t.model.named_parameters())
+    changed = {n for n, p in params.items() if not torch.equal(p.detach(), before[n])}
+    routers = {n for n in params if n.endswith("mlp.gate.weight")}
+    assert len(routers) == 2 and not routers & changed
+    assert {n for n in changed if ".experts." in n}  # the experts trained
+    assert all(params[n] not in t.opt.state for n in routers)  # no AdamW state for them
+    # unfrozen, the same step moves them
+    free = trainer(moe_dir, "disabled")
+    free.train_step(make_samples())
+    moved = dict(free.model.named_parameters())
+    assert all(not torch.equal(moved[n].detach(), before[n]) for n in routers)
+
+
+def test_a_frozen_router_is_refused_where_nothing_would_freeze():
+    from runtime.config.recipe import RecipeError, build_config
+
+    with pytest.raises(RecipeError, match=r"freeze_router.*dense model"):
+        build_config({"algorithm": {"freeze_router": True}})  # the dense embedded model
+    moe = {"model": {"path": "embedded:tiny-qwen3-moe"}, "algorithm": {"freeze_router": True}}
+    with pytest.raises(RecipeError, match=r"freeze_router.*LoRA"):
+        build_config({**moe, "model": {**moe["model"], "lora": {"rank": 4}}})
+    with pytest.raises(RecipeError, match=r"freeze_router.*router_aux_loss_coef"):
+        build_config({**moe, "algorithm": {"freeze_router": True, "router_aux_loss_coef": 0.01}})
+    assert build_config(moe).algorithm.freeze_router is True
+
+
+def test_a_resume_cannot_freeze_the_routers_of_a_run_that_trained_them(tmp_path, monkeypatch):
+    # a trainer replica that joins later builds its frozen routers from model.path: after
+    # a checkpoint whose routers trained, it would hold other routers than its peers
+    from typer.testing import CliRunner
+
+    from reflow_cli.main import app
+    from runtime.config.recipe import build_config, dump_config
+
+    run = tmp_path / "moe-run"
+    run.mkdir()
+    dump_config(build_config({"model": {"path": "embedded:tiny-qwen3-moe"}}), run / "config.yaml")
+    monkeypatch.setenv("REFLOW_RUNS_DIR", str(tmp_path))
+    out = CliRunner().invoke(
+        app, ["launch", "--resume", str(run), "--local", "--set", "algorithm.freeze_router=true"]
+    )
+    # (the one-line error is printed by the entry point, reflow_cli.main.main)
+    assert out.exit_code != 0 and "freeze_router is the run's from its start" in str(out.exception)

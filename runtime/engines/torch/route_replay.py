@@ -33,6 +33,16 @@ def top_k_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
+def freeze_routers(model: torch.nn.Module) -> None:
+    """``algorithm.freeze_router``: every top-k router's weight kept as loaded (no gradient,
+    no optimizer state; the experts and the rest train)."""
+    routers = top_k_routers(model)
+    if not routers:
+        raise ValueError(f"{type(model).__name__} has no top-k router to freeze")
+    for router in routers:
+        router.weight.requires_grad_(False)
+
+
 class RouteReplay:
     def __init__(self, model: torch.nn.Module) -> None:
         self.routers = top_k_routers(model)

@@ -52,7 +52,7 @@ from runtime.engines.torch.parallelize import (
     full_norm,
     trainer_device,
 )
-from runtime.engines.torch.route_replay import RouteReplay
+from runtime.engines.torch.route_replay import RouteReplay, freeze_routers
 from runtime.engines.torch.settings import TorchTrainerConfig
 from runtime.engines.torch.trainer_weights import TrainerWeights
 from runtime.rank.gradients import DataParallel
@@ -105,6 +105,8 @@ class TorchTrainer(TrainerWeights):
         # routing replay (R3): a MoE's routers take the rollout policy's routes
         replay = config.algorithm.routing_replay == "rollout"
         self.routes = RouteReplay(model) if replay else None
+        if config.algorithm.freeze_router:  # before AdamW and FSDP2 see the parameters
+            freeze_routers(model)
         self.head = logprobs.install(model, config.train.logprob_chunk_tokens)
         if config.train.activation_checkpointing:
             enable_activation_checkpointing(model)
