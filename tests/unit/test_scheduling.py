@@ -469,7 +469,7 @@ def test_a_waiting_trainer_gives_rollout_a_group_only_if_fewer_ranks_could_train
 def test_one_window_without_the_stays_waits_gives_the_trainer_no_group():
     # APPS 8B on 16 GPUs (simulated, seed 1): 8:8's trainer waited 14-48% of every 4-step
     # window but one (8%); that one gave the trainer a group more, and at 4:12 it waited
-    # 71% of the time. Now a trainer that waited over the placement's stay gets none.
+    # 57-71% of its windows. Now a trainer that waited over the placement's stay gets none.
     lucky = WindowStats(
         5,
         20.0,

@@ -301,7 +301,7 @@ class ProducerConsumerAllocator:
         # A trainer that waited over the placement's stay gets no more ranks on one window
         # in which it did not: at APPS 8B on 16 GPUs (simulated) 8:8's trainer waited
         # 14-48% of every 4-step window but one (8%), which sent the run to 4:12, where it
-        # waited 71%.
+        # waited 57-71% of its windows.
         waits = starved or (w.stay_starved is not None and w.stay_starved > HELD_UP)
         if w.steps < self.min_window_steps or w.seconds <= 0:
             d.reason = "not enough data in the window"
