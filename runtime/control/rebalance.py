@@ -18,6 +18,7 @@ from runtime.config.layout import Layout, parse_ratio
 from runtime.config.schema import ReflowConfig, SchedulerConfig, TrainConfig
 from runtime.control.replay_buffer import version_of
 from runtime.control.scheduling import Placement, ProducerConsumerAllocator, WindowStats
+from runtime.control.scheduling.allocator import lengths_drifted
 from runtime.data.sample import Sample
 
 # The sources of a lend's two switches (runtime/control/lends.py).
@@ -405,15 +406,35 @@ class Rebalancer:
             self._stay.append(last)
             while last.step - self._stay[0].step > self._stay_steps:
                 del self._stay[0]
+            self._restart_a_drifted_stay()
+
+    def _restart_a_drifted_stay(self) -> None:
+        """Start the stay again at the window when the window's responses are more than
+        ``LENGTH_DRIFT`` times longer or shorter than the stay's before it: waits on other
+        lengths say nothing of this placement now. A synthetic run whose responses grew 8x
+        and shrank back stayed at 2:2 with its trainer the bound: the waits of the long
+        responses were most of its stay (tests/integration/test_allocator.py, CI)."""
+        window = self._window_marks()
+        if not window or self._stay[0].step >= window[0].step:
+            return
+        first, start, last = self._stay[0], window[0], window[-1]
+        if lengths_drifted(
+            start.consumed_tokens - first.consumed_tokens,
+            start.consumed - first.consumed,
+            last.consumed_tokens - start.consumed_tokens,
+            last.consumed - start.consumed,
+        ):
+            self._stay = [m for m in self._stay if m.step >= start.step]
+
+    def _window_marks(self) -> list[Mark]:
+        """The marks of the current window: the current layout's after the warm-up."""
+        last = self._marks[-1]
+        return [m for m in self._marks if m.epoch == last.epoch and self._warmup_steps <= m.step]
 
     def window(self) -> WindowStats | None:
         """Rates over the last ``window_steps`` steps of the current layout."""
         last = self._marks[-1]
-        same = [
-            m
-            for m in self._marks
-            if m.epoch == last.epoch and self._warmup_steps <= m.step < last.step
-        ]
+        same = self._window_marks()[:-1]
         if not same or self.switching():
             return None
         first = same[0]

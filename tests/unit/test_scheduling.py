@@ -485,6 +485,7 @@ def test_one_window_without_the_stays_waits_gives_the_trainer_no_group():
         56, Placement(8, 8), lucky
     )
     assert not d.applied and d.best == "8:8", d.reason
+    assert "waited 30% of this placement's stay" in d.reason  # `reflow status` says why
     # a stay in which the trainer did not wait, or one that is this window only, as before
     for stay in (0.05, None):
         w = dataclasses.replace(lucky, stay_starved=stay)
@@ -522,3 +523,39 @@ def test_the_window_carries_the_trainers_waits_over_the_placements_stay():
     steps(13, 16, waits_until=7)
     w = rb.window()
     assert w is not None and w.stay_starved is None
+
+
+def test_a_stay_starts_again_when_the_responses_drift():
+    # CI, tests/integration/test_allocator.py: responses grew 8x and shrank back; at 2:2
+    # the trainer waited through the long ones, and once they were short again it was the
+    # bound, yet the stay's old waits refused it a group for the rest of the run.
+    cfg = build_config({"model": {"path": "x"}})
+    layout = Layout.from_ratio(
+        2, 2, world_size=4, gpus_per_node=4, trainer_group_size=1, rollout_group_size=1
+    )
+    now = [0.0]
+    rb = Rebalancer(layout, cfg.scheduler, cfg.train, cfg.reflow, clock=lambda: now[0])
+    tokens = [0]
+
+    def steps(first: int, last: int, waits_until: int, length: int) -> None:
+        for k in range(first, last + 1):
+            now[0] = 10.0 * k
+            tokens[0] += 10 * length  # 10 samples a step of ``length`` tokens each
+            waited = 4.0 * min(k, waits_until)
+            rb.mark(
+                k, now[0], 10 * k, 10 * k, 20.0 * k, 0.0,
+                trainer_starved_s=waited, consumed_tokens=tokens[0],
+            )  # fmt: skip
+
+    steps(1, 12, waits_until=12, length=800)  # long responses, the trainer waits
+    steps(13, 15, waits_until=12, length=780)  # about as long: the same stay
+    w = rb.window()
+    assert w is not None and w.stay_starved is not None and w.stay_starved > 0.1
+    steps(16, 30, waits_until=12, length=100)  # 8x shorter, no waits
+    w = rb.window()
+    assert w is not None and w.trainer_starved == 0.0
+    # the stay starts at the window: only the short responses' steps, none of them waited
+    assert w.stay_starved is None or w.stay_starved == 0.0
+    steps(31, 40, waits_until=12, length=100)
+    w = rb.window()
+    assert w is not None and w.stay_starved == 0.0

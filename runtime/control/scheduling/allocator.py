@@ -146,10 +146,16 @@ class Measured:
     def drifted(self, w: WindowStats) -> bool:
         """Whether ``w``'s responses are more than ``LENGTH_DRIFT`` times longer or shorter
         than those this figure was measured on (False where either did not count tokens)."""
-        if self.samples <= 0 or w.consumed_tokens <= 0 or w.consumed <= 0 or self.done <= 0:
-            return False
-        ratio = (w.consumed_tokens / w.consumed) / (self.done / self.samples)
-        return not 1 / LENGTH_DRIFT <= ratio <= LENGTH_DRIFT
+        return lengths_drifted(self.done, self.samples, w.consumed_tokens, w.consumed)
+
+
+def lengths_drifted(tokens_a: float, samples_a: int, tokens_b: float, samples_b: int) -> bool:
+    """Whether two spans' mean response lengths (tokens over samples) differ by more than
+    ``LENGTH_DRIFT`` either way; False where either span counted no tokens or samples."""
+    if min(tokens_a, samples_a, tokens_b, samples_b) <= 0:
+        return False
+    ratio = (tokens_b / samples_b) / (tokens_a / samples_a)
+    return not 1 / LENGTH_DRIFT <= ratio <= LENGTH_DRIFT
 
 
 # A placement's figure stands for it (hysteresis) only over at least this many windows:
@@ -355,7 +361,20 @@ class ProducerConsumerAllocator:
         d.best = best.ratio
         since = None if self.last_change_step is None else step - self.last_change_step
         if best == current or gains[best] < self.margin:
-            d.reason = "current placement is within the margin of the best"
+            # the throttled rule's one move was to the trainer, and only the stay held it
+            held_by_stay = (
+                throttled
+                and waits
+                and not starved
+                and nearest is not None
+                and nearest.trainer > current.trainer
+            )
+            d.reason = (
+                f"rollout throttled {w.rollout_throttled:.0%} of its time, but the trainer"
+                f" waited {w.stay_starved or 0.0:.0%} of this placement's stay: no group to it"
+                if held_by_stay
+                else "current placement is within the margin of the best"
+            )
             return d
         if not throttled:
             self._proposed = (current, best)

@@ -55,11 +55,11 @@ class RouteReplay:
         self.compared = 0
         self.with_routes = 0  # rows set with routes, of ``rows`` set
         self.rows = 0
-        # A step sets a sample's routes for each of its forwards (the old log-probs, the
-        # own-routes mismatch, the update's micro-batches): each is decoded once a step and
-        # kept to its end only (:meth:`step_done`). A process-wide cache of a count of
-        # entries would hold ~50 MB each at a 30B-A3B sample's length (16k positions x 48
-        # layers x 8 experts, int64).
+        # A step sets a sample's routes for each of its replaying forwards (the old
+        # log-probs, the update's micro-batches; the own-routes comparison runs without
+        # them): each is decoded once a step and kept to its end only (:meth:`step_done`).
+        # A process-wide cache of a count of entries would hold ~50 MB each at a 30B-A3B
+        # sample's length (16k positions x 48 layers x 8 experts, int64).
         self._decoded: dict[bytes, torch.Tensor] = {}
         for layer, router in enumerate(self.routers):
             router.forward = MethodType(_replaying_forward(self, layer), router)
@@ -96,7 +96,7 @@ class RouteReplay:
     def step_done(self) -> None:
         """The step's forwards are over: its decoded routes are let go."""
         self._decoded.clear()
-        self.given = None
+        self.clear()
 
     def take_counts(self) -> tuple[int, int]:
         """(differing, compared) since the last call."""
