@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 
 from benchmarks.push_router import PushRouter
 from runtime.config.layout import Layout
@@ -495,21 +496,32 @@ def test_one_window_without_the_stays_waits_gives_the_trainer_no_group():
         assert d.applied and d.best == "4:12", (stay, d.reason)
 
 
-def test_the_window_carries_the_trainers_waits_over_the_placements_stay():
+def stay_at_2_2() -> tuple[Rebalancer, Layout, Callable[..., None]]:
+    """A Rebalancer at 2:2 on an injected clock, and ``steps(first, last, waits_until,
+    length=0)``: marks steps 10 s apart, each of 10 samples of ``length`` tokens, with 4 s
+    of waiting for data in each step up to ``waits_until`` and none after."""
     cfg = build_config({"model": {"path": "x"}})
     layout = Layout.from_ratio(
         2, 2, world_size=4, gpus_per_node=4, trainer_group_size=1, rollout_group_size=1
     )
-    now = [0.0]
+    now, tokens = [0.0], [0]
     rb = Rebalancer(layout, cfg.scheduler, cfg.train, cfg.reflow, clock=lambda: now[0])
 
-    def steps(first: int, last: int, waits_until: int) -> None:
+    def steps(first: int, last: int, waits_until: int, length: int = 0) -> None:
         for k in range(first, last + 1):
             now[0] = 10.0 * k
-            # 4 s of waiting for data in each step up to ``waits_until``, none after
+            tokens[0] += 10 * length
             waited = 4.0 * min(k, waits_until)
-            rb.mark(k, now[0], 10 * k, 10 * k, 20.0 * k, 0.0, trainer_starved_s=waited)
+            rb.mark(
+                k, now[0], 10 * k, 10 * k, 20.0 * k, 0.0,
+                trainer_starved_s=waited, consumed_tokens=tokens[0],
+            )  # fmt: skip
 
+    return rb, layout, steps
+
+
+def test_the_window_carries_the_trainers_waits_over_the_placements_stay():
+    rb, layout, steps = stay_at_2_2()
     steps(1, 12, waits_until=7)
     w = rb.window()
     assert w is not None and w.trainer_starved == 0.0  # steps 7-12 waited for nothing
@@ -529,24 +541,7 @@ def test_a_stay_starts_again_when_the_responses_drift():
     # CI, tests/integration/test_allocator.py: responses grew 8x and shrank back; at 2:2
     # the trainer waited through the long ones, and once they were short again it was the
     # bound, yet the stay's old waits refused it a group for the rest of the run.
-    cfg = build_config({"model": {"path": "x"}})
-    layout = Layout.from_ratio(
-        2, 2, world_size=4, gpus_per_node=4, trainer_group_size=1, rollout_group_size=1
-    )
-    now = [0.0]
-    rb = Rebalancer(layout, cfg.scheduler, cfg.train, cfg.reflow, clock=lambda: now[0])
-    tokens = [0]
-
-    def steps(first: int, last: int, waits_until: int, length: int) -> None:
-        for k in range(first, last + 1):
-            now[0] = 10.0 * k
-            tokens[0] += 10 * length  # 10 samples a step of ``length`` tokens each
-            waited = 4.0 * min(k, waits_until)
-            rb.mark(
-                k, now[0], 10 * k, 10 * k, 20.0 * k, 0.0,
-                trainer_starved_s=waited, consumed_tokens=tokens[0],
-            )  # fmt: skip
-
+    rb, _, steps = stay_at_2_2()
     steps(1, 12, waits_until=12, length=800)  # long responses, the trainer waits
     steps(13, 15, waits_until=12, length=780)  # about as long: the same stay
     w = rb.window()
