@@ -549,8 +549,9 @@ def test_a_stay_starts_again_when_the_responses_drift():
     steps(16, 30, waits_until=12, length=100)  # 8x shorter, no waits
     w = rb.window()
     assert w is not None and w.trainer_starved == 0.0
-    # the stay starts at the window: only the short responses' steps, none of them waited
-    assert w.stay_starved is None or w.stay_starved == 0.0
+    # the stay started again at step 15, where the short responses' windows begin: none
+    # of its steps waited
+    assert w.stay_starved == 0.0
     steps(31, 40, waits_until=12, length=100)
     w = rb.window()
     assert w is not None and w.stay_starved == 0.0
