@@ -14,7 +14,7 @@ per GPU: every parameter for memory, the active ones for compute.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,32 +169,40 @@ def _embedded() -> dict[str, ModelShape]:
     mid-size one takes tiny_qwen3.SMALL; the mixture of experts build_moe_model's: 4
     experts of 192, 2 per token). tests/unit/test_memory_plan.py checks these against the
     models transformers builds from the same code."""
-    from runtime.embedded.resolve import EMBEDDED, EMBEDDED_CHAT, EMBEDDED_MOE, EMBEDDED_SMALL
+    from runtime.embedded.resolve import (
+        EMBEDDED,
+        EMBEDDED_CHAT,
+        EMBEDDED_MOE,
+        EMBEDDED_MOE_SFT80,
+        EMBEDDED_SMALL,
+    )
     from runtime.embedded.tiny_chat import VOCAB_SIZE
     from runtime.embedded.tiny_qwen3 import SMALL, VOCAB
 
     source = "runtime/embedded/tiny_qwen3.py build_model"
     small = SMALL
+    moe = ModelShape(
+        EMBEDDED_MOE,
+        128,
+        2,
+        4,
+        2,
+        32,
+        0,
+        len(VOCAB),
+        True,
+        source="runtime/embedded/tiny_qwen3.py build_moe_model",
+        experts=4,
+        experts_per_token=2,
+        moe_intermediate=192,
+    )
     return {
         EMBEDDED: ModelShape(EMBEDDED, 128, 2, 4, 2, 32, 384, len(VOCAB), True, source=source),
         EMBEDDED_CHAT: ModelShape(
             EMBEDDED_CHAT, 128, 2, 4, 2, 32, 384, VOCAB_SIZE, True, source=source
         ),
-        EMBEDDED_MOE: ModelShape(
-            EMBEDDED_MOE,
-            128,
-            2,
-            4,
-            2,
-            32,
-            0,
-            len(VOCAB),
-            True,
-            source="runtime/embedded/tiny_qwen3.py build_moe_model",
-            experts=4,
-            experts_per_token=2,
-            moe_intermediate=192,
-        ),
+        EMBEDDED_MOE: moe,
+        EMBEDDED_MOE_SFT80: replace(moe, name=EMBEDDED_MOE_SFT80),  # the same model, less SFT
         EMBEDDED_SMALL: ModelShape(
             EMBEDDED_SMALL,
             small["hidden"],
