@@ -478,3 +478,23 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
     done = reflow("plan", str(REPO / "recipes" / "dapo_math.yaml"), "--nodes", "2", "--set", model)
     assert done.returncode == 1
     assert "would fit with resources.rollout_gpus_per_replica=8" in done.stdout
+
+
+def test_the_sft80_moe_is_the_embedded_moe_under_another_name():
+    # only its warm start differs (runtime/embedded/warm_start.py): the plan, the codec, the
+    # tiny-model handling and routing replay take it as the embedded MoE
+    from dataclasses import replace
+
+    from runtime.data.codec import CharCodec, codec_for
+    from runtime.embedded.resolve import EMBEDDED_MOE, EMBEDDED_MOE_SFT80, is_tiny_embedded
+
+    shape = model_shape(EMBEDDED_MOE_SFT80)
+    assert shape == replace(model_shape(EMBEDDED_MOE), name=EMBEDDED_MOE_SFT80) and shape.is_moe
+    assert is_tiny_embedded(EMBEDDED_MOE_SFT80)
+    assert isinstance(codec_for("(not read)", EMBEDDED_MOE_SFT80), CharCodec)
+    moe = {
+        "model": {"path": EMBEDDED_MOE_SFT80},
+        "algorithm": {"routing_replay": "rollout"},
+        "resources": {"device": "cpu"},
+    }
+    assert build_config(moe).algorithm.routing_replay == "rollout"
