@@ -39,6 +39,8 @@ REPLAY_OFF = ("algorithm.routing_replay=disabled",)
 FROZEN_ROUTER = ("algorithm.freeze_router=true",)
 MOE_LR = "train.lr=0.0001"
 MOE_SFT80 = "model.path=embedded:tiny-qwen3-moe-sft80"
+RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
+RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
@@ -88,6 +90,16 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # start and neither a frozen router nor twice the learning rate closed it
         "moe-sft80": [
             demo_moe(seed, (MOE_SFT80, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)
+        ],
+        # the one setting besides the model in which the two demos differ: the MoE demo
+        # recomputes the old log-probs (for its mismatch metrics), so its PPO ratio is
+        # taken against the step's own weights (1 at its one update: nothing clipped, no
+        # weight for a sample's staleness), the dense demo's against the rollout's. Each
+        # demo with the other's setting, seeds 0-2; in-sample (chosen after the MoE arms)
+        "recompute-swap": [
+            arm
+            for seed in CHOOSE_SEEDS
+            for arm in (demo("reflow", seed, RECOMPUTE_ON), demo_moe(seed, RECOMPUTE_OFF))
         ],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
