@@ -84,7 +84,7 @@ def _plans() -> dict[str, list[ArmSpec]]:
             demo_moe(seed, (*FROZEN_ROUTER, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)
         ],
         # in-sample: the MoE demo from a warm start matched on the held-out figure itself
-        # (the dense model's 80 SFT steps: greedy 0.215 against the dense 0.207, where the
+        # (the dense model's 80 SFT steps: greedy 0.213-0.215 against the dense 0.207, where the
         # default MoE start, matched on solution NLL, is at 0.258), with and without
         # replay: tried after the MoE gained about half the dense demo's from its higher
         # start and neither a frozen router nor twice the learning rate closed it

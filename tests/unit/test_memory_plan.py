@@ -486,11 +486,19 @@ def test_the_sft80_moe_is_the_embedded_moe_under_another_name():
     from dataclasses import replace
 
     from runtime.data.codec import CharCodec, codec_for
-    from runtime.embedded.resolve import EMBEDDED_MOE, EMBEDDED_MOE_SFT80, is_tiny_embedded
+    from runtime.embedded.resolve import (
+        BUILDERS,
+        CHARACTER_MODELS,
+        EMBEDDED_MOE,
+        EMBEDDED_MOE_SFT80,
+        is_tiny_embedded,
+    )
 
     shape = model_shape(EMBEDDED_MOE_SFT80)
     assert shape == replace(model_shape(EMBEDDED_MOE), name=EMBEDDED_MOE_SFT80) and shape.is_moe
-    assert is_tiny_embedded(EMBEDDED_MOE_SFT80)
+    assert is_tiny_embedded(EMBEDDED_MOE_SFT80) and EMBEDDED_MOE_SFT80 in CHARACTER_MODELS
+    # its own build (the cache key holds the SFT steps), not the default MoE's folder
+    assert BUILDERS[EMBEDDED_MOE_SFT80] != BUILDERS[EMBEDDED_MOE]
     assert isinstance(codec_for("(not read)", EMBEDDED_MOE_SFT80), CharCodec)
     moe = {
         "model": {"path": EMBEDDED_MOE_SFT80},
