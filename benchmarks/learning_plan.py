@@ -101,6 +101,15 @@ def _plans() -> dict[str, list[ArmSpec]]:
             for seed in CHOOSE_SEEDS
             for arm in (demo("reflow", seed, RECOMPUTE_ON), demo_moe(seed, RECOMPUTE_OFF))
         ],
+        # after recompute-swap's first seed: the MoE demo as the dense demo runs (the PPO
+        # ratio against the rollout's log-probs) without replay, seeds 0-2; then both, with
+        # and without replay, on seeds 3-5 before the MoE demo's default changes
+        "moe-no-recompute": [
+            demo_moe(seed, (*RECOMPUTE_OFF, *REPLAY_OFF)) for seed in CHOOSE_SEEDS
+        ],
+        "moe-no-recompute-confirm": [
+            demo_moe(seed, (*RECOMPUTE_OFF, *v)) for seed in CONFIRM_SEEDS for v in ((), REPLAY_OFF)
+        ],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
