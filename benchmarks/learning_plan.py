@@ -41,6 +41,7 @@ MOE_LR = "train.lr=0.0001"
 MOE_SFT80 = "model.path=embedded:tiny-qwen3-moe-sft80"
 RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
 RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
+TIS = ("algorithm.tis_cap=2",)  # verl's default rollout-correction threshold
 
 
 def demo(mode: str, seed: int, sets: tuple[str, ...] = ()) -> ArmSpec:
@@ -110,6 +111,12 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "moe-no-recompute-confirm": [
             demo_moe(seed, (*RECOMPUTE_OFF, *v)) for seed in CONFIRM_SEEDS for v in ((), REPLAY_OFF)
         ],
+        # the mechanism behind moe-no-recompute's gain, tested: with recompute the gradient
+        # is the behaviour policy's (no token weighted by exp(old - rollout)); truncated
+        # importance sampling puts that weight back with the recompute kept (and with it
+        # the mismatch metrics). Replay on, seeds 0-2: if it gains as without recompute, the
+        # weight is what the MoE lacked, not the recompute's time or the PPO clip
+        "moe-tis": [demo_moe(seed, TIS) for seed in CHOOSE_SEEDS],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
