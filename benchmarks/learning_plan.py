@@ -36,8 +36,6 @@ CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 # training distribution, played by its two-try environment)
 HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/greedy"}
 REPLAY_OFF = ("algorithm.routing_replay=disabled",)
-FROZEN_ROUTER = ("algorithm.freeze_router=true",)
-MOE_LR = "train.lr=0.0001"
 MOE_SFT80 = "model.path=embedded:tiny-qwen3-moe-sft80"
 RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
 RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
@@ -69,31 +67,17 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "confirm": [demo("reflow", seed, v) for seed in CONFIRM_SEEDS for v in ((), *VARIANTS)],
         "multiturn": [retry(seed, v) for seed in CHOOSE_SEEDS for v in ((), *MULTITURN_VARIANTS)],
         # issue "Mixture-of-experts end to end": the MoE demo learns, with and without
-        # routing replay
-        "moe": [demo_moe(seed, v) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)],
-        # in-sample: the MoE demo at twice the dense demo's learning rate, with and without
-        # replay, tried after the MoE arms gained less than the dense demo does (their
-        # held-out reward rose more slowly, to a little below the dense demo's at step
-        # 400); confirmed on the other seeds if it gains
-        "moe-lr": [demo_moe(seed, (MOE_LR, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)],
-        "moe-lr-confirm": [
-            demo_moe(seed, (MOE_LR, *v)) for seed in CONFIRM_SEEDS for v in ((), REPLAY_OFF)
+        # routing replay, seeds 0-5. Pinned to the PPO ratio against the rollout's log-probs
+        # (the demo's default since 2026-12-07), so that the records name what they ran:
+        # the arms of the earlier default (the old log-probs recomputed), and of the levers
+        # tried on it, are in docs/learning/moe-recompute-on/
+        "moe": [
+            demo_moe(seed, (*RECOMPUTE_OFF, *v))
+            for seed in (*CHOOSE_SEEDS, *CONFIRM_SEEDS)
+            for v in ((), REPLAY_OFF)
         ],
-        # the MoE demo with its routers as warm-started (prime-rl's freeze_moe_router),
-        # with and without replay: tried after the MoE arms gained less than the dense demo
-        "moe-frozen-router": [
-            demo_moe(seed, (*FROZEN_ROUTER, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)
-        ],
-        # in-sample: the MoE demo from a warm start matched on the held-out figure itself
-        # (the dense model's 80 SFT steps: greedy 0.213-0.215 against the dense 0.207, where the
-        # default MoE start, matched on solution NLL, is at 0.258), with and without
-        # replay: tried after the MoE gained about half the dense demo's from its higher
-        # start and neither a frozen router nor twice the learning rate closed it
-        "moe-sft80": [
-            demo_moe(seed, (MOE_SFT80, *v)) for seed in CHOOSE_SEEDS for v in ((), REPLAY_OFF)
-        ],
-        # the one setting besides the model in which the two demos differ: the MoE demo
-        # recomputes the old log-probs (for its mismatch metrics), so its PPO ratio is
+        # the one setting besides the model in which the two demos differed: the MoE demo
+        # recomputed the old log-probs (for its mismatch metrics), so its PPO ratio was
         # taken against the step's own weights (1 at its one update: nothing clipped, no
         # weight for a sample's staleness), the dense demo's against the rollout's. Each
         # demo with the other's setting, seeds 0-2; in-sample (chosen after the MoE arms)
@@ -102,30 +86,21 @@ def _plans() -> dict[str, list[ArmSpec]]:
             for seed in CHOOSE_SEEDS
             for arm in (demo("reflow", seed, RECOMPUTE_ON), demo_moe(seed, RECOMPUTE_OFF))
         ],
-        # after recompute-swap's first seed: the MoE demo as the dense demo runs (the PPO
-        # ratio against the rollout's log-probs) without replay, seeds 0-2; then both, with
-        # and without replay, on seeds 3-5 before the MoE demo's default changes
-        "moe-no-recompute": [
-            demo_moe(seed, (*RECOMPUTE_OFF, *REPLAY_OFF)) for seed in CHOOSE_SEEDS
-        ],
-        "moe-no-recompute-confirm": [
-            demo_moe(seed, (*RECOMPUTE_OFF, *v)) for seed in CONFIRM_SEEDS for v in ((), REPLAY_OFF)
-        ],
         # in-sample: the two changes that each brought the MoE nearer the dense demo, together:
         # the start matched on held-out accuracy (sft80, tried with the recompute on) and
-        # the PPO ratio against the rollout's log-probs (no recompute, as the dense demo
-        # runs); after moe-no-recompute gained +0.12 from the higher NLL-matched start
+        # the PPO ratio against the rollout's log-probs; after the MoE without the recompute
+        # gained +0.12 from the higher NLL-matched start
         "moe-sft80-no-recompute": [
             demo_moe(seed, (MOE_SFT80, *RECOMPUTE_OFF, *v))
             for seed in CHOOSE_SEEDS
             for v in ((), REPLAY_OFF)
         ],
-        # the mechanism behind moe-no-recompute's gain, tested: with recompute the gradient
-        # is the behaviour policy's (no token weighted by exp(old - rollout)); truncated
-        # importance sampling puts that weight back with the recompute kept (and with it
-        # the mismatch metrics). Replay on, seeds 0-2: if it gains as without recompute, the
-        # weight is what the MoE lacked, not the recompute's time or the PPO clip
-        "moe-tis": [demo_moe(seed, TIS) for seed in CHOOSE_SEEDS],
+        # the mechanism behind the recompute's cost, tested: with it the gradient is the
+        # behaviour policy's (no token weighted by exp(old - rollout)); truncated importance
+        # sampling puts that weight back with the recompute kept (and with it the mismatch
+        # metrics). Replay on, seeds 0-2: if it gains as without the recompute, the weight
+        # is what the MoE lacked, not the recompute's time or the PPO clip
+        "moe-tis": [demo_moe(seed, (*RECOMPUTE_ON, *TIS)) for seed in CHOOSE_SEEDS],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
