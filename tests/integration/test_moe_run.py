@@ -1,12 +1,12 @@
 """The MoE demo on real engines (recipes/demo_moe.yaml: the embedded tiny Qwen3-MoE, vLLM's
-CPU build for rollout, the torch trainer under FSDP2 over 2 ranks, routing replay on), a
-few steps: nothing lost, every weight sync carries every expert (the model's whole
-parameter count, one matrix per expert), and the engines generate with the trainer's
-policy: at the first step, where every sample is version 0's and fresh, the trainer's
-recomputed log-probs are the engine's (mismatch_k3 ~ 0), and no later step drifts. Every
-sample arrives with its routes (rank 0 checked them against the model), the trainer's
-routers replay them, and the mismatch with the replayed routes is no larger than with the
-trainer's own on the same samples."""
+CPU build for rollout, the torch trainer under FSDP2 over 2 ranks, routing replay on) with
+the old log-probs recomputed, a few steps: nothing lost, every weight sync carries every
+expert (the model's whole parameter count, one matrix per expert), and the engines generate
+with the trainer's policy: at the first step, where every sample is version 0's and fresh,
+the trainer's recomputed log-probs are the engine's (mismatch_k3 ~ 0), and no later step
+drifts. Every sample arrives with its routes (rank 0 checked them against the model), the
+trainer's routers replay them, and the mismatch with the replayed routes is no larger than
+with the trainer's own on the same samples."""
 
 import json
 
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 
 def test_the_moe_demo_trains_on_real_engines_with_every_expert_synced(runs_dir):
     args = ["launch", str(REPO / "recipes" / "demo_moe.yaml"), "--local", "--wait"]
-    reflow(*args, "--name", "moe", "--set", "train.steps=6", check=True, timeout=900)
+    # the old log-probs recomputed (the demo takes the rollout's): the mismatch metrics need them
+    sets = ["--set", "train.steps=6", "--set", "algorithm.recompute_old_logprobs=true"]
+    reflow(*args, "--name", "moe", *sets, check=True, timeout=900)
     run_dir = next(runs_dir.iterdir())
     final = status_json(run_dir.name)
     assert final["state"] == "COMPLETED", final.get("reason")
