@@ -37,6 +37,7 @@ CHOOSE_SEEDS, CONFIRM_SEEDS = (0, 1, 2), (3, 4, 5)
 HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/greedy"}
 REPLAY_OFF = ("algorithm.routing_replay=disabled",)
 MOE_SFT80 = "model.path=embedded:tiny-qwen3-moe-sft80"
+DENSE_SFT86 = "model.path=embedded:tiny-qwen3-sft86"  # the dense model at the MoE's start
 RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
 RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
 TIS = ("algorithm.tis_cap=2",)  # verl's default rollout-correction threshold
@@ -101,6 +102,13 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # metrics). Replay on, seeds 0-2: if it gains as without the recompute, the weight
         # is what the MoE lacked, not the recompute's time or the PPO clip
         "moe-tis": [demo_moe(seed, (*RECOMPUTE_ON, *TIS)) for seed in CHOOSE_SEEDS],
+        # the converse of moe-sft80: the dense demo from the MoE's held-out start (greedy
+        # 0.250 after 86 SFT steps, the MoE 0.258; the dense demo's own 0.207), seeds 0-2.
+        # Declared before it ran (2026-12-07): the dense demo gains +0.046 in its first 50
+        # steps and the MoE +0.008 (replay) / +0.015 (no replay), the same or less after;
+        # if the dense demo from the MoE's start gains no more than the MoE (+0.123 with
+        # replay, +0.111 without, seeds 0-2), the gap is the start, not the MoE's learning
+        "dense-moe-start": [demo("reflow", seed, (DENSE_SFT86,)) for seed in CHOOSE_SEEDS],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],

@@ -174,6 +174,7 @@ def _embedded() -> dict[str, ModelShape]:
         EMBEDDED_CHAT,
         EMBEDDED_MOE,
         EMBEDDED_MOE_SFT80,
+        EMBEDDED_SFT86,
         EMBEDDED_SMALL,
     )
     from runtime.embedded.tiny_chat import VOCAB_SIZE
@@ -196,8 +197,10 @@ def _embedded() -> dict[str, ModelShape]:
         experts_per_token=2,
         moe_intermediate=192,
     )
+    dense = ModelShape(EMBEDDED, 128, 2, 4, 2, 32, 384, len(VOCAB), True, source=source)
     return {
-        EMBEDDED: ModelShape(EMBEDDED, 128, 2, 4, 2, 32, 384, len(VOCAB), True, source=source),
+        EMBEDDED: dense,
+        EMBEDDED_SFT86: replace(dense, name=EMBEDDED_SFT86),  # the same model, more SFT
         EMBEDDED_CHAT: ModelShape(
             EMBEDDED_CHAT, 128, 2, 4, 2, 32, 384, VOCAB_SIZE, True, source=source
         ),

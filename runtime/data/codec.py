@@ -90,6 +90,6 @@ class ChatCodec:
 @lru_cache(maxsize=4)
 def codec_for(model_path: str, embedded_name: str) -> Codec:
     """The codec of a resolved model folder; ``embedded_name`` is the recipe's model.path."""
-    from runtime.embedded.resolve import EMBEDDED, MOE_MODELS
+    from runtime.embedded.resolve import ARITH_MODELS
 
-    return CharCodec() if embedded_name in (EMBEDDED, *MOE_MODELS) else ChatCodec(model_path)
+    return CharCodec() if embedded_name in ARITH_MODELS else ChatCodec(model_path)

@@ -480,29 +480,30 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
     assert "would fit with resources.rollout_gpus_per_replica=8" in done.stdout
 
 
-def test_the_sft80_moe_is_the_embedded_moe_under_another_name():
+@pytest.mark.parametrize(
+    ("variant", "base"),
+    [
+        ("embedded:tiny-qwen3-moe-sft80", "embedded:tiny-qwen3-moe"),
+        ("embedded:tiny-qwen3-sft86", "embedded:tiny-qwen3"),
+    ],
+)
+def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, base):
     # only its warm start differs (runtime/embedded/warm_start.py): the plan, the codec, the
-    # tiny-model handling and routing replay take it as the embedded MoE
+    # tiny-model handling and (for the MoE) routing replay take it as its base model
     from dataclasses import replace
 
     from runtime.data.codec import CharCodec, codec_for
-    from runtime.embedded.resolve import (
-        BUILDERS,
-        CHARACTER_MODELS,
-        EMBEDDED_MOE,
-        EMBEDDED_MOE_SFT80,
-        is_tiny_embedded,
-    )
+    from runtime.embedded.resolve import BUILDERS, CHARACTER_MODELS, is_tiny_embedded
 
-    shape = model_shape(EMBEDDED_MOE_SFT80)
-    assert shape == replace(model_shape(EMBEDDED_MOE), name=EMBEDDED_MOE_SFT80) and shape.is_moe
-    assert is_tiny_embedded(EMBEDDED_MOE_SFT80) and EMBEDDED_MOE_SFT80 in CHARACTER_MODELS
-    # its own build (the cache key holds the SFT steps), not the default MoE's folder
-    assert BUILDERS[EMBEDDED_MOE_SFT80] != BUILDERS[EMBEDDED_MOE]
-    assert isinstance(codec_for("(not read)", EMBEDDED_MOE_SFT80), CharCodec)
-    moe = {
-        "model": {"path": EMBEDDED_MOE_SFT80},
-        "algorithm": {"routing_replay": "rollout"},
-        "resources": {"device": "cpu"},
-    }
-    assert build_config(moe).algorithm.routing_replay == "rollout"
+    shape = model_shape(variant)
+    assert shape == replace(model_shape(base), name=variant)
+    assert is_tiny_embedded(variant) and variant in CHARACTER_MODELS
+    # its own build (the cache key holds the SFT steps), not the base model's folder
+    assert BUILDERS[variant] != BUILDERS[base]
+    assert isinstance(codec_for("(not read)", variant), CharCodec)
+    cfg = {"model": {"path": variant}, "resources": {"device": "cpu"}}
+    if shape.is_moe:
+        cfg["algorithm"] = {"routing_replay": "rollout"}
+        assert build_config(cfg).algorithm.routing_replay == "rollout"
+    else:
+        assert build_config(cfg).train.strategy == "replicate"  # a tiny model: whole per rank
