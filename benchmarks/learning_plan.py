@@ -107,8 +107,12 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # Declared before it ran (2026-12-07): the dense demo gains +0.046 in its first 50
         # steps and the MoE +0.008 (replay) / +0.015 (no replay), the same or less after;
         # if the dense demo from the MoE's start gains no more than the MoE (+0.123 with
-        # replay, +0.111 without, seeds 0-2), the gap is the start, not the MoE's learning
-        "dense-moe-start": [demo("reflow", seed, (DENSE_SFT86,)) for seed in CHOOSE_SEEDS],
+        # replay, +0.111 without, seeds 0-2), the gap is the start, not the MoE's learning.
+        # Seeds 3-5 added after seeds 0-1 (+0.150, +0.111), before seed 2 ended: three seeds
+        # that far apart cannot tell +0.12 from +0.16
+        "dense-moe-start": [
+            demo("reflow", seed, (DENSE_SFT86,)) for seed in (*CHOOSE_SEEDS, *CONFIRM_SEEDS)
+        ],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
