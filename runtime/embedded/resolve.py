@@ -13,8 +13,7 @@ EMBEDDED_MOE = "embedded:tiny-qwen3-moe"  # 4 experts, top 2, warm-started on ar
 # accuracy near the dense model's, where EMBEDDED_MOE matches its solution NLL (docs/moe.md).
 EMBEDDED_MOE_SFT80 = "embedded:tiny-qwen3-moe-sft80"
 # The dense model after 86 SFT steps instead of 80: its held-out greedy accuracy near
-# EMBEDDED_MOE's (0.250 against 0.258), the dense demo's start for comparing the demos' gains
-# from the MoE's start (docs/moe.md).
+# EMBEDDED_MOE's, for comparing the demos' gains from the MoE's start (docs/moe.md).
 EMBEDDED_SFT86 = "embedded:tiny-qwen3-sft86"
 EMBEDDED_SMALL = "embedded:small-qwen3"  # 25M parameters, random: trainer tests, benchmarks
 

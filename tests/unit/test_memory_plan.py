@@ -481,13 +481,13 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
 
 
 @pytest.mark.parametrize(
-    ("variant", "base"),
+    ("variant", "base", "moe"),
     [
-        ("embedded:tiny-qwen3-moe-sft80", "embedded:tiny-qwen3-moe"),
-        ("embedded:tiny-qwen3-sft86", "embedded:tiny-qwen3"),
+        ("embedded:tiny-qwen3-moe-sft80", "embedded:tiny-qwen3-moe", True),
+        ("embedded:tiny-qwen3-sft86", "embedded:tiny-qwen3", False),
     ],
 )
-def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, base):
+def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, base, moe):
     # only its warm start differs (runtime/embedded/warm_start.py): the plan, the codec, the
     # tiny-model handling and (for the MoE) routing replay take it as its base model
     from dataclasses import replace
@@ -496,13 +496,13 @@ def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, 
     from runtime.embedded.resolve import BUILDERS, CHARACTER_MODELS, is_tiny_embedded
 
     shape = model_shape(variant)
-    assert shape == replace(model_shape(base), name=variant)
+    assert shape == replace(model_shape(base), name=variant) and shape.is_moe == moe
     assert is_tiny_embedded(variant) and variant in CHARACTER_MODELS
     # its own build (the cache key holds the SFT steps), not the base model's folder
     assert BUILDERS[variant] != BUILDERS[base]
     assert isinstance(codec_for("(not read)", variant), CharCodec)
     cfg = {"model": {"path": variant}, "resources": {"device": "cpu"}}
-    if shape.is_moe:
+    if moe:
         cfg["algorithm"] = {"routing_replay": "rollout"}
         assert build_config(cfg).algorithm.routing_replay == "rollout"
     else:
