@@ -41,6 +41,8 @@ DENSE_SFT86 = "model.path=embedded:tiny-qwen3-sft86"  # the dense model at the M
 RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
 RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
 TIS = ("algorithm.tis_cap=2",)  # verl's default rollout-correction threshold
+LR_HALF = "train.lr=2.5e-05"  # half the demos' 5e-5
+ROUTER_LOSS = "algorithm.router_aux_loss_coef=0.001"
 # the dense demo's trainer layout: two replicas of one rank, each holding the whole model
 DENSE_LAYOUT = ("resources.trainer_gpus_per_replica=1", "train.strategy=replicate")
 
@@ -122,6 +124,17 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # +0.144 on seeds 0-2 against the MoE's +0.123: if it gains clearly more than the
         # MoE on its own layout, the layout is part of the gap
         "moe-layout": [demo_moe(seed, (*RECOMPUTE_OFF, *DENSE_LAYOUT)) for seed in CHOOSE_SEEDS],
+        # the two levers left untried on the MoE (declared 2026-12-07 before they
+        # ran), replay on, seeds 0-2, against the MoE's +0.123 at the same seeds and the
+        # dense demo from the MoE's start's +0.144 there. Half the learning rate (2.5e-5):
+        # twice it lost (-0.020), and the dense demo leads in its first 50 steps, where a
+        # MoE's update would be the noisiest (each expert sees about half the tokens). The
+        # router's loss at a small coefficient (0.001, Qwen3-MoE's pretraining value): the
+        # experts kept 9-44% of the slots without it. Either is worth seeds 3-5 only if it
+        # gains more than +0.141 (the MoE's +0.123 plus its gap to the dense demo from
+        # the same start)
+        "moe-lr-half": [demo_moe(seed, (*RECOMPUTE_OFF, LR_HALF)) for seed in CHOOSE_SEEDS],
+        "moe-router-loss": [demo_moe(seed, (*RECOMPUTE_OFF, ROUTER_LOSS)) for seed in CHOOSE_SEEDS],
         "multiturn-confirm": [
             retry(seed, v) for seed in CONFIRM_SEEDS for v in ((), MULTITURN_VARIANTS[0])
         ],
