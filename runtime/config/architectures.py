@@ -167,13 +167,14 @@ def _embedded() -> dict[str, ModelShape]:
     """The embedded models' shapes, as runtime/embedded builds them (build_model's
     defaults: hidden 128, 2 layers, 4 heads of 32, 2 KV heads, MLP 3 x hidden, tied; the
     mid-size one takes tiny_qwen3.SMALL; the mixture of experts build_moe_model's: 4
-    experts of 192, 2 per token). tests/unit/test_memory_plan.py checks these against the
-    models transformers builds from the same code."""
+    experts of 192, 2 per token; the upcycled one 4 of 384). tests/unit/test_memory_plan.py
+    checks these against the models transformers builds from the same code."""
     from runtime.embedded.resolve import (
         EMBEDDED,
         EMBEDDED_CHAT,
         EMBEDDED_MOE,
         EMBEDDED_MOE_SFT80,
+        EMBEDDED_MOE_UPCYCLED,
         EMBEDDED_SFT86,
         EMBEDDED_SMALL,
     )
@@ -206,6 +207,8 @@ def _embedded() -> dict[str, ModelShape]:
         ),
         EMBEDDED_MOE: moe,
         EMBEDDED_MOE_SFT80: replace(moe, name=EMBEDDED_MOE_SFT80),  # the same model, less SFT
+        # the dense model upcycled: every expert a copy of its MLP (tiny_qwen3.upcycle_to_moe)
+        EMBEDDED_MOE_UPCYCLED: replace(moe, name=EMBEDDED_MOE_UPCYCLED, moe_intermediate=384),
         EMBEDDED_SMALL: ModelShape(
             EMBEDDED_SMALL,
             small["hidden"],

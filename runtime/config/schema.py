@@ -41,7 +41,8 @@ class ModelConfig:
         "embedded:tiny-qwen3",
         "Hugging Face folder, embedded:tiny-qwen3 (arithmetic; embedded:tiny-qwen3-moe its "
         "mixture of experts, embedded:tiny-qwen3-moe-sft80 the same after the dense model's "
-        "80 SFT steps, embedded:tiny-qwen3-sft86 the dense one after 86) or "
+        "80 SFT steps, embedded:tiny-qwen3-sft86 the dense one after 86, "
+        "embedded:tiny-qwen3-moe-upcycled the dense one upcycled into 4 experts) or "
         "embedded:tiny-qwen3-chat (text)",
     )
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))

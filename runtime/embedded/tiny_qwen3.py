@@ -95,6 +95,50 @@ def build_moe_model(
     return Qwen3MoeForCausalLM(config)
 
 
+def upcycle_to_moe(dense, *, experts: int = 4, experts_per_token: int = 2, seed: int = 0):
+    """A Qwen3 mixture of experts that computes exactly what ``dense`` (a ``Qwen3ForCausalLM``
+    of this module's shape) computes: sparse upcycling (Komatsuzaki et al. 2022; Qwen1.5-MoE
+    was upcycled from a dense Qwen). Every expert is a copy of the block's MLP (so experts
+    are as wide as it: a token's two are twice its active width) and the rest is copied;
+    since the chosen experts' weights are renormalised to sum to one (``norm_topk_prob``),
+    the block's output is the dense MLP's whatever the router picks. The routers keep their
+    random initialisation (``seed``), not zero: with every logit equal, every token would go
+    to the same two experts, which would get the same gradients and stay copies, and the
+    router would get none (its weights' effect cancels while the experts are equal)."""
+    import torch
+
+    config = dense.config
+    shape = {
+        "hidden": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "vocab_size": config.vocab_size,
+        "specials": (config.bos_token_id, config.eos_token_id, config.pad_token_id),
+        "max_positions": config.max_position_embeddings,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+    }
+    moe = build_moe_model(
+        seed,
+        experts=experts,
+        experts_per_token=experts_per_token,
+        moe_intermediate=config.intermediate_size,
+        norm_topk_prob=True,
+        **shape,
+    )
+    weights = {k: v for k, v in dense.state_dict().items() if ".mlp." not in k}
+    for i, block in enumerate(dense.model.layers):
+        mlp = block.mlp
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # gate first, then up
+        prefix = f"model.layers.{i}.mlp"
+        down = mlp.down_proj.weight
+        weights[f"{prefix}.experts.gate_up_proj"] = gate_up.expand(experts, -1, -1).clone()
+        weights[f"{prefix}.experts.down_proj"] = down.expand(experts, -1, -1).clone()
+        weights[f"{prefix}.gate.weight"] = moe.model.layers[i].mlp.gate.weight.detach().clone()
+    moe.load_state_dict(weights, strict=True)
+    return moe
+
+
 def _config_fields(
     hidden: int,
     layers: int,

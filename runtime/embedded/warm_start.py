@@ -27,6 +27,7 @@ from runtime.embedded.tiny_qwen3 import (
     build_moe_model,
     build_tokenizer,
     save_pretrained,
+    upcycle_to_moe,
 )
 
 # 80 steps give ~20% greedy accuracy on held-out problems: non-zero, with room for RL.
@@ -92,6 +93,29 @@ def embedded_moe_sft80_model_path() -> Path:
     above (0.612 against 0.512). The MoE demo's gain is compared from both starts
     (docs/moe.md)."""
     return embedded_moe_model_path({"steps": SFT["steps"]})
+
+
+# The upcycled MoE's shape (upcycle_to_moe): 4 experts, each a copy of the dense MLP (384
+# wide), 2 per token; part of its cache key with the dense model's SFT settings.
+MOE_UPCYCLED_SHAPE = {"experts": 4, "experts_per_token": 2, "upcycled_from": "tiny-qwen3-arith"}
+
+
+def embedded_moe_upcycled_model_path() -> Path:
+    """The embedded dense model (its 80 SFT steps) upcycled into a mixture of experts
+    (``upcycle_to_moe``): at the start it computes the dense model's function, so the
+    MoE demo from it starts where the dense demo does (greedy 0.207 held out) and any
+    difference in what they learn is the MoE's. No SFT of its own."""
+    settings = {**SFT, **MOE_UPCYCLED_SHAPE}
+
+    def build(folder: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        dense = AutoModelForCausalLM.from_pretrained(str(embedded_model_path()))
+        shape = {k: settings[k] for k in ("experts", "experts_per_token")}
+        model = upcycle_to_moe(dense, seed=settings["seed"], **shape).eval()
+        save_pretrained(model, build_tokenizer(), folder)
+
+    return cached_build("tiny-qwen3-moe-upcycled", settings, build)
 
 
 def embedded_sft86_model_path() -> Path:
