@@ -59,3 +59,17 @@ def test_the_sft86_dense_model_starts_at_the_moes_held_out_accuracy():
     )
 
     assert apart(greedy_accuracy, embedded_sft86_model_path(), embedded_moe_model_path()) < 0.03
+
+
+def test_the_upcycled_moe_starts_as_the_dense_model():
+    # embedded:tiny-qwen3-moe-upcycled: the dense demo's own start, every expert a copy of
+    # its MLP: the same fit and the same greedy answers (docs/moe.md)
+    from runtime.embedded.warm_start import (
+        embedded_model_path,
+        embedded_moe_upcycled_model_path,
+        greedy_accuracy,
+        solution_nll,
+    )
+
+    assert apart(solution_nll, embedded_model_path(), embedded_moe_upcycled_model_path()) < 1e-4
+    assert apart(greedy_accuracy, embedded_model_path(), embedded_moe_upcycled_model_path()) == 0

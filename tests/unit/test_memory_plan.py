@@ -353,12 +353,16 @@ def test_a_moe_folder_transformers_5_saved_is_read(tmp_path):
     assert (shape.experts, shape.total_params) == (4, model_shape(EMBEDDED_MOE).total_params)
 
 
-def test_the_embedded_moe_shape_is_the_model_build_moe_model_builds():
+@pytest.mark.parametrize("upcycled", [False, True], ids=["moe", "moe-upcycled"])
+def test_the_embedded_moe_shape_is_the_model_build_moe_model_builds(upcycled):
     from runtime.embedded import tiny_qwen3
-    from runtime.embedded.resolve import EMBEDDED_MOE
+    from runtime.embedded.resolve import EMBEDDED_MOE, EMBEDDED_MOE_UPCYCLED
 
-    shape, model = model_shape(EMBEDDED_MOE), tiny_qwen3.build_moe_model()
-    config = model.config
+    if upcycled:
+        name, model = EMBEDDED_MOE_UPCYCLED, tiny_qwen3.upcycle_to_moe(tiny_qwen3.build_model())
+    else:
+        name, model = EMBEDDED_MOE, tiny_qwen3.build_moe_model()
+    shape, config = model_shape(name), model.config
     unique = {id(p): p.numel() for p in model.parameters()}
     assert sum(unique.values()) == shape.total_params
     assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
@@ -481,22 +485,30 @@ def test_qwen3_235b_a22b_is_refused_on_16_gpus_and_fits_where_the_plan_says():
 
 
 @pytest.mark.parametrize(
-    ("variant", "base", "moe"),
+    ("variant", "base", "moe", "widths"),
     [
-        ("embedded:tiny-qwen3-moe-sft80", "embedded:tiny-qwen3-moe", True),
-        ("embedded:tiny-qwen3-sft86", "embedded:tiny-qwen3", False),
+        ("embedded:tiny-qwen3-moe-sft80", "embedded:tiny-qwen3-moe", True, {}),
+        ("embedded:tiny-qwen3-sft86", "embedded:tiny-qwen3", False, {}),
+        # the dense model upcycled: experts as wide as its MLP
+        (
+            "embedded:tiny-qwen3-moe-upcycled",
+            "embedded:tiny-qwen3-moe",
+            True,
+            {"moe_intermediate": 384},
+        ),
     ],
 )
-def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, base, moe):
-    # only its warm start differs (runtime/embedded/warm_start.py): the plan, the codec, the
-    # tiny-model handling and (for the MoE) routing replay take it as its base model
+def test_a_warm_start_variant_is_its_embedded_model_under_another_name(variant, base, moe, widths):
+    # only its warm start (and for the upcycled MoE its experts' width) differs
+    # (runtime/embedded/warm_start.py): the plan, the codec, the tiny-model handling and
+    # (for a MoE) routing replay take it as its base model
     from dataclasses import replace
 
     from runtime.data.codec import CharCodec, codec_for
     from runtime.embedded.resolve import BUILDERS, CHARACTER_MODELS, is_tiny_embedded
 
     shape = model_shape(variant)
-    assert shape == replace(model_shape(base), name=variant) and shape.is_moe == moe
+    assert shape == replace(model_shape(base), name=variant, **widths) and shape.is_moe == moe
     assert is_tiny_embedded(variant) and variant in CHARACTER_MODELS
     # its own build (the cache key holds the SFT steps), not the base model's folder
     assert BUILDERS[variant] != BUILDERS[base]
