@@ -103,8 +103,8 @@ MOE_UPCYCLED_SHAPE = {"experts": 4, "experts_per_token": 2, "upcycled_from": "ti
 def embedded_moe_upcycled_model_path() -> Path:
     """The embedded dense model (its 80 SFT steps) upcycled into a mixture of experts
     (``upcycle_to_moe``): at the start it computes the dense model's function, so the
-    MoE demo from it starts where the dense demo does (greedy 0.207 held out) and any
-    difference in what they learn is the MoE's. No SFT of its own."""
+    MoE demo from it starts where the dense demo does (greedy 0.207 held out), with no SFT
+    of its own between them; its active MLP is twice the dense model's (docs/moe.md)."""
     settings = {**SFT, **MOE_UPCYCLED_SHAPE}
 
     def build(folder: Path) -> None:
