@@ -48,7 +48,9 @@ class TrainerMesh:
         groups are made by their members only)."""
         self.destroy()
         self.ranks = list(trainers)
-        self.group = epoch_group(trainers, f"{tag}-trainer", timeout)
+        # a survivor of a lost rank may still be leaving the aborted step's collective,
+        # held for up to one collective timeout (runtime.rank.groups.await_members)
+        self.group = epoch_group(trainers, f"{tag}-trainer", timeout, arrival=2 * timeout)
         grid = trainer_grid(trainers, self.group_size)
         rows, columns = [], []
         self.shard_group = self.replicate_group = None

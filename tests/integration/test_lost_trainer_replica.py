@@ -9,12 +9,19 @@ from the leader's (what an update that completed on one survivor and failed on a
 would leave). The regroup without rank 2 (its role ``"gone"``) rebuilds the model over
 the two, and rank 1 takes the leader's state again; the batch, split over the two, then
 trains in agreement, and the leader reports step 2.
+
+Rank 1 comes to the regroup more than a collective timeout after the leader, as a survivor
+held by the aborted step's receive can (gloo: the leader, which aborted at once, keeps its
+connections open, so a receive from it waits out the timeout). The leader waits for it
+(runtime.rank.groups.await_members); before that, torch's rendezvous gave up on it after
+one timeout, which failed this test in CI when the two survivors' timings fell that way.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +38,9 @@ from tests.integration.test_fsdp_trainer import batch, cfg_for, join
 pytestmark = pytest.mark.integration
 
 WORLD = 3
+TIMEOUT_S = 20  # the collective timeout (and the world's rendezvous)
+LATE_S = 5  # rank 1 comes to the regroup this long after one timeout of the leader's wait
+LEADER_REGROUPS = "test/leader-regroups"
 ALL = ("trainer",) * WORLD
 WITHOUT_2 = ("trainer", "trainer", "gone")
 
@@ -49,7 +59,7 @@ def rank_script(rank: int, model_dir: str, out: str) -> None:
     from runtime.engines.torch.trainer_side import TorchTrainerSide
     from runtime.store.run_dir import RunPaths
 
-    c = join(rank, WORLD, out, 1, timeout_s=60)
+    c = join(rank, WORLD, out, 1, timeout_s=TIMEOUT_S)
     c.regroup(0, ALL)
     cfg = cfg_for(model_dir, WORLD, 1, strategy="fsdp2")
     side = TorchTrainerSide(cfg, rank, RunPaths(Path(out)), c)
@@ -73,6 +83,13 @@ def rank_script(rank: int, model_dir: str, out: str) -> None:
         r["sharded"] = side.trainer.sharded
         with torch.no_grad():
             local_tensor(next(side.trainer.model.parameters())).add_(1e-2)
+    store = torch.distributed.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set(LEADER_REGROUPS, str(time.time()))
+    else:  # late, whether or not the aborted step's receive held it
+        store.wait([LEADER_REGROUPS])
+        comes = float(store.get(LEADER_REGROUPS)) + TIMEOUT_S + LATE_S
+        time.sleep(max(0.0, comes - time.time()))
     change = LayoutChange(1, ALL, WITHOUT_2)
     c.regroup(1, WITHOUT_2)
     side.on_layout(change)
