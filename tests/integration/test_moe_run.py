@@ -1,6 +1,8 @@
-"""The MoE demo on real engines (recipes/demo_moe.yaml: the embedded tiny Qwen3-MoE, vLLM's
-CPU build for rollout, the torch trainer under FSDP2 over 2 ranks, routing replay on) with
-the old log-probs recomputed, a few steps: nothing lost, every weight sync carries every
+"""The MoE demo on real engines (recipes/demo_moe.yaml: vLLM's CPU build for rollout, the
+torch trainer under FSDP2 over 2 ranks, routing replay on) on the MoE with its own SFT
+(``embedded:tiny-qwen3-moe``, not the demo's upcycled one, whose experts are still near
+copies at step 6, so that replaying a route or not would change little) with the old
+log-probs recomputed, a few steps: nothing lost, every weight sync carries every
 expert (the model's whole parameter count, one matrix per expert), and the engines generate
 with the trainer's policy: at the first step, where every sample is version 0's and fresh,
 the trainer's recomputed log-probs are the engine's (mismatch_k3 ~ 0), and no later step
@@ -22,6 +24,7 @@ def test_the_moe_demo_trains_on_real_engines_with_every_expert_synced(runs_dir):
     args = ["launch", str(REPO / "recipes" / "demo_moe.yaml"), "--local", "--wait"]
     # the old log-probs recomputed (the demo takes the rollout's): the mismatch metrics need them
     sets = ["--set", "train.steps=6", "--set", "algorithm.recompute_old_logprobs=true"]
+    sets += ["--set", "model.path=embedded:tiny-qwen3-moe"]  # experts that differ
     reflow(*args, "--name", "moe", *sets, check=True, timeout=900)
     run_dir = next(runs_dir.iterdir())
     final = status_json(run_dir.name)
