@@ -38,8 +38,13 @@ HELD_OUT = {DEMO: "eval_reward", DEMO_MOE: "eval_reward", RETRY: "eval/draws/gre
 REPLAY_OFF = ("algorithm.routing_replay=disabled",)
 MOE_SFT80 = "model.path=embedded:tiny-qwen3-moe-sft80"
 DENSE_SFT86 = "model.path=embedded:tiny-qwen3-sft86"  # the dense model at the MoE's start
-# the dense demo's own start upcycled into a MoE (every expert a copy of its MLP)
+# the dense demo's own start upcycled into a MoE (every expert a copy of its MLP): the MoE
+# demo's model since 2026-12-08
 MOE_UPCYCLED = "model.path=embedded:tiny-qwen3-moe-upcycled"
+# the MoE with its own SFT: the MoE demo's model until 2026-12-08. The plans of its arms
+# pin it, so that their names stay true; the records of those arms, named before the pin
+# (no model.path), are in docs/learning/moe-own-sft/
+MOE_OWN_SFT = "model.path=embedded:tiny-qwen3-moe"
 RECOMPUTE_ON = ("algorithm.recompute_old_logprobs=true",)
 RECOMPUTE_OFF = ("algorithm.recompute_old_logprobs=false",)
 TIS = ("algorithm.tis_cap=2",)  # verl's default rollout-correction threshold
@@ -79,7 +84,7 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # the arms of the earlier default (the old log-probs recomputed), and of the levers
         # tried on it, are in docs/learning/moe-recompute-on/
         "moe": [
-            demo_moe(seed, (*RECOMPUTE_OFF, *v))
+            demo_moe(seed, (*RECOMPUTE_OFF, MOE_OWN_SFT, *v))
             for seed in (*CHOOSE_SEEDS, *CONFIRM_SEEDS)
             for v in ((), REPLAY_OFF)
         ],
@@ -91,7 +96,10 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "recompute-swap": [
             arm
             for seed in CHOOSE_SEEDS
-            for arm in (demo("reflow", seed, RECOMPUTE_ON), demo_moe(seed, RECOMPUTE_OFF))
+            for arm in (
+                demo("reflow", seed, RECOMPUTE_ON),
+                demo_moe(seed, (*RECOMPUTE_OFF, MOE_OWN_SFT)),
+            )
         ],
         # in-sample: the two changes that each brought the MoE nearer the dense demo, together:
         # the start matched on held-out accuracy (sft80, tried with the recompute on) and
@@ -107,7 +115,7 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # sampling puts that weight back with the recompute kept (and with it the mismatch
         # metrics). Replay on, seeds 0-2: if it gains as without the recompute, the weight
         # is what the MoE lacked, not the recompute's time or the PPO clip
-        "moe-tis": [demo_moe(seed, (*RECOMPUTE_ON, *TIS)) for seed in CHOOSE_SEEDS],
+        "moe-tis": [demo_moe(seed, (*RECOMPUTE_ON, *TIS, MOE_OWN_SFT)) for seed in CHOOSE_SEEDS],
         # the converse of moe-sft80: the dense demo from the MoE's held-out start (greedy
         # 0.250 after 86 SFT steps, the MoE 0.258; the dense demo's own 0.207), seeds 0-2.
         # Declared before it ran (2026-12-07): the dense demo gains +0.046 in its first 50
@@ -125,7 +133,9 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # seeds 0-2; declared (2026-12-07) after the dense demo from the MoE's start gained
         # +0.144 on seeds 0-2 against the MoE's +0.123: if it gains clearly more than the
         # MoE on its own layout, the layout is part of the gap
-        "moe-layout": [demo_moe(seed, (*RECOMPUTE_OFF, *DENSE_LAYOUT)) for seed in CHOOSE_SEEDS],
+        "moe-layout": [
+            demo_moe(seed, (*RECOMPUTE_OFF, *DENSE_LAYOUT, MOE_OWN_SFT)) for seed in CHOOSE_SEEDS
+        ],
         # the two levers left untried on the MoE (declared 2026-12-07 before they
         # ran), replay on, seeds 0-2, against the MoE's +0.123 at the same seeds and the
         # dense demo from the MoE's start's +0.144 there. Half the learning rate (2.5e-5):
@@ -135,8 +145,12 @@ def _plans() -> dict[str, list[ArmSpec]]:
         # experts kept 9-44% of the slots without it. Either is worth seeds 3-5 only if it
         # gains more than +0.141 (the MoE's +0.123 plus its gap to the dense demo from
         # the same start)
-        "moe-lr-half": [demo_moe(seed, (*RECOMPUTE_OFF, LR_HALF)) for seed in CHOOSE_SEEDS],
-        "moe-router-loss": [demo_moe(seed, (*RECOMPUTE_OFF, ROUTER_LOSS)) for seed in CHOOSE_SEEDS],
+        "moe-lr-half": [
+            demo_moe(seed, (*RECOMPUTE_OFF, LR_HALF, MOE_OWN_SFT)) for seed in CHOOSE_SEEDS
+        ],
+        "moe-router-loss": [
+            demo_moe(seed, (*RECOMPUTE_OFF, ROUTER_LOSS, MOE_OWN_SFT)) for seed in CHOOSE_SEEDS
+        ],
         # is the MoE's gap to the dense model from the same start real? Over seeds 0-5 the
         # dense demo from the MoE's start gained +0.018 more than the MoE with replay (4 of
         # 6 seeds; per seed -0.008 to +0.078, about 1.4 standard errors). Three more seeds
@@ -145,7 +159,10 @@ def _plans() -> dict[str, list[ArmSpec]]:
         "moe-more-seeds": [
             arm
             for seed in MORE_SEEDS
-            for arm in (demo_moe(seed, RECOMPUTE_OFF), demo("reflow", seed, (DENSE_SFT86,)))
+            for arm in (
+                demo_moe(seed, (*RECOMPUTE_OFF, MOE_OWN_SFT)),
+                demo("reflow", seed, (DENSE_SFT86,)),
+            )
         ],
         # a MoE that starts as the dense demo's model, function for function: the dense
         # start (80 SFT steps, greedy 0.207) upcycled into 4 experts, each a copy of its
