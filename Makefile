@@ -63,8 +63,8 @@ test: install
 
 # The runs CI cannot afford within its 45 minutes: the demo with a sharded trainer or a
 # TP=2 replica, the mid-size model (docs/trainer.md), the real-engines restart and a
-# rollout or trainer rank's rejoin, a hung rollout rank on real engines, the math recipe, the AIMD caps
-# on real engines, all of MBPP; run them by hand before a change to what they cover lands.
+# rollout or trainer rank's rejoin, a hung rollout rank on real engines, the math recipe,
+# the AIMD caps on real engines, all of MBPP; run them by hand before a change to what they cover lands.
 test-slow: install
 	$(BIN)/pytest -m slow --durations=15
 

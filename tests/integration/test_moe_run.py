@@ -1,7 +1,7 @@
 """The MoE demo on real engines (recipes/demo_moe.yaml: vLLM's CPU build for rollout, the
 torch trainer under FSDP2 over 2 ranks, routing replay on) on the MoE with its own SFT
-(``embedded:tiny-qwen3-moe``, not the demo's upcycled one, whose experts are still near
-copies at step 6, so that replaying a route or not would change little) with the old
+(``embedded:tiny-qwen3-moe``, not the demo's upcycled one, whose experts begin as copies,
+so that replaying a route or not would be expected to change little at step 6) with the old
 log-probs recomputed, a few steps: nothing lost, every weight sync carries every
 expert (the model's whole parameter count, one matrix per expert), and the engines generate
 with the trainer's policy: at the first step, where every sample is version 0's and fresh,
